@@ -1,0 +1,59 @@
+# The README's two commands: `make test` and (with the client issue) `make demo`.
+# Both start from nothing on a fresh Debian machine: they install the Debian packages
+# the suite needs when missing, create .venv and install the project into it.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEB_PACKAGES := mariadb-server postgresql zookeeper openjdk-17-jre-headless \
+	libpostgresql-jdbc-java libmariadb-java
+# The import packages, mapped from top-level folders (pyproject's package-dir).
+SUBPACKAGES := relay bootstrap client fetchers spark_jobs
+
+.PHONY: test deps venv lint typecheck unit integration bench clean
+
+test: deps venv lint typecheck
+	$(BIN)/pytest
+
+unit: venv
+	$(BIN)/pytest tests/unit
+
+integration: deps venv
+	$(BIN)/pytest tests/integration
+
+deps:
+	@missing=""; \
+	for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+venv: $(BIN)/.installed
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,spark]'
+	touch $@
+
+lint: venv
+	$(BIN)/ruff check .
+
+# mypy cannot follow setuptools' package-dir mapping, so it checks a tree of links
+# that has the installed shape: .typecheck/databus/{core modules, relay, client, ...}.
+typecheck: venv
+	@rm -rf .typecheck && mkdir -p .typecheck/databus
+	@for f in databus/*; do ln -s "../../$$f" .typecheck/databus/; done
+	@for p in $(SUBPACKAGES); do ln -s "../../$$p" ".typecheck/databus/$$p"; done
+	$(BIN)/mypy -p databus
+
+bench: venv
+	$(BIN)/python benchmarks/codec.py
+
+clean:
+	rm -rf .typecheck .mypy_cache .pytest_cache .ruff_cache

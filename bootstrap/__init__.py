@@ -1,0 +1,1 @@
+"""Bootstrap service: log writer, log applier, snapshot storage, HTTP server."""

@@ -1,0 +1,1 @@
+"""Client library: consumer API, pull loop, dispatcher, checkpoint stores."""

@@ -1,0 +1,91 @@
+"""The ``databus`` command line: one entry point, subcommands registered by modules.
+
+A subcommand lives next to the component it drives (``databus.relay._cli`` for
+``databus relay``, ...) and exposes ``register(subparsers) -> None`` that adds its
+parser and sets ``handler`` (a callable taking the parsed namespace and returning an
+exit code). Modules are imported lazily by name so that ``databus --help`` stays fast
+and a missing optional dependency (pyspark) only breaks the command that needs it.
+Third parties add commands with the ``databus.commands`` entry point group, whose
+values name such modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+from databus import __version__
+from databus.errors import DatabusError
+
+Handler = Callable[[argparse.Namespace], int]
+
+# Modules that register built-in subcommands; components append theirs here.
+BUILTIN_COMMAND_MODULES: list[str] = ["databus.cli"]
+
+log = logging.getLogger("databus.cli")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The core's own subcommands."""
+    check = subparsers.add_parser(
+        "check-config", help="validate a TOML config file and print it with secrets hidden"
+    )
+    check.add_argument("config", help="path to a databus TOML file")
+    check.set_defaults(handler=_check_config)
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from databus.config import load_config
+
+    config = load_config(args.config)
+    print(json.dumps(config.describe(), indent=2, sort_keys=True))
+    return 0
+
+
+def _command_modules() -> list[str]:
+    modules = list(BUILTIN_COMMAND_MODULES)
+    modules.extend(ep.value for ep in entry_points(group="databus.commands"))
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="databus", description="Change data capture: relays, bootstrap, client tools."
+    )
+    parser.add_argument("--version", action="version", version=f"databus {__version__}")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _command_modules():
+        module = importlib.import_module(name)
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return handler(args)
+    except DatabusError as exc:
+        print(f"databus {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

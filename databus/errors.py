@@ -1,0 +1,111 @@
+"""The exception hierarchy: one root, ``DatabusError``, and a subclass per concern.
+
+Every error carries ``retriable``: True when the same operation may succeed if tried
+again later (a server restarting, a connection lost), False when retrying cannot help
+(bad input, corrupted bytes, a wrong config). Callers such as the client's pull loop
+and the fetcher host decide between backoff and giving up from this flag alone.
+
+Errors that travel over HTTP carry a stable ``code`` (DESIGN section 6), so a server
+can render them as ``{"error": code, "message": ...}`` and a client can rebuild them.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class DatabusError(Exception):
+    """Root of every error raised by databus."""
+
+    code: ClassVar[str] = "internal_error"
+    http_status: ClassVar[int] = 500
+    retriable: bool = False
+
+    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if retriable is not None:
+            self.retriable = retriable
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON error body servers send: ``{"error": code, "message": ...}``."""
+        return {"error": self.code, "message": self.message}
+
+
+class EventFormatError(DatabusError):
+    """Bytes that are not a valid event: corrupted, truncated or of an unknown version."""
+
+    code = "bad_event"
+    http_status = 400
+
+    def __init__(self, message: str, *, offset: int = 0, reason: str = "invalid") -> None:
+        super().__init__(f"{message} (at byte offset {offset}: {reason})")
+        self.offset = offset
+        self.reason = reason
+
+
+class CheckpointError(DatabusError):
+    """A malformed or impossible checkpoint."""
+
+    code = "bad_request"
+    http_status = 400
+
+
+class FilterError(DatabusError):
+    """An invalid filter spec, or one that cannot be applied where it was asked for."""
+
+    code = "bad_request"
+    http_status = 400
+
+
+class ConfigError(DatabusError):
+    """An invalid configuration file: unknown key, wrong type, missing value."""
+
+    code = "config_error"
+
+
+class SchemaError(DatabusError):
+    """An invalid Avro schema, an unknown fingerprint, or values that do not fit a schema."""
+
+    code = "schema_error"
+
+
+class UnknownSourceError(DatabusError):
+    """A logical source (or its id) that the server does not know."""
+
+    code = "unknown_source"
+    http_status = 404
+
+
+class ScnNotFoundError(DatabusError):
+    """The SCN asked for is no longer held: the consumer fell off and must bootstrap.
+
+    ``min_scn`` is the oldest SCN the server can still serve from, when known.
+    """
+
+    code = "scn_not_found"
+    http_status = 410
+
+    def __init__(self, message: str, *, min_scn: int | None = None) -> None:
+        super().__init__(message)
+        self.min_scn = min_scn
+
+    def to_json(self) -> dict[str, object]:
+        body = super().to_json()
+        body["min_scn"] = self.min_scn
+        return body
+
+
+class SourceError(DatabusError):
+    """A source database could not be read: unreachable, misconfigured, binlog purged."""
+
+    code = "source_error"
+    retriable = True
+
+
+class ConnectionLostError(DatabusError):
+    """A server (relay, bootstrap, database) went away; the operation may be retried."""
+
+    code = "connection_lost"
+    http_status = 503
+    retriable = True

@@ -1,0 +1,1 @@
+"""Source adapters (fetchers): binlog, trigger/TxLog, synthetic load generator."""

@@ -1,0 +1,1 @@
+"""Relay: mmap ring buffer with an SCN index, HTTP server, fetcher host."""

@@ -1,0 +1,1 @@
+"""PySpark jobs: snapshot compaction, seeding and Parquet export."""
