@@ -40,10 +40,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from databus.config import load_config
+    from databus.config import describe, load_config
 
     config = load_config(args.config)
-    print(json.dumps(config.describe(), indent=2, sort_keys=True))
+    print(json.dumps(describe(config), indent=2, sort_keys=True))
     return 0
 
 
