@@ -70,6 +70,20 @@ class SchemaError(DatabusError):
     code = "schema_error"
 
 
+class UnknownSchemaError(SchemaError, KeyError):
+    """No schema is registered under a fingerprint (or for a source).
+
+    Also a ``KeyError``, so registries behave like mappings for callers that expect it.
+    """
+
+    code = "unknown_schema"
+    http_status = 404
+
+    def __str__(self) -> str:
+        # KeyError's __str__ would quote the message.
+        return self.message
+
+
 class UnknownSourceError(DatabusError):
     """A logical source (or its id) that the server does not know."""
 
