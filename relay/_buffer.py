@@ -1,0 +1,594 @@
+"""The relay's event buffer: a circular buffer of whole windows over an mmap'd file.
+
+File layout::
+
+    [0, 4096)             metadata page: two 64-byte slots (A at 0, B at 64), written
+                          alternately; the valid slot with the higher sequence wins
+    [4096, 4096 + C)      the ring: events in wire format (databus.event), C = capacity
+
+    slot: magic "DBRB" | version u16 | pad u16 | seq u64 | capacity u64 | head u64 |
+          tail u64 | prev_scn i64 | crc32 u32 (over the 52 bytes before it)
+
+Positions are *absolute* byte counts that only grow (``head`` = oldest byte held,
+``tail`` = end of the last complete window); the physical offset is ``pos % C``. An
+event never straddles the end of the ring: when it does not fit, the writer marks the
+rest with a 0x00 byte (or leaves fewer than a header's bytes) and continues at the next
+lap. ``prev_scn`` is the SCN of the last window evicted, or the SCN the buffer started
+after.
+
+Concurrency: one writer thread, many readers. The writer moves ``head`` past a window
+*before* it overwrites that window's bytes, and readers check ``head`` *after* they have
+copied bytes out: a reader whose range start is still >= head got untouched bytes;
+otherwise its range was overwritten and it gets ``scn_not_found``. Readers never take a
+lock while copying; the small lock guards only the SCN index and the state snapshot.
+
+Durability: metadata is written through the mmap after every window, so a killed
+process (kill -9) leaves a consistent file in the page cache: on restart everything up
+to the committed tail is verified by CRC (every event, every window's count and
+checksum) and served again; a half-written window after the tail is ignored; a bad
+window and everything after it are dropped and logged. A machine crash can lose what
+the kernel had not flushed yet (``flush()`` msyncs, e.g. on shutdown).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sortedcontainers import SortedDict
+
+from databus.checkpoint import Checkpoint, NothingNew, ServeFrom, decide
+from databus.errors import DatabusError, EventFormatError, ScnNotFoundError
+from databus.event import (
+    EOW_SOURCE_ID,
+    HEADER,
+    HEADER_SIZE,
+    WindowChecksum,
+    decode_eow,
+    decode_event,
+    decode_header,
+    encode_eow,
+)
+
+log = logging.getLogger("databus.relay.buffer")
+
+META_SIZE = 4096
+_SLOT = struct.Struct(">4sHHQQQQqI")
+_SLOT_MAGIC = b"DBRB"
+_SLOT_VERSION = 1
+_SLOT_OFFSETS = (0, 64)
+_PAD = 0x00
+_HDR_SCN = struct.Struct(">q")
+_HDR_SOURCE = struct.Struct(">h")
+_HDR_CRC = struct.Struct(">I")
+_U32 = struct.Struct(">I")
+_SEQ_SLOT_UNSET = -1
+
+
+class BufferError_(DatabusError):
+    """Misuse of the buffer's window API (a bug in a fetcher)."""
+
+    code = "buffer_error"
+
+
+class WindowTooLargeError(BufferError_):
+    """A window that does not fit in the whole buffer."""
+
+
+class ScnOrderError(BufferError_):
+    """A window whose SCN is not greater than the last one."""
+
+
+@dataclass(frozen=True, slots=True)
+class BufferState:
+    """A consistent snapshot of what the buffer holds."""
+
+    prev_scn: int
+    min_scn: int | None
+    max_scn: int | None
+    head: int
+    tail: int
+    capacity: int
+    windows: int
+    events: int
+
+    @property
+    def used_bytes(self) -> int:
+        return self.tail - self.head
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """What one read produced.
+
+    ``data`` holds whole events (EOWs included). ``checkpoint`` is where the consumer is
+    after consuming ``data``. ``pending_event_size`` is set when the very first event did
+    not fit in ``max_bytes``. ``wait_after_scn`` is set when nothing was served: a
+    long-poll should wait for a window with SCN greater than it.
+    """
+
+    data: bytes
+    checkpoint: Checkpoint
+    events: int
+    windows: int
+    pending_event_size: int | None = None
+    wait_after_scn: int | None = None
+
+
+# A source filter as the relay sees it: (source_id, partition_key, key bytes) -> pass?
+EventPredicate = Callable[[int, int, bytes], bool]
+
+
+class EventBuffer:
+    """A fixed-capacity ring of windows in an mmap'd file, with a sparse SCN index."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        capacity: int,
+        *,
+        index_every_bytes: int = 64 * 1024,
+        partition_id: int = 0,
+    ) -> None:
+        if capacity < 4 * HEADER_SIZE:
+            raise ValueError(f"buffer capacity {capacity} is too small")
+        self.path = Path(path)
+        self.capacity = capacity
+        self.partition_id = partition_id
+        self._index_every = index_every_bytes
+        self._lock = threading.Lock()
+        self._index: SortedDict = SortedDict()  # window SCN -> absolute start position
+        self._last_indexed_pos = -(1 << 62)
+        self._listeners: list[Callable[[int], None]] = []
+        self._seq = 0
+        # Committed state (readers use these).
+        self._head = 0
+        self._tail = 0
+        self._prev_scn = -1
+        self._min_scn: int | None = None
+        self._max_scn: int | None = None
+        self._windows = 0
+        self._events = 0
+        self._bytes_in = 0
+        self._started = time.monotonic()
+        # Writer state: the window in progress.
+        self._win_scn: int | None = None
+        self._win_start = 0
+        self._write = 0
+        self._win_check = WindowChecksum()
+        self._win_last_ts = 0
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            want = META_SIZE + capacity
+            if not fresh and size not in (0, want):
+                raise BufferError_(
+                    f"buffer file {self.path} has {size - META_SIZE} bytes of ring, the config "
+                    f"says {capacity}: move the file away to start an empty buffer"
+                )
+            if size != want:
+                os.ftruncate(fd, want)
+                fresh = True
+            self._mm = mmap.mmap(fd, want)
+        finally:
+            os.close(fd)
+        self._ring = memoryview(self._mm)[META_SIZE:]
+        if fresh:
+            self._write_meta()
+        else:
+            self._recover()
+
+    # -- metadata -------------------------------------------------------------------
+
+    def _write_meta(self) -> None:
+        self._seq += 1
+        body = _SLOT.pack(
+            _SLOT_MAGIC, _SLOT_VERSION, 0, self._seq, self.capacity, self._head, self._tail,
+            self._prev_scn, 0,
+        )[:-4]
+        slot = _SLOT_OFFSETS[self._seq % 2]
+        self._mm[slot : slot + _SLOT.size] = body + _U32.pack(zlib.crc32(body))
+
+    def _read_meta(self) -> tuple[int, int, int, int] | None:
+        best: tuple[int, int, int, int] | None = None
+        for off in _SLOT_OFFSETS:
+            raw = bytes(self._mm[off : off + _SLOT.size])
+            magic, version, _, seq, cap, head, tail, prev, crc = _SLOT.unpack(raw)
+            if magic != _SLOT_MAGIC or version != _SLOT_VERSION or zlib.crc32(raw[:-4]) != crc:
+                continue
+            if cap != self.capacity or not head <= tail <= head + cap:
+                continue
+            if best is None or seq > best[0]:
+                best = (seq, head, tail, prev)
+        return best
+
+    # -- recovery -------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        meta = self._read_meta()
+        if meta is None:
+            log.warning("buffer %s: no valid metadata, starting empty", self.path)
+            self._write_meta()
+            return
+        self._seq, self._head, tail, self._prev_scn = meta
+        self._tail = self._write = self._head
+        pos = self._head
+        while pos < tail:
+            try:
+                end, scn, count = self._verify_window(pos, tail)
+                self._commit_recovered(pos, end, scn, count)
+            except EventFormatError as exc:
+                log.error(
+                    "buffer %s: corrupted window at position %d (%s); dropping it and "
+                    "everything after it (%d bytes)", self.path, pos, str(exc), tail - pos,
+                )
+                break
+            pos = end
+        self._write_meta()
+        log.info(
+            "buffer %s: recovered %d windows, SCN %s..%s", self.path, self._windows,
+            self._min_scn, self._max_scn,
+        )
+
+    def _verify_window(self, pos: int, limit: int) -> tuple[int, int, int]:
+        """Check one whole window starting at ``pos``; return (end, scn, events)."""
+        check = WindowChecksum()
+        scn: int | None = None
+        while True:
+            pos = self._skip_pad(pos)
+            if pos >= limit:
+                raise EventFormatError("window is cut off by the tail", reason="truncated")
+            phys = pos % self.capacity
+            # Copies, not views: an exception must not pin a view of the mmap.
+            header = decode_header(bytes(self._ring[phys : phys + HEADER_SIZE]))
+            if phys + header.total_length > self.capacity or pos + header.total_length > limit:
+                raise EventFormatError("event runs past the ring", offset=phys, reason="bad length")
+            event = decode_event(bytes(self._ring[phys : phys + header.total_length]))
+            if scn is None:
+                scn = header.scn
+            elif header.scn != scn:
+                raise EventFormatError("SCN changes inside a window", offset=phys, reason="bad scn")
+            pos += header.total_length
+            if header.is_eow:
+                eow = decode_eow(event)
+                if eow.event_count != check.count or eow.checksum != check.crc:
+                    raise EventFormatError(
+                        "window count or checksum mismatch", offset=phys, reason="window checksum"
+                    )
+                return pos, scn, check.count
+            if not header.is_control:
+                check.add(header.header_crc)
+
+    def _commit_recovered(self, start: int, end: int, scn: int, count: int) -> None:
+        last = self._max_scn if self._max_scn is not None else self._prev_scn
+        if scn <= last:
+            raise EventFormatError("window SCNs go backwards", reason="bad scn")
+        self._tail = self._write = end
+        if self._min_scn is None:
+            self._min_scn = scn
+        self._max_scn = scn
+        self._windows += 1
+        self._events += count
+        self._maybe_index(scn, start)
+
+    # -- writer API (one thread) ----------------------------------------------------
+
+    def start_after(self, scn: int) -> None:
+        """Declare the SCN an empty buffer starts after (where its fetcher begins).
+
+        Consumers with an older checkpoint then get ``scn_not_found`` instead of silently
+        skipping the changes this buffer never saw.
+        """
+        with self._lock:
+            if self._max_scn is not None:
+                raise BufferError_("start_after() is only for an empty buffer")
+            self._prev_scn = scn
+            self._write_meta()
+
+    def start_window(self, scn: int) -> None:
+        if self._win_scn is not None:
+            raise BufferError_(f"window {self._win_scn} is still open")
+        last = self._max_scn if self._max_scn is not None else self._prev_scn
+        if scn <= last:
+            raise ScnOrderError(f"window SCN {scn} is not after the last SCN {last}")
+        self._win_scn = scn
+        self._win_start = self._write = self._tail
+        self._win_check = WindowChecksum()
+        self._win_last_ts = 0
+
+    def append(self, event: bytes) -> None:
+        """Append one encoded data event (its SCN must be the open window's)."""
+        scn = self._win_scn
+        if scn is None:
+            raise BufferError_("append() outside a window")
+        if len(event) < HEADER_SIZE:
+            raise EventFormatError("event shorter than a header", reason="truncated")
+        if _HDR_SCN.unpack_from(event, 16)[0] != scn:
+            raise BufferError_(f"event SCN differs from the open window's {scn}")
+        if _HDR_SOURCE.unpack_from(event, 34)[0] < 0:
+            raise BufferError_("control events are written by the buffer itself")
+        self._put(event)
+        self._win_check.add(_HDR_CRC.unpack_from(event, 4)[0])
+        self._win_last_ts = struct.unpack_from(">q", event, 24)[0]
+
+    def end_window(self, timestamp_ns: int | None = None) -> int:
+        """Write the EOW and publish the window to readers; returns its SCN."""
+        scn = self._win_scn
+        if scn is None:
+            raise BufferError_("end_window() outside a window")
+        eow = encode_eow(
+            scn=scn, event_count=self._win_check.count, checksum=self._win_check.crc,
+            timestamp_ns=self._win_last_ts if timestamp_ns is None else timestamp_ns,
+            partition_id=self.partition_id,
+        )
+        self._put(eow)
+        count = self._win_check.count
+        with self._lock:
+            self._tail = self._write
+            if self._min_scn is None:
+                self._min_scn = scn
+            self._max_scn = scn
+            self._windows += 1
+            self._events += count
+            self._bytes_in += self._write - self._win_start
+            self._maybe_index(scn, self._win_start)
+            self._write_meta()
+        self._win_scn = None
+        for listener in self._listeners:
+            listener(scn)
+        return scn
+
+    def rollback(self) -> None:
+        """Discard the open window (its bytes were never visible to readers)."""
+        self._win_scn = None
+        self._write = self._tail
+
+    def append_window(self, scn: int, events: Iterable[bytes]) -> None:
+        """start_window + append* + end_window, rolled back on any error."""
+        self.start_window(scn)
+        try:
+            for event in events:
+                self.append(event)
+        except BaseException:
+            self.rollback()
+            raise
+        self.end_window()
+
+    def _put(self, data: bytes) -> None:
+        n = len(data)
+        cap = self.capacity
+        pos = self._write
+        phys = pos % cap
+        if phys + n > cap:
+            # It does not fit before the end of the ring: the rest of this lap is padding
+            # (a 0x00 where a magic byte would be), and the event goes to the next lap.
+            pos += cap - phys
+            self._make_room_until(pos + n)
+            self._ring[phys] = _PAD
+            phys = 0
+        else:
+            self._make_room_until(pos + n)
+        self._ring[phys : phys + n] = data
+        self._write = pos + n
+
+    def _make_room_until(self, end: int) -> None:
+        """Evict whole windows from the head until [head, end) fits in the ring."""
+        while end - self._head > self.capacity:
+            if self._head >= self._tail:
+                # Only the open window is left and it still does not fit.
+                scn = self._win_scn
+                self.rollback()
+                raise WindowTooLargeError(
+                    f"window {scn} is larger than the buffer ({self.capacity} bytes)"
+                )
+            self._evict_one()
+
+    def _evict_one(self) -> None:
+        pos = self._head
+        count = 0
+        while True:
+            pos = self._skip_pad(pos)
+            fields = HEADER.unpack_from(self._ring, pos % self.capacity)
+            total, scn, source_id = fields[6], fields[7], fields[10]
+            pos += total
+            if source_id == EOW_SOURCE_ID:
+                break
+            count += source_id >= 0
+        with self._lock:
+            self._head = pos
+            self._prev_scn = scn
+            self._min_scn = self._scn_at(pos) if pos < self._tail else None
+            if self._min_scn is None:
+                self._max_scn = None
+            self._windows -= 1
+            self._events -= count
+            while self._index and self._index.peekitem(0)[1] < pos:
+                self._index.popitem(0)
+            # Persist the new head before the caller overwrites the evicted bytes.
+            self._write_meta()
+
+    def _maybe_index(self, scn: int, start: int) -> None:
+        if start - self._last_indexed_pos >= self._index_every:
+            self._index[scn] = start
+            self._last_indexed_pos = start
+
+    # -- readers --------------------------------------------------------------------
+
+    def add_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(scn)`` (from the writer thread) after each published window."""
+        self._listeners.append(listener)
+
+    def state(self) -> BufferState:
+        with self._lock:
+            return BufferState(
+                self._prev_scn, self._min_scn, self._max_scn, self._head, self._tail,
+                self.capacity, self._windows, self._events,
+            )
+
+    def input_rate(self) -> float:
+        """Bytes per second written since the buffer was opened."""
+        return self._bytes_in / max(time.monotonic() - self._started, 1e-9)
+
+    def read(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        max_bytes: int,
+        predicate: EventPredicate | None = None,
+    ) -> ReadResult:
+        """Serve whole events after ``checkpoint``, at most ``max_bytes`` of them.
+
+        ``predicate`` decides per data event (source id, partition key, key bytes);
+        EOW events always pass so the consumer's checkpoint advances through filtered
+        windows. Raises ``ScnNotFoundError`` if the checkpoint is too old, or if the
+        range was overwritten while it was being read.
+        """
+        with self._lock:
+            decision = decide(
+                checkpoint, prev_scn=self._prev_scn, min_scn=self._min_scn,
+                max_scn=self._max_scn,
+            )
+            tail = self._tail
+            if isinstance(decision, NothingNew):
+                return ReadResult(b"", checkpoint, 0, 0, wait_after_scn=decision.after_scn)
+            start = self._scan_start(decision.after_scn)
+        return self._read_from(checkpoint, decision, start, tail, max_bytes, predicate)
+
+    def _scan_start(self, after_scn: int) -> int:
+        # Largest indexed window SCN <= after_scn; its window is <= after, so the first
+        # window > after_scn is at or after it.
+        i = self._index.bisect_right(after_scn)
+        return self._head if i == 0 else max(self._index.peekitem(i - 1)[1], self._head)
+
+    def _read_from(
+        self,
+        checkpoint: Checkpoint,
+        decision: ServeFrom,
+        start: int,
+        tail: int,
+        max_bytes: int,
+        predicate: EventPredicate | None,
+    ) -> ReadResult:
+        cap = self.capacity
+        ring = self._ring
+        chunks: list[bytes] = []
+        size = 0
+        events = windows = 0
+        run_start = run_end = -1  # a run of consecutive passing bytes, physical
+        pos = start
+        cp = checkpoint
+        win_scn: int | None = None
+        win_seen = 0  # passing data events of the current window so far
+        skip = 0
+        pending: int | None = None
+
+        def flush() -> None:
+            nonlocal run_start
+            if run_start >= 0:
+                chunks.append(bytes(ring[run_start:run_end]))
+                run_start = -1
+
+        while pos < tail:
+            pos = self._skip_pad(pos)
+            if pos >= tail:
+                break
+            phys = pos % cap
+            raw = bytes(ring[phys : phys + HEADER_SIZE])
+            self._check_not_overwritten(start, checkpoint)
+            fields = HEADER.unpack(raw)
+            total, scn, source_id, pkey, key_len = (
+                fields[6], fields[7], fields[10], fields[11], fields[13],
+            )
+            if scn <= decision.after_scn:
+                pos += total  # before the serving point: skip without serving
+                continue
+            if win_scn != scn:
+                win_scn, win_seen = scn, 0
+                skip = decision.skip_events if scn == decision.partial_scn else 0
+            if source_id >= 0:
+                key = b""
+                if predicate is not None and key_len:
+                    key = bytes(ring[phys + HEADER_SIZE : phys + HEADER_SIZE + key_len])
+                if predicate is not None and not predicate(source_id, pkey, key):
+                    flush()
+                    pos += total
+                    continue
+                if win_seen < skip:
+                    win_seen += 1
+                    flush()
+                    pos += total
+                    continue
+            if size + total > max_bytes:
+                if size == 0:
+                    pending = total
+                break
+            if run_start >= 0 and phys == run_end:
+                run_end += total
+            else:
+                flush()
+                run_start, run_end = phys, phys + total
+            size += total
+            pos += total
+            if source_id == EOW_SOURCE_ID:
+                windows += 1
+                cp = Checkpoint(scn)
+            elif source_id >= 0:
+                win_seen += 1
+                events += 1
+                cp = Checkpoint(scn, win_seen)
+        flush()
+        self._check_not_overwritten(start, checkpoint)
+        data = b"".join(chunks)
+        wait = None
+        if not data and pending is None:
+            wait = (
+                decision.partial_scn - 1 if decision.partial_scn is not None
+                else decision.after_scn
+            )
+        return ReadResult(data, cp, events, windows, pending, wait)
+
+    def _check_not_overwritten(self, start: int, checkpoint: Checkpoint) -> None:
+        if self._head > start:
+            raise ScnNotFoundError(
+                f"SCN {checkpoint.window_scn} was evicted while it was being read",
+                min_scn=self._min_scn,
+            )
+
+    def _skip_pad(self, pos: int) -> int:
+        phys = pos % self.capacity
+        if self.capacity - phys < HEADER_SIZE or self._ring[phys] == _PAD:
+            return pos + (self.capacity - phys)
+        return pos
+
+    def _scn_at(self, pos: int) -> int:
+        pos = self._skip_pad(pos)
+        phys = pos % self.capacity
+        return int(_HDR_SCN.unpack_from(self._ring, phys + 16)[0])
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """msync the file (for a clean shutdown; a killed process needs no flush)."""
+        self._mm.flush()
+
+    def close(self) -> None:
+        self._ring.release()
+        self._mm.flush()
+        self._mm.close()
+
+    def __enter__(self) -> EventBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
