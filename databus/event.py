@@ -41,6 +41,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 from databus._hashing import stable_key_hash
 from databus.errors import EventFormatError
@@ -79,6 +80,10 @@ class Op(IntEnum):
     DELETE = 2
 
 
+_OPS = tuple(Op)
+_MAX_OP = max(_OPS)
+
+
 class KeyKind(IntEnum):
     BYTES = 0
     INT = 1
@@ -87,11 +92,15 @@ class KeyKind(IntEnum):
 
 
 Key = int | str | bytes | tuple[object, ...]
+Buffer = bytes | bytearray | memoryview
 
 
-@dataclass(frozen=True, slots=True)
-class EventHeader:
-    """The decoded fixed header of one event."""
+class EventHeader(NamedTuple):
+    """The decoded fixed header of one event.
+
+    A NamedTuple rather than a frozen dataclass: it is built once per event on every
+    hot path, and tuple construction is several times cheaper.
+    """
 
     op: Op
     flags: int
@@ -127,8 +136,7 @@ class EventHeader:
         return self.total_length - HEADER_SIZE - self.key_length
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
     """One decoded event: its header, key bytes and (still Avro-encoded) value bytes."""
 
     header: EventHeader
@@ -294,7 +302,7 @@ class WindowChecksum:
 # -- decoding -----------------------------------------------------------------------
 
 
-def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> EventHeader:
+def decode_header(buf: Buffer, offset: int = 0) -> EventHeader:
     """Decode and verify the header at ``offset``: magic, version, header CRC, lengths.
 
     Does not read the body; ``verify_event`` checks the body CRC as well.
@@ -313,14 +321,13 @@ def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Event
         raise EventFormatError(
             f"unknown event version {version}", offset=offset, reason="unknown version"
         )
-    view = memoryview(buf)
     crc = zlib.crc32(
-        view[offset + _AFTER_CRC : offset + HEADER_SIZE],
-        zlib.crc32(view[offset : offset + _CRC_OFFSET]),
+        buf[offset + _AFTER_CRC : offset + HEADER_SIZE],
+        zlib.crc32(buf[offset : offset + _CRC_OFFSET]),
     )
     if crc != header_crc:
         raise EventFormatError("header CRC mismatch", offset=offset, reason="header crc")
-    if op > Op.DELETE or flags & ~_KNOWN_FLAGS:
+    if op > _MAX_OP or flags & ~_KNOWN_FLAGS:
         raise EventFormatError(
             f"unknown opcode {op} or flags 0x{flags:02x}", offset=offset, reason="bad field"
         )
@@ -328,45 +335,44 @@ def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Event
         raise EventFormatError(
             f"total length {total} shorter than header and key", offset=offset, reason="bad length"
         )
-    if (source_id < 0) != (op == Op.CONTROL):
+    if (source_id < 0) != (op == 0):
         raise EventFormatError(
             "opcode and source id disagree on control", offset=offset, reason="bad field"
         )
     return EventHeader(
-        Op(op), flags, header_crc, body_crc, total, scn, ts, partition_id, source_id,
+        _OPS[op], flags, header_crc, body_crc, total, scn, ts, partition_id, source_id,
         partition_key, fingerprint, key_length,
     )
 
 
-def _check_body(
-    view: memoryview, offset: int, header: EventHeader
-) -> None:
+def _check_body(buf: Buffer, offset: int, header: EventHeader) -> None:
     end = offset + header.total_length
-    if end > len(view):
+    if end > len(buf):
         raise EventFormatError(
-            f"truncated event: {len(view) - offset} of {header.total_length} bytes",
+            f"truncated event: {len(buf) - offset} of {header.total_length} bytes",
             offset=offset, reason="truncated",
         )
-    if zlib.crc32(view[offset + HEADER_SIZE : end]) != header.body_crc:
+    if zlib.crc32(memoryview(buf)[offset + HEADER_SIZE : end]) != header.body_crc:
         raise EventFormatError("body CRC mismatch", offset=offset, reason="body crc")
 
 
-def verify_event(buf: bytes | bytearray | memoryview, offset: int = 0) -> EventHeader:
+def verify_event(buf: Buffer, offset: int = 0) -> EventHeader:
     """Verify header and body CRCs of the event at ``offset``; return its header."""
     header = decode_header(buf, offset)
-    _check_body(memoryview(buf), offset, header)
+    _check_body(buf, offset, header)
     return header
 
 
-def decode_event(buf: bytes | bytearray | memoryview, offset: int = 0) -> Event:
+def decode_event(buf: Buffer, offset: int = 0) -> Event:
     """Verify and decode the event at ``offset``."""
     header = verify_event(buf, offset)
     start = offset + HEADER_SIZE
     key_end = start + header.key_length
+    end = offset + header.total_length
+    if isinstance(buf, bytes):  # slicing bytes copies once; a view would copy again
+        return Event(header, buf[start:key_end], buf[key_end:end])
     view = memoryview(buf)
-    return Event(
-        header, bytes(view[start:key_end]), bytes(view[key_end : offset + header.total_length])
-    )
+    return Event(header, bytes(view[start:key_end]), bytes(view[key_end:end]))
 
 
 def decode_eow(event: Event) -> EndOfWindow:
@@ -380,7 +386,7 @@ def decode_eow(event: Event) -> EndOfWindow:
 
 
 def iter_events(
-    buf: bytes | bytearray | memoryview, *, verify_body: bool = True
+    buf: Buffer, *, verify_body: bool = True
 ) -> Iterator[tuple[int, EventHeader]]:
     """Yield (offset, header) for each event in ``buf``; raises on the first bad one.
 
@@ -400,7 +406,7 @@ def iter_events(
         offset += header.total_length
 
 
-def peek_total_length(buf: bytes | bytearray | memoryview, offset: int = 0) -> int | None:
+def peek_total_length(buf: Buffer, offset: int = 0) -> int | None:
     """The total length of the event starting at ``offset`` once its header has arrived
     and checks out, else None (not enough bytes yet). For incremental stream readers."""
     if len(buf) - offset < HEADER_SIZE:
