@@ -1,0 +1,101 @@
+"""The fetcher plugin API (DESIGN section 8).
+
+A fetcher pulls committed transactions out of one physical source and pushes each as
+a window into a ``WindowSink`` (the relay's event buffer): ``start_window(scn)``,
+``append(event)`` per row change, ``end_window()``; ``rollback()`` drops a window it
+could not finish. It runs in its own thread, started by the relay's fetcher host with
+the SCN to resume after, and returns when ``stop`` is set. Any exception it raises is
+logged by the host, which rolls back the open window and restarts it, with backoff,
+from the buffer's max SCN: a fetcher never needs its own retry loop for crashes, only
+for the errors it can handle better itself.
+
+Fetchers are found by URI scheme through the ``databus.fetchers`` entry point group
+(``synthetic = "databus.fetchers.synthetic:SyntheticFetcher"``), so a third party adds
+one without touching the relay.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import ClassVar, Protocol
+from urllib.parse import urlsplit
+
+from databus.errors import ConfigError
+from databus.schemas import Schema
+
+
+class WindowSink(Protocol):
+    """Where a fetcher writes windows (the relay's ``EventBuffer``)."""
+
+    def start_window(self, scn: int) -> None: ...
+
+    def append(self, event: bytes) -> None: ...
+
+    def end_window(self, timestamp_ns: int | None = None) -> int: ...
+
+    def rollback(self) -> None: ...
+
+
+class SourceCatalog(Protocol):
+    """The relay's catalog of logical sources: stable ids and schema versions."""
+
+    def source_id(self, name: str) -> int:
+        """The id of logical source ``name`` (``database.table``), allocated if new."""
+        ...
+
+    def register_schema(self, name: str, schema: Schema) -> Schema:
+        """Record a (possibly new) schema version of ``name``; returns the stored one."""
+        ...
+
+
+@dataclass
+class FetcherContext:
+    """What the host gives a fetcher besides its URI."""
+
+    buffer_name: str
+    partition_id: int
+    catalog: SourceCatalog
+    # Set by the fetcher: the newest SCN the source has (for lag), and when it was read.
+    report_source_scn: Callable[[int], None] = lambda scn: None
+
+
+class Fetcher(ABC):
+    """A source adapter. Subclasses set ``scheme`` and implement ``run``."""
+
+    scheme: ClassVar[str]
+
+    def __init__(self, uri: str, context: FetcherContext) -> None:
+        self.uri = uri
+        self.context = context
+
+    @abstractmethod
+    def run(self, sink: WindowSink, start_after_scn: int | None, stop: threading.Event) -> None:
+        """Push windows with SCN > ``start_after_scn`` (None: from the source's current
+        position) until ``stop`` is set. Raise on errors; the host restarts."""
+
+    def initial_scn(self) -> int | None:
+        """The SCN an empty buffer starts after when ``run`` gets None (the source's
+        current position), or None if the fetcher starts from the source's beginning."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most fetchers have nothing to free
+        """Release connections; called by the host after ``run`` returned or raised."""
+
+
+def fetcher_class(uri: str) -> type[Fetcher]:
+    """The fetcher registered for ``uri``'s scheme."""
+    scheme = urlsplit(uri).scheme
+    if not scheme:
+        raise ConfigError("source URI has no scheme: expected e.g. synthetic:// or mysql://")
+    found = [ep for ep in entry_points(group="databus.fetchers") if ep.name == scheme]
+    if not found:
+        known = sorted(ep.name for ep in entry_points(group="databus.fetchers"))
+        raise ConfigError(f"no fetcher for scheme {scheme!r}; known: {', '.join(known)}")
+    cls = found[0].load()
+    if not (isinstance(cls, type) and issubclass(cls, Fetcher)):
+        raise ConfigError(f"entry point for {scheme!r} is not a Fetcher subclass")
+    return cls
