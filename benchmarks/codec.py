@@ -6,7 +6,8 @@ Rows: Avro encode + event encode; header decode + both CRC checks (what a relay 
 client does to validate bytes); full decode (verify + key + Avro value to a dict). The
 reference is ``zlib.crc32`` over the same event bytes, the floor of any CRC-checked
 read. A second ratio compares encode and full decode with raw fastavro
-(schemaless_writer/reader on the same values), to show what the event layer adds. Each figure is the best of ``--repeat`` runs, to dampen a noisy shared machine.
+(schemaless_writer/reader on the same values), to show what the event layer adds.
+Each figure is the best of ``--repeat`` runs, to dampen a noisy shared machine.
 """
 
 from __future__ import annotations

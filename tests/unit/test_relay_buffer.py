@@ -257,7 +257,7 @@ def test_kill_9_mid_write(path: Path) -> None:
         assert state.max_scn == 299
         events, _ = read_all(buf, Checkpoint.flexible())
         windows: dict[int, list[object]] = {}
-        for scn, source_id, payload in events:
+        for scn, _source_id, payload in events:
             windows.setdefault(scn, []).append(payload)
         assert sorted(windows) == list(range(state.min_scn, 300))  # type: ignore[arg-type]
         for scn, payloads in windows.items():
@@ -300,7 +300,7 @@ def test_concurrent_readers_never_see_torn_bytes(path: Path) -> None:
                             assert len(keys) == payload
                         checked[0] += 1
                 cp = result.checkpoint
-        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+        except BaseException as exc:
             failures.append(exc)
 
     with EventBuffer(path, cap) as buf:
