@@ -1,0 +1,78 @@
+"""A relay: its buffers, its source catalog and its fetchers, without the HTTP shell.
+
+Files in ``data_dir``: ``<buffer>.buf`` (one mmap ring per buffer) and
+``catalog.json`` (source ids and every schema version). Reopening the same data dir
+serves everything the relay had, and the fetchers resume at each buffer's max SCN.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from databus.config import RelayConfig
+from databus.relay._buffer import EventBuffer
+from databus.relay._catalog import RelayCatalog
+from databus.relay._fetcher_host import FetcherHost
+
+log = logging.getLogger("databus.relay")
+
+
+class Relay:
+    def __init__(self, config: RelayConfig, *, backoff_initial: float = 0.1,
+                 backoff_max: float = 30.0) -> None:
+        self.config = config
+        data_dir = config.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.catalog = RelayCatalog(data_dir / "catalog.json")
+        self.buffers: dict[str, EventBuffer] = {}
+        try:
+            for partition_id, buffer_config in enumerate(config.buffers):
+                self.buffers[buffer_config.name] = EventBuffer(
+                    data_dir / f"{buffer_config.name}.buf",
+                    buffer_config.capacity_bytes,
+                    index_every_bytes=buffer_config.index_every_bytes,
+                    partition_id=partition_id,
+                )
+        except BaseException:
+            for buffer in self.buffers.values():
+                buffer.close()
+            raise
+        self.fetchers = FetcherHost(
+            config, self.buffers, self.catalog,
+            backoff_initial=backoff_initial, backoff_max=backoff_max,
+        )
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self.fetchers.start()
+
+    def close(self) -> None:
+        if self._started:
+            self.fetchers.stop()
+            self._started = False
+        for buffer in self.buffers.values():
+            buffer.close()
+        self.buffers.clear()
+
+    def status(self) -> dict[str, Any]:
+        fetchers = self.fetchers.status()
+        out: dict[str, Any] = {}
+        for name, buffer in self.buffers.items():
+            state = buffer.state()
+            fetcher = fetchers.get(name)
+            out[name] = {
+                "partition_id": buffer.partition_id,
+                "prev_scn": state.prev_scn,
+                "min_scn": state.min_scn,
+                "max_scn": state.max_scn,
+                "used_bytes": state.used_bytes,
+                "capacity_bytes": state.capacity,
+                "events": state.events,
+                "windows": state.windows,
+                "input_bytes_per_second": round(buffer.input_rate(), 1),
+                "fetcher": fetcher.to_json() if fetcher is not None else None,
+            }
+        return {"buffers": out}

@@ -1,0 +1,393 @@
+"""The relay's HTTP API (DESIGN section 6), a thin aiohttp shell over the buffers.
+
+Endpoints (all JSON except ``/v1/stream`` and ``/metrics``; errors are always
+``{"error": code, "message": ...}``):
+
+- ``GET /v1/sources``; ``GET /v1/schemas/{fingerprint}``; ``GET /v1/schemas?source=NAME``
+- ``GET /v1/stream?checkpoint=JSON&sources=a,b&filter=JSON&max_bytes=N&wait_ms=M``
+- ``GET /v1/status``, ``GET /metrics``, ``GET /healthz``
+- ``POST /v1/admin/flush`` (bearer token)
+
+A stream response carries whole events in wire format and these headers:
+``X-Databus-Checkpoint`` (the checkpoint after consuming the body, JSON),
+``X-Databus-Min-Scn``/``X-Databus-Max-Scn`` (the buffer's range), and
+``X-Databus-Pending-Event-Size`` when the first event did not fit in ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from databus.checkpoint import Checkpoint
+from databus.errors import DatabusError
+from databus.filters import FilterSpec
+from databus.relay._buffer import EventPredicate
+from databus.relay._relay import Relay
+from databus.schemas import Schema
+
+log = logging.getLogger("databus.relay.http")
+
+EVENTS_CONTENT_TYPE = "application/x-databus-events"
+DEFAULT_MAX_BYTES = 1 << 20
+ABSURD_MAX_BYTES = 1 << 31
+DEFAULT_WAIT_MS = 0
+
+
+
+class BadRequest(DatabusError):
+    code = "bad_request"
+    http_status = 400
+
+
+class NotFound(DatabusError):
+    code = "not_found"
+    http_status = 404
+
+
+class Unauthorized(DatabusError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class Forbidden(DatabusError):
+    code = "forbidden"
+    http_status = 403
+
+
+class HttpStats:
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.bytes_served = 0
+        self.events_served = 0
+        self.long_polls = 0
+
+
+class WindowNotifier:
+    """Wakes long-polls of one buffer when a window lands (called from the writer
+    thread; coalesces so a fast writer schedules at most one wake-up per loop turn)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[None] = loop.create_future()
+        self._scheduled = False
+
+    def on_window(self, scn: int) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._scheduled = False
+        if not self._future.done():
+            self._future.set_result(None)
+        self._future = self._loop.create_future()
+
+    async def wait(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._future), timeout)
+
+    def close(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+
+RELAY = web.AppKey("relay", Relay)
+NOTIFIERS = web.AppKey("notifiers", dict[str, WindowNotifier])
+STATS = web.AppKey("stats", HttpStats)
+
+
+# -- parameters ---------------------------------------------------------------------
+
+
+def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer, got {raw[:40]!r}") from None
+    if not lo <= value <= hi:
+        raise BadRequest(f"{name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _checkpoint_param(request: web.Request) -> Checkpoint:
+    raw = request.query.get("checkpoint")
+    if raw is None or raw == "":
+        return Checkpoint.flexible()
+    return Checkpoint.loads(raw)
+
+
+def _buffer_for(relay: Relay, request: web.Request) -> tuple[str, EventPredicate | None]:
+    """The buffer a stream request reads, and its per-event predicate."""
+    names = [n for n in request.query.get("sources", "").split(",") if n.strip()]
+    spec = FilterSpec.parse(request.query.get("filter") or None)
+    catalog = relay.catalog
+    if names:
+        entries = [catalog.source(n.strip()) for n in names]
+        buffers = {e.buffer for e in entries}
+        if len(buffers) > 1:
+            raise BadRequest(
+                f"sources {', '.join(names)} live in different buffers "
+                f"({', '.join(sorted(buffers))}); stream them with one request per buffer"
+            )
+        buffer_name = buffers.pop()
+    elif len(relay.buffers) == 1:
+        buffer_name = next(iter(relay.buffers))
+        entries = []
+    else:
+        raise BadRequest("this relay has several buffers: name the sources to stream")
+    filters = {}
+    for name, source_filter in spec.filters.items():
+        filters[catalog.source(name).id] = source_filter
+    wanted = frozenset(e.id for e in entries) if entries else None
+    if wanted is None and not filters:
+        return buffer_name, None
+
+    def predicate(source_id: int, pkey: int, key: bytes) -> bool:
+        if wanted is not None and source_id not in wanted:
+            return False
+        f = filters.get(source_id)
+        return f is None or f.passes(pkey, key)
+
+    return buffer_name, predicate
+
+
+# -- handlers -----------------------------------------------------------------------
+
+
+async def stream(request: web.Request) -> web.Response:
+    relay = request.app[RELAY]
+    cfg = relay.config
+    checkpoint = _checkpoint_param(request)
+    max_bytes = min(
+        _int_param(request, "max_bytes", DEFAULT_MAX_BYTES, 1, ABSURD_MAX_BYTES),
+        cfg.max_bytes_cap,
+    )
+    wait_ms = _int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, cfg.max_wait_ms)
+    buffer_name, predicate = _buffer_for(relay, request)
+    buffer = relay.buffers[buffer_name]
+    notifier = request.app[NOTIFIERS][buffer_name]
+    stats = request.app[STATS]
+    deadline = time.monotonic() + wait_ms / 1000
+    result = buffer.read(checkpoint, max_bytes=max_bytes, predicate=predicate)
+    if result.wait_after_scn is not None and wait_ms > 0:
+        stats.long_polls += 1
+        try:
+            while result.wait_after_scn is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                await notifier.wait(remaining)
+                result = buffer.read(checkpoint, max_bytes=max_bytes, predicate=predicate)
+        finally:
+            stats.long_polls -= 1
+    state = buffer.state()
+    headers = {
+        "Content-Type": EVENTS_CONTENT_TYPE,
+        "X-Databus-Checkpoint": result.checkpoint.dumps(),
+        "X-Databus-Min-Scn": str(state.min_scn if state.min_scn is not None else state.prev_scn),
+        "X-Databus-Max-Scn": str(state.max_scn if state.max_scn is not None else state.prev_scn),
+        "X-Databus-Buffer": buffer_name,
+    }
+    if result.pending_event_size is not None:
+        headers["X-Databus-Pending-Event-Size"] = str(result.pending_event_size)
+    stats.bytes_served += len(result.data)
+    stats.events_served += result.events
+    return web.Response(body=result.data, headers=headers)
+
+
+async def sources(request: web.Request) -> web.Response:
+    relay = request.app[RELAY]
+    out = [
+        {
+            "name": e.name,
+            "id": e.id,
+            "buffer": e.buffer,
+            "partition_id": e.partition_id,
+            "schema_fingerprint": _fp_text(e.fingerprint),
+        }
+        for e in relay.catalog.sources()
+    ]
+    return web.json_response({"sources": out})
+
+
+def _fp_text(fp: int | None) -> str | None:
+    return None if fp is None else f"{fp:016x}"
+
+
+def _schema_json(schema: Schema) -> dict[str, Any]:
+    return {
+        "fingerprint": _fp_text(schema.fingerprint),
+        "name": schema.name,
+        "schema": json.loads(schema.to_json()),
+    }
+
+
+def _parse_fingerprint(text: str) -> int:
+    """16 hex digits (as /v1/sources gives them), ``0x``-prefixed hex, or decimal."""
+    try:
+        if text.lower().startswith("0x"):
+            value = int(text[2:], 16)
+        elif len(text) == 16:
+            value = int(text, 16)
+        else:
+            value = int(text)
+    except ValueError:
+        raise BadRequest(f"not a schema fingerprint: {text[:40]!r}") from None
+    if not 0 <= value < 1 << 64:
+        raise BadRequest("a fingerprint is an unsigned 64-bit number")
+    return value
+
+
+async def schema_by_fingerprint(request: web.Request) -> web.Response:
+    registry = request.app[RELAY].catalog.registry
+    schema = registry.get(_parse_fingerprint(request.match_info["fingerprint"]))
+    return web.json_response(_schema_json(schema))
+
+
+async def schemas_of_source(request: web.Request) -> web.Response:
+    relay = request.app[RELAY]
+    name = request.query.get("source")
+    if not name:
+        raise BadRequest("give ?source=NAME, or GET /v1/schemas/{fingerprint}")
+    relay.catalog.source(name)  # 404 for an unknown source
+    versions = relay.catalog.registry.versions(name)
+    return web.json_response(
+        {"source": name, "versions": [_schema_json(s) for s in versions]}
+    )
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[RELAY].status())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    relay = request.app[RELAY]
+    stats = request.app[STATS]
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP databus_relay_{name} {help_text}")
+        lines.append(f"# TYPE databus_relay_{name} {kind}")
+        for labels, value in samples:
+            lines.append(f"databus_relay_{name}{labels} {value}")
+
+    status_doc = relay.status()["buffers"]
+    per = {n: f'{{buffer="{n}"}}' for n in status_doc}
+    for field, kind, text in [
+        ("min_scn", "gauge", "Oldest window SCN held"),
+        ("max_scn", "gauge", "Newest window SCN held"),
+        ("used_bytes", "gauge", "Bytes of the ring in use"),
+        ("capacity_bytes", "gauge", "Ring capacity"),
+        ("events", "gauge", "Data events held"),
+        ("windows", "gauge", "Windows held"),
+        ("input_bytes_per_second", "gauge", "Average write rate since start"),
+    ]:
+        metric(f"buffer_{field}", kind, text,
+               [(per[n], float(doc[field] or 0)) for n, doc in status_doc.items()])
+    fetchers = {n: doc.get("fetcher") or {} for n, doc in status_doc.items()}
+    metric("fetcher_restarts_total", "counter", "Fetcher restarts after an error",
+           [(per[n], float(f.get("restarts", 0))) for n, f in fetchers.items()])
+    metric("fetcher_lag_scn", "gauge", "Source SCN minus buffer max SCN",
+           [(per[n], float(f.get("lag_scn") or 0)) for n, f in fetchers.items()])
+    metric("http_requests_total", "counter", "HTTP requests by route and status",
+           [(f'{{route="{r}",status="{s}"}}', float(c)) for (r, s), c in sorted(
+               stats.requests.items())])
+    metric("stream_bytes_total", "counter", "Event bytes served", [("", stats.bytes_served)])
+    metric("stream_events_total", "counter", "Data events served", [("", stats.events_served)])
+    metric("long_polls", "gauge", "Long polls waiting now", [("", stats.long_polls)])
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+
+async def admin_flush(request: web.Request) -> web.Response:
+    _check_admin(request)
+    relay = request.app[RELAY]
+    for buffer in relay.buffers.values():
+        await asyncio.to_thread(buffer.flush)
+    return web.json_response({"flushed": sorted(relay.buffers)})
+
+
+def _check_admin(request: web.Request) -> None:
+    token = request.app[RELAY].config.admin_token
+    if token is None:
+        raise Forbidden("admin endpoints are disabled: set relay.admin_token")
+    auth = request.headers.get("Authorization", "")
+    scheme, _, given = auth.partition(" ")
+    if scheme.lower() != "bearer" or not given or token != given.strip():
+        raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin_token>'")
+
+
+# -- app ----------------------------------------------------------------------------
+
+
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    stats = request.app[STATS]
+    route = request.match_info.route.resource
+    route_name = route.canonical if route is not None else "unmatched"
+    try:
+        response = await handler(request)
+    except DatabusError as exc:
+        response = web.json_response(exc.to_json(), status=exc.http_status)
+    except web.HTTPException as exc:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        response = web.json_response(
+            {"error": code, "message": exc.reason}, status=exc.status
+        )
+    except Exception:
+        log.exception("unhandled error serving %s", request.path)
+        response = web.json_response(
+            {"error": "internal_error", "message": "internal error; see the relay log"},
+            status=500,
+        )
+    stats.requests[(route_name, response.status)] += 1
+    return response
+
+
+def create_app(relay: Relay) -> web.Application:
+    """The relay's aiohttp application. Starting it starts the relay's fetchers."""
+    app = web.Application(middlewares=[json_errors])
+    app[RELAY] = relay
+    app[STATS] = HttpStats()
+    app[NOTIFIERS] = {}
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        for name, buffer in relay.buffers.items():
+            notifier = WindowNotifier(loop)
+            app[NOTIFIERS][name] = notifier
+            buffer.add_listener(notifier.on_window)
+        relay.start()
+        yield
+        for notifier in app[NOTIFIERS].values():
+            notifier.close()
+        await asyncio.to_thread(relay.close)
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/v1/stream", stream)
+    app.router.add_get("/v1/sources", sources)
+    app.router.add_get("/v1/schemas", schemas_of_source)
+    app.router.add_get("/v1/schemas/{fingerprint}", schema_by_fingerprint)
+    app.router.add_get("/v1/status", status)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/v1/admin/flush", admin_flush)
+    return app
+

@@ -1,0 +1,179 @@
+"""Starting a real relay (in-process or as a ``databus relay`` process) for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from databus.config import BufferConfig, RelayConfig, Secret
+from databus.event import decode_eow, decode_event, iter_events
+from databus.relay._relay import Relay
+from databus.relay._server import create_app
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+def relay_config(tmp_path: Path, buffers: dict[str, str], capacity_mb: int = 4,
+                 **extra: Any) -> RelayConfig:
+    return RelayConfig(
+        data_dir=tmp_path / "relay",
+        buffers=tuple(BufferConfig(name=n, capacity_mb=capacity_mb, source=s)
+                      for n, s in buffers.items()),
+        port=0,
+        admin_token=Secret(ADMIN_TOKEN),
+        **extra,
+    )
+
+
+@dataclass
+class RunningRelay:
+    relay: Relay
+    url: str
+    session: aiohttp.ClientSession
+
+    async def get(self, path: str, **params: Any) -> aiohttp.ClientResponse:
+        return await self.session.get(self.url + path, params=params)
+
+    async def json(self, path: str, **params: Any) -> Any:
+        async with await self.get(path, **params) as resp:
+            return await resp.json()
+
+    async def wait_for_scn(self, buffer: str, scn: int, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            doc = await self.json("/v1/status")
+            max_scn = doc["buffers"][buffer]["max_scn"]
+            if max_scn is not None and max_scn >= scn:
+                return
+            await asyncio.sleep(0.02)
+        raise TimeoutError(f"buffer {buffer} did not reach SCN {scn}: {doc}")
+
+
+@asynccontextmanager
+async def running_relay(config: RelayConfig) -> AsyncIterator[RunningRelay]:
+    relay = Relay(config, backoff_initial=0.05, backoff_max=0.5)
+    runner = web.AppRunner(create_app(relay))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield RunningRelay(relay, f"http://127.0.0.1:{port}", session)
+    finally:
+        await runner.cleanup()
+
+
+@dataclass
+class Window:
+    scn: int
+    events: list[tuple[int, object, bytes]] = field(default_factory=list)  # (source, key, value)
+    eow_count: int = -1
+
+
+def parse_windows(data: bytes) -> list[Window]:
+    """Group a stream body into windows; every CRC is checked on the way."""
+    windows: list[Window] = []
+    current: Window | None = None
+    for off, header in iter_events(data):
+        event = decode_event(data, off)
+        if current is None or current.scn != header.scn:
+            current = Window(header.scn)
+            windows.append(current)
+        if header.is_eow:
+            current.eow_count = decode_eow(event).event_count
+        elif not header.is_control:
+            current.events.append((header.source_id, event.key, event.value))
+    return windows
+
+
+async def stream_all(
+    relay: RunningRelay, checkpoint: str | None = None, **params: Any
+) -> tuple[list[Window], str]:
+    """Pull until the relay has nothing new; returns windows and the final checkpoint."""
+    body = b""
+    cp = checkpoint
+    while True:
+        query = dict(params)
+        if cp is not None:
+            query["checkpoint"] = cp
+        async with await relay.get("/v1/stream", **query) as resp:
+            assert resp.status == 200, await resp.text()
+            chunk = await resp.read()
+            new_cp = resp.headers["X-Databus-Checkpoint"]
+        if not chunk:
+            return parse_windows(body), cp or new_cp
+        body += chunk
+        cp = new_cp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RelayProcess:
+    """``databus relay --config FILE`` as a child process (for kill -9 tests)."""
+
+    def __init__(self, tmp_path: Path, buffers: dict[str, str], capacity_mb: int = 4) -> None:
+        self.port = free_port()
+        self.config_path = tmp_path / "relay.toml"
+        lines = [
+            "[relay]",
+            f'data_dir = "{tmp_path / "relay"}"',
+            f"port = {self.port}",
+        ]
+        for name, source in buffers.items():
+            lines += ["[[relay.buffers]]", f'name = "{name}"', f"capacity_mb = {capacity_mb}",
+                      f'source = "{source}"']
+        self.config_path.write_text("\n".join(lines) + "\n")
+        self.log_path = tmp_path / "relay.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        exe = Path(sys.executable).with_name("databus")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [str(exe), "relay", "--config", str(self.config_path)], stdout=log, stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"relay exited: {self.log_path.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"relay did not listen: {self.log_path.read_text()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=20)
+
+    def status(self) -> dict[str, Any]:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + "/v1/status", timeout=5) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
