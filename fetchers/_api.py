@@ -4,10 +4,12 @@ A fetcher pulls committed transactions out of one physical source and pushes eac
 a window into a ``WindowSink`` (the relay's event buffer): ``start_window(scn)``,
 ``append(event)`` per row change, ``end_window()``; ``rollback()`` drops a window it
 could not finish. It runs in its own thread, started by the relay's fetcher host with
-the SCN to resume after, and returns when ``stop`` is set. Any exception it raises is
-logged by the host, which rolls back the open window and restarts it, with backoff,
-from the buffer's max SCN: a fetcher never needs its own retry loop for crashes, only
-for the errors it can handle better itself.
+the SCN to resume after, and returns when ``stop`` is set. An exception it raises is
+logged by the host, which rolls back the open window and restarts a new instance, with
+backoff, from the buffer's max SCN: a fetcher never needs its own retry loop for
+crashes, only for the errors it can handle better itself. The exception is a
+``DatabusError`` with ``retriable=False`` (a wrong config, a window larger than the
+buffer): that fetcher is marked ``failed`` and not restarted, since retrying cannot help.
 
 Fetchers are found by URI scheme through the ``databus.fetchers`` entry point group
 (``synthetic = "databus.fetchers.synthetic:SyntheticFetcher"``), so a third party adds
@@ -75,7 +77,7 @@ class Fetcher(ABC):
     @abstractmethod
     def run(self, sink: WindowSink, start_after_scn: int | None, stop: threading.Event) -> None:
         """Push windows with SCN > ``start_after_scn`` (None: from the source's current
-        position) until ``stop`` is set. Raise on errors; the host restarts."""
+        position) until ``stop`` is set. Raise on errors; the host restarts retriable ones."""
 
     def initial_scn(self) -> int | None:
         """The SCN an empty buffer starts after when ``run`` gets None (the source's

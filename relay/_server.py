@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from databus.checkpoint import Checkpoint
+from databus.config import Secret
 from databus.errors import DatabusError
 from databus.filters import FilterSpec
 from databus.relay._buffer import EventPredicate
@@ -328,7 +329,7 @@ def _check_admin(request: web.Request) -> None:
         raise Forbidden("admin endpoints are disabled: set relay.admin_token")
     auth = request.headers.get("Authorization", "")
     scheme, _, given = auth.partition(" ")
-    if scheme.lower() != "bearer" or not given or token != given.strip():
+    if scheme.lower() != "bearer" or not given or token != Secret(given.strip()):
         raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin_token>'")
 
 

@@ -72,7 +72,8 @@ async def running_relay(config: RelayConfig) -> AsyncIterator[RunningRelay]:
     await site.start()
     port = runner.addresses[0][1]
     try:
-        async with aiohttp.ClientSession() as session:
+        # No connection limit: tests open hundreds of concurrent long polls.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             yield RunningRelay(relay, f"http://127.0.0.1:{port}", session)
     finally:
         await runner.cleanup()

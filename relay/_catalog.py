@@ -1,0 +1,316 @@
+"""The relay's catalog of logical sources: stable ids and every schema version, on disk.
+
+Events in a buffer file carry a logical source id and a schema fingerprint, and both
+must still mean the same thing after a restart: ids are therefore allocated once and
+never reused, and every schema version ever registered stays servable
+(``/v1/schemas/{fingerprint}`` answers for the oldest event still held). The catalog
+lives in one JSON file in the relay's data dir (``catalog.json``)::
+
+    {"format": "databus-relay-catalog", "version": 1,
+     "sources": [{"name": "shop.orders", "id": 1, "buffer": "shop", "partition_id": 0,
+                  "versions": ["<16 hex digits>", ...], "latest": "<16 hex digits>"}],
+     "schemas": {"<16 hex digits>": {...the Avro schema JSON...}}}
+
+Fingerprints are 16 lowercase hex digits, as ``/v1/sources`` prints them. Each change
+(a new source, a new schema version, another version made current) rewrites the file
+atomically: a temporary file, fsync, rename over the old one, fsync of the directory.
+A change is applied in memory only after it is on disk, so an id is never handed to a
+fetcher (and written into events) unless a restart will find it again.
+
+A logical source belongs to one buffer: its id is in that buffer's events, so binding
+it to a second buffer is a ``ConfigError``.
+
+Thread-safe: fetcher threads allocate ids and register schemas, HTTP handlers read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from databus.errors import ConfigError, DatabusError, SchemaError, UnknownSourceError
+from databus.schemas import MemorySchemaRegistry, Schema, SchemaLike, SchemaRegistry, as_schema
+
+__all__ = [
+    "CATALOG_FILENAME",
+    "MAX_SOURCE_ID",
+    "BufferCatalog",
+    "CatalogError",
+    "RelayCatalog",
+    "SourceEntry",
+]
+
+log = logging.getLogger("databus.relay.catalog")
+
+CATALOG_FILENAME = "catalog.json"
+_FORMAT = "databus-relay-catalog"
+_VERSION = 1
+# Logical source ids travel as a signed 16-bit header field; negatives are control ids.
+MAX_SOURCE_ID = (1 << 15) - 1
+_MAX_NAME = 255
+# What a malformed (hand-edited, truncated) file makes the loader raise.
+_LOAD_ERRORS = (AttributeError, KeyError, TypeError, ValueError, SchemaError, ConfigError)
+
+
+class CatalogError(DatabusError):
+    """The catalog file is unreadable or inconsistent (the relay must not guess ids)."""
+
+    code = "catalog_error"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceEntry:
+    """A logical source as the relay knows it."""
+
+    name: str
+    id: int
+    buffer: str
+    partition_id: int
+    # The fingerprint of the current schema version, None before one is registered.
+    fingerprint: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """A source's persisted state: its entry plus its schema history."""
+
+    name: str
+    id: int
+    buffer: str
+    partition_id: int
+    versions: tuple[int, ...] = ()  # fingerprints, oldest first
+    latest: int | None = None
+
+    def entry(self) -> SourceEntry:
+        return SourceEntry(self.name, self.id, self.buffer, self.partition_id, self.latest)
+
+
+def _fp_text(fp: int) -> str:
+    return f"{fp:016x}"
+
+
+def _check_source_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a logical source needs a non-empty name, got {name!r}")
+    # Names are listed comma-separated in /v1/stream?sources=..., and shown in logs.
+    if len(name) > _MAX_NAME or "," in name or any(c.isspace() or not c.isprintable()
+                                                  for c in name):
+        raise ConfigError(
+            f"invalid logical source name {name!r}: at most {_MAX_NAME} printable "
+            "characters, no commas or whitespace"
+        )
+    return name
+
+
+class RelayCatalog:
+    """Logical sources (ids, buffer, schema versions) of one relay, persisted at ``path``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._records: dict[str, _Record] = {}
+        self._by_id: dict[int, _Record] = {}
+        self._schemas: dict[int, Schema] = {}
+        self._registry = MemorySchemaRegistry()
+        if self.path.exists():
+            self._load()
+
+    # -- reading --------------------------------------------------------------------
+
+    @property
+    def registry(self) -> SchemaRegistry:
+        """Every schema version ever registered, by fingerprint and by source."""
+        return self._registry
+
+    def sources(self) -> list[SourceEntry]:
+        """All logical sources, by id."""
+        with self._lock:
+            return [r.entry() for r in sorted(self._records.values(), key=lambda r: r.id)]
+
+    def source(self, name: str) -> SourceEntry:
+        """The source called ``name``; ``UnknownSourceError`` (404) if there is none."""
+        with self._lock:
+            record = self._records.get(name)
+        if record is None:
+            raise UnknownSourceError(f"unknown source {name!r}")
+        return record.entry()
+
+    def by_id(self, source_id: int) -> SourceEntry:
+        """The source with this id; ``UnknownSourceError`` if there is none."""
+        with self._lock:
+            record = self._by_id.get(source_id)
+        if record is None:
+            raise UnknownSourceError(f"unknown source id {source_id}")
+        return record.entry()
+
+    def for_buffer(self, buffer_name: str, partition_id: int) -> BufferCatalog:
+        """The ``SourceCatalog`` a fetcher of buffer ``buffer_name`` gets."""
+        return BufferCatalog(self, buffer_name, partition_id)
+
+    # -- changes (called through BufferCatalog) -------------------------------------
+
+    def _bind(self, name: str, buffer: str, partition_id: int) -> _Record:
+        """The record of ``name``, created (and persisted) if new. Caller holds the lock."""
+        record = self._records.get(name)
+        if record is None:
+            next_id = max(self._by_id, default=0) + 1
+            if next_id > MAX_SOURCE_ID:
+                raise CatalogError(f"no source id left for {name!r} (max {MAX_SOURCE_ID})")
+            record = _Record(name, next_id, buffer, partition_id)
+        elif record.buffer != buffer:
+            raise ConfigError(
+                f"source {name!r} belongs to buffer {record.buffer!r} (its events there carry "
+                f"id {record.id}); buffer {buffer!r} cannot feed it too"
+            )
+        elif record.partition_id != partition_id:
+            # The buffer's partition id comes from the config order; follow it.
+            log.info("source %s: partition id %d -> %d", name, record.partition_id, partition_id)
+            record = replace(record, partition_id=partition_id)
+        else:
+            return record
+        self._commit(record)
+        return record
+
+    def _source_id(self, name: str, buffer: str, partition_id: int) -> int:
+        name = _check_source_name(name)
+        with self._lock:
+            return self._bind(name, buffer, partition_id).id
+
+    def _register(self, name: str, schema: SchemaLike, buffer: str, partition_id: int) -> Schema:
+        name = _check_source_name(name)
+        new = as_schema(schema)  # validate outside the lock
+        with self._lock:
+            record = self._bind(name, buffer, partition_id)
+            fp = new.fingerprint
+            # The first schema stored under a fingerprint wins, as in the registry.
+            stored = self._schemas.get(fp, new)
+            if record.latest == fp:
+                return stored
+            versions = record.versions if fp in record.versions else (*record.versions, fp)
+            self._commit(replace(record, versions=versions, latest=fp), stored)
+            return stored
+
+    def _commit(self, record: _Record, schema: Schema | None = None) -> None:
+        """Persist ``record`` (and a possibly new ``schema``), then apply it in memory."""
+        records = {**self._records, record.name: record}
+        schemas = self._schemas
+        if schema is not None and schema.fingerprint not in schemas:
+            schemas = {**schemas, schema.fingerprint: schema}
+        self._write(records, schemas)
+        self._records = records
+        self._schemas = schemas
+        self._by_id[record.id] = record
+        if schema is not None and record.latest is not None:
+            self._registry.register(record.name, schema)
+
+    # -- the file -------------------------------------------------------------------
+
+    def _write(self, records: dict[str, _Record], schemas: dict[int, Schema]) -> None:
+        doc = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "sources": [
+                {
+                    "name": r.name,
+                    "id": r.id,
+                    "buffer": r.buffer,
+                    "partition_id": r.partition_id,
+                    "versions": [_fp_text(fp) for fp in r.versions],
+                    "latest": None if r.latest is None else _fp_text(r.latest),
+                }
+                for r in sorted(records.values(), key=lambda r: r.id)
+            ],
+            "schemas": {_fp_text(fp): s.schema for fp, s in sorted(schemas.items())},
+        }
+        data = json.dumps(doc, indent=1, sort_keys=False).encode() + b"\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        # The rename itself is only durable once the directory entry is on disk.
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _load(self) -> None:
+        try:
+            doc = json.loads(self.path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise self._corrupt(f"cannot read it: {exc}") from exc
+        try:
+            self._load_doc(doc)
+        except _LOAD_ERRORS as exc:
+            raise self._corrupt(f"{type(exc).__name__}: {exc}") from exc
+        log.info("catalog %s: %d sources, %d schemas", self.path, len(self._records),
+                 len(self._schemas))
+
+    def _corrupt(self, reason: str) -> CatalogError:
+        return CatalogError(
+            f"relay catalog {self.path} is unusable ({reason}); the buffer files' source "
+            "ids depend on it: restore it, or move it away together with the *.buf files"
+        )
+
+    def _load_doc(self, doc: Any) -> None:
+        if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
+            raise ValueError("not a relay catalog")
+        if doc.get("version") != _VERSION:
+            raise ValueError(f"unknown catalog version {doc.get('version')!r}")
+        for text, raw in doc["schemas"].items():
+            schema = Schema(raw)
+            if _fp_text(schema.fingerprint) != text:
+                raise ValueError(f"schema {text} has fingerprint {_fp_text(schema.fingerprint)}")
+            self._schemas[schema.fingerprint] = schema
+        for item in doc["sources"]:
+            name = _check_source_name(item["name"])
+            source_id, buffer, partition_id = item["id"], item["buffer"], item["partition_id"]
+            if not (isinstance(source_id, int) and 1 <= source_id <= MAX_SOURCE_ID):
+                raise ValueError(f"source {name!r} has a bad id {source_id!r}")
+            if not isinstance(buffer, str) or not isinstance(partition_id, int):
+                raise ValueError(f"source {name!r} has a bad buffer or partition id")
+            if name in self._records or source_id in self._by_id:
+                raise ValueError(f"source {name!r} or id {source_id} appears twice")
+            versions = tuple(int(fp, 16) for fp in item["versions"])
+            latest = None if item["latest"] is None else int(item["latest"], 16)
+            if any(fp not in self._schemas for fp in versions) or (
+                latest is not None and latest not in versions
+            ):
+                raise ValueError(f"source {name!r} names a schema the file does not hold")
+            record = _Record(name, source_id, buffer, partition_id, versions, latest)
+            self._records[name] = self._by_id[source_id] = record
+            # Replaying the history in order, then the current version last, gives the
+            # registry the same versions list and latest schema as before the restart.
+            for fp in versions:
+                self._registry.register(name, self._schemas[fp])
+            if latest is not None:
+                self._registry.register(name, self._schemas[latest])
+
+
+class BufferCatalog:
+    """The catalog as one buffer's fetcher sees it (the ``SourceCatalog`` protocol)."""
+
+    def __init__(self, catalog: RelayCatalog, buffer_name: str, partition_id: int) -> None:
+        self.catalog = catalog
+        self.buffer_name = buffer_name
+        self.partition_id = partition_id
+
+    def source_id(self, name: str) -> int:
+        """The id of logical source ``name``, allocated (and bound to this buffer) if new."""
+        return self.catalog._source_id(name, self.buffer_name, self.partition_id)
+
+    def register_schema(self, name: str, schema: Schema) -> Schema:
+        """Make ``schema`` the current version of ``name``; returns the stored schema."""
+        return self.catalog._register(name, schema, self.buffer_name, self.partition_id)

@@ -1,0 +1,421 @@
+"""The fetcher host: runs one fetcher per buffer in a thread, restarts it when it fails.
+
+For each configured buffer the host resolves the fetcher class by the source URI's
+scheme (``fetcher_class``, entry point group ``databus.fetchers``) and runs it in a
+daemon thread with the buffer as its ``WindowSink``. Every (re)start resumes after the
+buffer's max SCN, or after its ``prev_scn`` when it is empty but has started; a buffer
+that never started asks the fetcher for ``initial_scn()`` and, if it names one, calls
+``buffer.start_after`` with it so that older checkpoints get ``scn_not_found``.
+
+When ``run`` raises, the host logs the error (the source URI redacted, the source's
+password and secret query values scrubbed from the message; a traceback only for
+exceptions that are not ``DatabusError``, which may be bugs), rolls back the window the fetcher
+left open and starts a fresh fetcher instance after a backoff: 0.1 s doubling to 30 s,
+back to 0.1 s after a run that stayed up for ``healthy_after`` seconds. A
+``DatabusError`` that says it is not retriable (a config error, a window larger than
+the buffer, a fetcher writing SCNs backwards) cannot heal by retrying: the fetcher is
+then marked ``failed`` and left stopped. A ``run`` that returns although ``stop`` was
+not set is restarted like a failure.
+
+Each attempt gets a new fetcher instance and ``close()`` runs after each ``run``, so a
+fetcher never sees a half-torn-down connection from its previous attempt. Fetcher
+construction errors at ``start()`` (unknown scheme, bad parameters) are raised to the
+caller: a relay with a bad config must not come up.
+
+Plain threads and a lock, no asyncio: the HTTP server calls ``status()`` from its event
+loop and it only copies a few fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from databus.config import RelayConfig, redact_uri
+from databus.errors import ConfigError, DatabusError
+from databus.fetchers._api import Fetcher, FetcherContext, fetcher_class
+from databus.relay._buffer import BufferState, EventBuffer
+from databus.relay._catalog import RelayCatalog
+
+__all__ = ["Backoff", "FetcherHost", "FetcherState", "FetcherStatus", "resume_point"]
+
+log = logging.getLogger("databus.relay.fetchers")
+
+FetcherState = Literal["starting", "running", "backoff", "stopped", "failed"]
+
+_SECRET_QUERY_KEYS = frozenset(
+    {"password", "passwd", "pwd", "secret", "token", "access_token", "api_key", "apikey"}
+)
+
+
+# -- pure pieces ----------------------------------------------------------------------
+
+
+def resume_point(state: BufferState) -> int | None:
+    """The SCN a fetcher resumes after, or None when the buffer never started.
+
+    A fresh ``EventBuffer`` has ``prev_scn`` -1 and no windows; source SCNs are never
+    negative, so a negative ``prev_scn`` means "not started".
+    """
+    if state.max_scn is not None:
+        return state.max_scn
+    return state.prev_scn if state.prev_scn >= 0 else None
+
+
+class Backoff:
+    """Exponential restart delays: ``initial`` doubling up to ``maximum``.
+
+    ``failed(ran_for)`` returns the delay before the next attempt; a run that lasted at
+    least ``healthy_after`` seconds counts as recovered and starts over at ``initial``.
+    """
+
+    def __init__(self, initial: float, maximum: float, healthy_after: float) -> None:
+        if not 0 < initial <= maximum:
+            raise ValueError(f"backoff needs 0 < initial <= maximum, got {initial}, {maximum}")
+        self.initial = initial
+        self.maximum = maximum
+        self.healthy_after = healthy_after
+        self._next = initial
+
+    def failed(self, ran_for: float) -> float:
+        if ran_for >= self.healthy_after:
+            self._next = self.initial
+        delay = self._next
+        self._next = min(self._next * 2, self.maximum)
+        return delay
+
+
+def uri_secrets(uri: str) -> list[str]:
+    """The secret strings of ``uri`` (password, secret-looking query values) to scrub
+    from messages, longest first so a secret containing another is replaced whole."""
+    secrets: set[str] = set()
+    try:
+        parts = urlsplit(uri)
+        password = parts.password
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return []
+    if password:
+        secrets |= {password, unquote(password)}
+    for key, value in query:
+        if key.lower() in _SECRET_QUERY_KEYS and value:
+            secrets.add(value)
+    return sorted(secrets, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+# -- status ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FetcherStatus:
+    """What ``/v1/status`` shows about one buffer's fetcher."""
+
+    buffer: str
+    source: str  # the URI, redacted
+    state: FetcherState
+    restarts: int
+    last_error: str | None  # "<ExceptionType>: message", secrets scrubbed
+    last_error_at: float | None  # time.time() of the last error
+    source_scn: int | None  # the newest SCN the source reported having
+    buffer_max_scn: int | None
+    lag_scn: int  # source_scn - buffer_max_scn, 0 when caught up or unknown
+    last_window_at: float | None  # time.time() of the last window this host wrote
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "buffer": self.buffer,
+            "source": self.source,
+            "state": self.state,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+            "source_scn": self.source_scn,
+            "buffer_max_scn": self.buffer_max_scn,
+            "lag_scn": self.lag_scn,
+            "last_window_at": self.last_window_at,
+        }
+
+
+class _TrackingSink:
+    """The buffer as a ``WindowSink``, noting when windows land (for ``status()``)."""
+
+    def __init__(self, buffer: EventBuffer) -> None:
+        self._buffer = buffer
+        # Bound methods copied once: the per-event path costs no extra call.
+        self.start_window = buffer.start_window
+        self.append = buffer.append
+        self.rollback = buffer.rollback
+        self.last_window_at: float | None = None
+
+    def end_window(self, timestamp_ns: int | None = None) -> int:
+        scn = self._buffer.end_window(timestamp_ns)
+        self.last_window_at = time.time()
+        return scn
+
+
+# -- one buffer's runner --------------------------------------------------------------
+
+
+class _Runner:
+    """Runs, watches and restarts the fetcher of one buffer (its own thread)."""
+
+    def __init__(
+        self,
+        name: str,
+        uri: str,
+        cls: type[Fetcher],
+        buffer: EventBuffer,
+        catalog: RelayCatalog,
+        stop: threading.Event,
+        backoff: Backoff,
+    ) -> None:
+        self.name = name
+        self.uri = uri
+        self.cls = cls
+        self.buffer = buffer
+        self.catalog = catalog
+        self.stop = stop
+        self.backoff = backoff
+        self.secrets = uri_secrets(uri)
+        self.sink = _TrackingSink(buffer)
+        self.lock = threading.Lock()
+        self.state: FetcherState = "starting"
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        # Written by the fetcher thread, read by status(): a single int, atomic.
+        self.source_scn: int | None = None
+        self.fetcher: Fetcher | None = None
+        # The first instance is built by start(), so config errors reach the caller.
+        self.first: Fetcher | None = self.new_fetcher()
+        self.thread = threading.Thread(
+            target=self.loop, name=f"databus-fetcher-{name}", daemon=True
+        )
+
+    def new_fetcher(self) -> Fetcher:
+        context = FetcherContext(
+            buffer_name=self.name,
+            partition_id=self.buffer.partition_id,
+            catalog=self.catalog.for_buffer(self.name, self.buffer.partition_id),
+            report_source_scn=self.report_source_scn,
+        )
+        return self.cls(self.uri, context)
+
+    def report_source_scn(self, scn: int) -> None:
+        self.source_scn = scn
+
+    def set_state(self, state: FetcherState) -> None:
+        with self.lock:
+            self.state = state
+
+    def loop(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            # A bug in the host itself: say so rather than leave a stale "running".
+            log.error("fetcher host thread of buffer %s died: %s", self.name,
+                      scrub(traceback.format_exc().rstrip(), self.secrets))
+            self.set_state("failed")
+            raise
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            error: BaseException | None = None
+            fetcher: Fetcher | None = None
+            try:
+                fetcher, self.first = self.first, None
+                if fetcher is None:
+                    fetcher = self.new_fetcher()
+                with self.lock:
+                    self.fetcher = fetcher
+                after = resume_point(self.buffer.state())
+                if after is None:
+                    after = fetcher.initial_scn()
+                    if after is not None:
+                        self.buffer.start_after(after)
+                self.set_state("running")
+                fetcher.run(self.sink, after, self.stop)
+            except Exception as exc:
+                error = exc
+            finally:
+                # The fetcher may have died mid-window: those bytes were never published.
+                self.buffer.rollback()
+                if fetcher is not None:
+                    self.close(fetcher)
+            if self.stop.is_set():
+                break
+            if error is None:
+                error = RuntimeError("run() returned before the host asked it to stop")
+            if not self.failed(error, time.monotonic() - started):
+                return
+        self.set_state("stopped")
+
+    def failed(self, error: BaseException, ran_for: float) -> bool:
+        """Record and log ``error``; wait out the backoff. False: give up for good."""
+        message = scrub(f"{type(error).__name__}: {error}", self.secrets)
+        expected = isinstance(error, DatabusError)
+        retriable = error.retriable if isinstance(error, DatabusError) else True
+        # Our own errors explain themselves; anything else may be a bug: show where.
+        detail = message if expected else scrub(
+            "".join(traceback.format_exception(error)).rstrip(), self.secrets
+        )
+        with self.lock:
+            self.last_error = message
+            self.last_error_at = time.time()
+            self.state = "backoff" if retriable else "failed"
+        source = redact_uri(self.uri)
+        if not retriable:
+            log.error("fetcher of buffer %s (%s) failed and cannot recover by retrying; "
+                      "fix the cause and restart the relay: %s", self.name, source, detail)
+            return False
+        delay = self.backoff.failed(ran_for)
+        log.error("fetcher of buffer %s (%s) failed, restarting in %.2f s: %s",
+                  self.name, source, delay, detail)
+        if self.stop.wait(delay):
+            return True  # the loop sees stop and ends
+        with self.lock:
+            self.restarts += 1
+            self.state = "starting"
+        return True
+
+    def close(self, fetcher: Fetcher) -> None:
+        """``fetcher.close()`` once, whoever calls first (the runner, or stop())."""
+        with self.lock:
+            if fetcher is not self.fetcher:
+                return
+            self.fetcher = None
+        try:
+            fetcher.close()
+        except Exception as exc:
+            log.warning("closing the fetcher of buffer %s: %s", self.name,
+                        scrub(f"{type(exc).__name__}: {exc}", self.secrets))
+
+    def status(self) -> FetcherStatus:
+        buffer_state = self.buffer.state()
+        source_scn = self.source_scn
+        with self.lock:
+            state, restarts = self.state, self.restarts
+            last_error, last_error_at = self.last_error, self.last_error_at
+        # Against the resume point, so an empty buffer that started after the source's
+        # position at the time is not shown "behind" by the whole SCN range.
+        have = resume_point(buffer_state)
+        lag = 0 if source_scn is None or have is None else max(0, source_scn - have)
+        return FetcherStatus(
+            buffer=self.name,
+            source=redact_uri(self.uri),
+            state=state,
+            restarts=restarts,
+            last_error=last_error,
+            last_error_at=last_error_at,
+            source_scn=source_scn,
+            buffer_max_scn=buffer_state.max_scn,
+            lag_scn=lag,
+            last_window_at=self.sink.last_window_at,
+        )
+
+
+# -- the host -------------------------------------------------------------------------
+
+
+class FetcherHost:
+    """Runs the fetcher of every configured buffer; see the module docstring.
+
+    ``buffers`` maps every configured buffer name to its open ``EventBuffer`` (the
+    partition id a fetcher gets is the buffer's). ``healthy_after`` is how long a run
+    must last for the backoff to start over. ``resolve`` maps a source URI to a fetcher
+    class (default: ``fetcher_class``, by entry point); tests pass their own.
+    """
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        buffers: Mapping[str, EventBuffer],
+        catalog: RelayCatalog,
+        *,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 30.0,
+        healthy_after: float = 60.0,
+        resolve: Callable[[str], type[Fetcher]] | None = None,
+    ) -> None:
+        missing = [b.name for b in config.buffers if b.name not in buffers]
+        if missing:
+            raise ConfigError(f"no event buffer for configured buffer(s) {', '.join(missing)}")
+        # Validated now rather than in a thread, where it would only be logged.
+        Backoff(backoff_initial, backoff_max, healthy_after)
+        self.config = config
+        self.buffers = buffers
+        self.catalog = catalog
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.healthy_after = healthy_after
+        # Looked up at call time so tests may monkeypatch the module's fetcher_class.
+        self._resolve = resolve
+        self._stop = threading.Event()
+        self._runners: dict[str, _Runner] = {}
+        self._started = False
+
+    def start(self) -> None:
+        """Build every fetcher (config errors raise here) and start their threads."""
+        if self._started:
+            raise RuntimeError("FetcherHost.start() called twice")
+        resolve = self._resolve or fetcher_class
+        runners: dict[str, _Runner] = {}
+        try:
+            for buffer_config in self.config.buffers:
+                name = buffer_config.name
+                runners[name] = _Runner(
+                    name,
+                    buffer_config.source,
+                    resolve(buffer_config.source),
+                    self.buffers[name],
+                    self.catalog,
+                    self._stop,
+                    Backoff(self.backoff_initial, self.backoff_max, self.healthy_after),
+                )
+        except BaseException:
+            for runner in runners.values():
+                if runner.first is not None:
+                    runner.first.close()
+            raise
+        self._runners = runners
+        self._started = True
+        for runner in runners.values():
+            runner.thread.start()
+        log.info("started fetchers: %s", ", ".join(
+            f"{n} ({redact_uri(r.uri)})" for n, r in runners.items()))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask every fetcher to stop, wait up to ``timeout`` seconds, close them."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for runner in self._runners.values():
+            runner.thread.join(max(0.0, deadline - time.monotonic()))
+        for runner in self._runners.values():
+            if runner.thread.is_alive():
+                # Closing its connection is the best chance to unblock a stuck run().
+                log.warning("fetcher of buffer %s did not stop within %.1f s; closing it",
+                            runner.name, timeout)
+                fetcher = runner.fetcher
+                if fetcher is not None:
+                    runner.close(fetcher)
+                runner.thread.join(1.0)
+            elif runner.first is not None:
+                runner.first.close()  # built by start() but never run
+                runner.first = None
+
+    def status(self) -> dict[str, FetcherStatus]:
+        """Per buffer name: the fetcher's state, restarts, last error and lag."""
+        return {name: runner.status() for name, runner in self._runners.items()}
