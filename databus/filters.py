@@ -58,7 +58,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Literal
+from typing import ClassVar, Literal
 
 from databus._hashing import stable_key_hash
 from databus.errors import FilterError
@@ -309,6 +309,8 @@ class SourceFilter(ABC):
     """The filter of one logical source. Subclasses are frozen dataclasses."""
 
     type_name: str = ""
+    # Whether ``passes`` reads the key bytes; readers skip copying them when no filter does.
+    needs_key: ClassVar[bool] = False
 
     @abstractmethod
     def passes(self, pkey: int, key: bytes = b"") -> bool:
@@ -374,6 +376,8 @@ class ModFilter(SourceFilter):
 @dataclass(frozen=True)
 class HashFilter(SourceFilter):
     """Passes if ``stable_key_hash(key) % n`` is in ``buckets``; ignores ``pkey``."""
+
+    needs_key: ClassVar[bool] = True
 
     n: int
     buckets: BucketSet

@@ -69,6 +69,8 @@ _PAD = 0x00
 _HDR_SCN = struct.Struct(">q")
 _HDR_SOURCE = struct.Struct(">h")
 _HDR_CRC = struct.Struct(">I")
+# What a reader needs of a header: total length, SCN, source id, partition key, key length.
+_SCAN = struct.Struct(">12xIq10xhq8xI")
 _U32 = struct.Struct(">I")
 _SEQ_SLOT_UNSET = -1
 
@@ -446,10 +448,12 @@ class EventBuffer:
         *,
         max_bytes: int,
         predicate: EventPredicate | None = None,
+        needs_key: bool = True,
     ) -> ReadResult:
         """Serve whole events after ``checkpoint``, at most ``max_bytes`` of them.
 
-        ``predicate`` decides per data event (source id, partition key, key bytes);
+        ``predicate`` decides per data event (source id, partition key, key bytes; the
+        key is passed as b"" unless ``needs_key``, which saves a copy per event);
         EOW events always pass so the consumer's checkpoint advances through filtered
         windows. Raises ``ScnNotFoundError`` if the checkpoint is too old, or if the
         range was overwritten while it was being read.
@@ -463,7 +467,9 @@ class EventBuffer:
             if isinstance(decision, NothingNew):
                 return ReadResult(b"", checkpoint, 0, 0, wait_after_scn=decision.after_scn)
             start = self._scan_start(decision.after_scn)
-        return self._read_from(checkpoint, decision, start, tail, max_bytes, predicate)
+        return self._read_from(
+            checkpoint, decision, start, tail, max_bytes, predicate, needs_key
+        )
 
     def _scan_start(self, after_scn: int) -> int:
         # Largest indexed window SCN <= after_scn; its window is <= after, so the first
@@ -479,91 +485,84 @@ class EventBuffer:
         tail: int,
         max_bytes: int,
         predicate: EventPredicate | None,
+        needs_key: bool,
     ) -> ReadResult:
+        # The hot loop of the relay: one unpack of five header fields per event, no
+        # objects per event, and bytes copied once per run of consecutive passing events.
         cap = self.capacity
         ring = self._ring
+        unpack = _SCAN.unpack_from
+        after = decision.after_scn
+        partial_scn = decision.partial_scn
         chunks: list[bytes] = []
-        size = 0
-        events = windows = 0
-        run_start = run_end = -1  # a run of consecutive passing bytes, physical
+        size = events = windows = 0
+        run_start = run_end = -1  # physical [start, end) of passing bytes not yet copied
         pos = start
-        cp = checkpoint
-        win_scn: int | None = None
-        win_seen = 0  # passing data events of the current window so far
-        skip = 0
+        cp_scn, cp_offset = checkpoint.window_scn, checkpoint.window_offset
+        win_scn = None
+        win_seen = skip = 0  # passing data events of the current window so far
         pending: int | None = None
-
-        def flush() -> None:
-            nonlocal run_start
-            if run_start >= 0:
-                chunks.append(bytes(ring[run_start:run_end]))
-                run_start = -1
-
         while pos < tail:
-            pos = self._skip_pad(pos)
-            if pos >= tail:
-                break
             phys = pos % cap
-            raw = bytes(ring[phys : phys + HEADER_SIZE])
-            self._check_not_overwritten(start, checkpoint)
-            fields = HEADER.unpack(raw)
-            total, scn, source_id, pkey, key_len = (
-                fields[6], fields[7], fields[10], fields[11], fields[13],
-            )
-            if scn <= decision.after_scn:
-                pos += total  # before the serving point: skip without serving
+            if cap - phys < HEADER_SIZE or ring[phys] == _PAD:
+                pos += cap - phys
                 continue
-            if win_scn != scn:
+            total, scn, source_id, pkey, key_len = unpack(ring, phys)
+            # Fields read from bytes the writer may since have overwritten are only
+            # trusted once head is still behind where this read started.
+            if self._head > start:
+                raise self._overwritten(checkpoint)
+            if scn <= after:
+                pos += total  # before the serving point
+                continue
+            if scn != win_scn:
                 win_scn, win_seen = scn, 0
-                skip = decision.skip_events if scn == decision.partial_scn else 0
+                skip = decision.skip_events if scn == partial_scn else 0
             if source_id >= 0:
-                key = b""
-                if predicate is not None and key_len:
-                    key = bytes(ring[phys + HEADER_SIZE : phys + HEADER_SIZE + key_len])
-                if predicate is not None and not predicate(source_id, pkey, key):
-                    flush()
-                    pos += total
-                    continue
+                if predicate is not None:
+                    key = (bytes(ring[phys + HEADER_SIZE : phys + HEADER_SIZE + key_len])
+                           if key_len and needs_key else b"")
+                    if not predicate(source_id, pkey, key):
+                        pos += total
+                        continue
                 if win_seen < skip:
                     win_seen += 1
-                    flush()
                     pos += total
                     continue
             if size + total > max_bytes:
                 if size == 0:
                     pending = total
                 break
-            if run_start >= 0 and phys == run_end:
-                run_end += total
-            else:
-                flush()
-                run_start, run_end = phys, phys + total
+            if phys != run_end:
+                if run_start >= 0:
+                    chunks.append(bytes(ring[run_start:run_end]))
+                run_start = phys
+            run_end = phys + total
             size += total
             pos += total
             if source_id == EOW_SOURCE_ID:
                 windows += 1
-                cp = Checkpoint(scn)
+                cp_scn, cp_offset = scn, -1
             elif source_id >= 0:
                 win_seen += 1
                 events += 1
-                cp = Checkpoint(scn, win_seen)
-        flush()
-        self._check_not_overwritten(start, checkpoint)
-        data = b"".join(chunks)
+                cp_scn, cp_offset = scn, win_seen
+        if run_start >= 0:
+            chunks.append(bytes(ring[run_start:run_end]))
+        if self._head > start:
+            raise self._overwritten(checkpoint)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        cp = Checkpoint(cp_scn, cp_offset) if size else checkpoint
         wait = None
         if not data and pending is None:
-            wait = (
-                decision.partial_scn - 1 if decision.partial_scn is not None
-                else decision.after_scn
-            )
+            wait = partial_scn - 1 if partial_scn is not None else after
         return ReadResult(data, cp, events, windows, pending, wait)
 
-    def _check_not_overwritten(self, start: int, checkpoint: Checkpoint) -> None:
-        if self._head > start:
-            raise ScnNotFoundError(
-                f"SCN {checkpoint.window_scn} was evicted while it was being read",
-                min_scn=self._min_scn,
-            )
+    def _overwritten(self, checkpoint: Checkpoint) -> ScnNotFoundError:
+        return ScnNotFoundError(
+            f"SCN {checkpoint.window_scn} was evicted while it was being read",
+            min_scn=self._min_scn,
+        )
 
     def _skip_pad(self, pos: int) -> int:
         phys = pos % self.capacity

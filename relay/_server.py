@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -129,8 +130,11 @@ def _checkpoint_param(request: web.Request) -> Checkpoint:
     return Checkpoint.loads(raw)
 
 
-def _buffer_for(relay: Relay, request: web.Request) -> tuple[str, EventPredicate | None]:
-    """The buffer a stream request reads, and its per-event predicate."""
+def _buffer_for(
+    relay: Relay, request: web.Request
+) -> tuple[str, EventPredicate | None, bool]:
+    """The buffer a stream request reads, its per-event predicate, and whether the
+    predicate needs key bytes."""
     names = [n for n in request.query.get("sources", "").split(",") if n.strip()]
     spec = FilterSpec.parse(request.query.get("filter") or None)
     catalog = relay.catalog
@@ -152,8 +156,9 @@ def _buffer_for(relay: Relay, request: web.Request) -> tuple[str, EventPredicate
     for name, source_filter in spec.filters.items():
         filters[catalog.source(name).id] = source_filter
     wanted = frozenset(e.id for e in entries) if entries else None
+    needs_key = any(f.needs_key for f in filters.values())
     if wanted is None and not filters:
-        return buffer_name, None
+        return buffer_name, None, False
 
     def predicate(source_id: int, pkey: int, key: bytes) -> bool:
         if wanted is not None and source_id not in wanted:
@@ -161,7 +166,7 @@ def _buffer_for(relay: Relay, request: web.Request) -> tuple[str, EventPredicate
         f = filters.get(source_id)
         return f is None or f.passes(pkey, key)
 
-    return buffer_name, predicate
+    return buffer_name, predicate, needs_key
 
 
 # -- handlers -----------------------------------------------------------------------
@@ -176,12 +181,15 @@ async def stream(request: web.Request) -> web.Response:
         cfg.max_bytes_cap,
     )
     wait_ms = _int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, cfg.max_wait_ms)
-    buffer_name, predicate = _buffer_for(relay, request)
+    buffer_name, predicate, needs_key = _buffer_for(relay, request)
     buffer = relay.buffers[buffer_name]
     notifier = request.app[NOTIFIERS][buffer_name]
     stats = request.app[STATS]
     deadline = time.monotonic() + wait_ms / 1000
-    result = buffer.read(checkpoint, max_bytes=max_bytes, predicate=predicate)
+    read = functools.partial(
+        buffer.read, checkpoint, max_bytes=max_bytes, predicate=predicate, needs_key=needs_key
+    )
+    result = read()
     if result.wait_after_scn is not None and wait_ms > 0:
         stats.long_polls += 1
         try:
@@ -190,7 +198,7 @@ async def stream(request: web.Request) -> web.Response:
                 if remaining <= 0:
                     break
                 await notifier.wait(remaining)
-                result = buffer.read(checkpoint, max_bytes=max_bytes, predicate=predicate)
+                result = read()
         finally:
             stats.long_polls -= 1
     state = buffer.state()
