@@ -340,23 +340,29 @@ class SourceFilter(ABC):
 
 
 @dataclass(frozen=True)
-class ModFilter(SourceFilter):
-    """Passes if ``abs(pkey) % n`` is in ``buckets``."""
+class _BucketFilter(SourceFilter):
+    """Shared by ``mod`` and ``hash``: a number of buckets and the set that passes."""
 
     n: int
     buckets: BucketSet
-    type_name = "mod"
     _allowed: Container[int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         _check_buckets(self.n, self.buckets, "n", "buckets")
         object.__setattr__(self, "_allowed", self.buckets._lookup)
 
+    def to_json(self) -> dict[str, object]:
+        return {"type": self.type_name, "n": self.n, "buckets": str(self.buckets)}
+
+
+@dataclass(frozen=True)
+class ModFilter(_BucketFilter):
+    """Passes if ``abs(pkey) % n`` is in ``buckets``."""
+
+    type_name = "mod"
+
     def passes(self, pkey: int, key: bytes = b"") -> bool:
         return abs(pkey) % self.n in self._allowed
-
-    def to_json(self) -> dict[str, object]:
-        return {"type": "mod", "n": self.n, "buckets": str(self.buckets)}
 
     def to_sql(
         self,
@@ -374,25 +380,14 @@ class ModFilter(SourceFilter):
 
 
 @dataclass(frozen=True)
-class HashFilter(SourceFilter):
+class HashFilter(_BucketFilter):
     """Passes if ``stable_key_hash(key) % n`` is in ``buckets``; ignores ``pkey``."""
 
     needs_key: ClassVar[bool] = True
-
-    n: int
-    buckets: BucketSet
     type_name = "hash"
-    _allowed: Container[int] = field(init=False, repr=False, compare=False, hash=False)
-
-    def __post_init__(self) -> None:
-        _check_buckets(self.n, self.buckets, "n", "buckets")
-        object.__setattr__(self, "_allowed", self.buckets._lookup)
 
     def passes(self, pkey: int, key: bytes = b"") -> bool:
         return stable_key_hash(key) % self.n in self._allowed
-
-    def to_json(self) -> dict[str, object]:
-        return {"type": "hash", "n": self.n, "buckets": str(self.buckets)}
 
     def to_sql(
         self,
