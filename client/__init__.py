@@ -1,1 +1,39 @@
-"""Client library: consumer API, pull loop, dispatcher, checkpoint stores."""
+"""Client library: consumer API, pull loop, dispatcher, checkpoint stores.
+
+    from databus.client import DatabusClient, Consumer, CallbackResult, FileCheckpointStore
+
+See DESIGN section 10 and ``docs/client.md``.
+"""
+
+from databus.client._checkpoint_store import (
+    CheckpointStore,
+    FileCheckpointStore,
+    MemoryCheckpointStore,
+    PostgresCheckpointStore,
+    ZooKeeperCheckpointStore,
+)
+from databus.client._client import ClientMetrics, DatabusClient, RetryBudgetExhausted
+from databus.client._consumer import CallbackResult, Consumer
+from databus.client._events import DataEvent, EndOfWindow, Window
+from databus.client._relay_puller import FellOffRelay, RelayError
+from databus.client._runner import CallbackTimeout, ConsumerError
+
+__all__ = [
+    "CallbackResult",
+    "CallbackTimeout",
+    "CheckpointStore",
+    "ClientMetrics",
+    "Consumer",
+    "ConsumerError",
+    "DataEvent",
+    "DatabusClient",
+    "EndOfWindow",
+    "FellOffRelay",
+    "FileCheckpointStore",
+    "MemoryCheckpointStore",
+    "PostgresCheckpointStore",
+    "RelayError",
+    "RetryBudgetExhausted",
+    "Window",
+    "ZooKeeperCheckpointStore",
+]

@@ -60,6 +60,16 @@ class AvroCodec:
         """Make ``schema`` known by fingerprint without a registry."""
         self._cache.setdefault(schema.fingerprint, schema)
 
+    def has(self, fingerprint: int) -> bool:
+        """Whether ``schema(fingerprint)`` would answer without raising."""
+        if fingerprint in self._cache:
+            return True
+        try:
+            self.schema(fingerprint)
+        except UnknownSchemaError:
+            return False
+        return True
+
     def schema(self, fingerprint: int) -> Schema:
         """The writer schema with this fingerprint, from the cache or the registry."""
         schema = self._cache.get(fingerprint)

@@ -1,0 +1,72 @@
+"""What a consumer app writes: a ``Consumer`` subclass and its callbacks' results.
+
+The callbacks are the paper's (section 3.6) in snake_case. Every one has a default
+that returns SUCCESS, so a consumer overrides only what it needs. A callback may
+return None (taken as SUCCESS) or a ``CallbackResult``; raising an exception, or
+running past the client's per-callback time budget, counts as ``ERROR``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from databus.client._events import DataEvent
+    from databus.schemas import Schema
+
+
+class CallbackResult(IntEnum):
+    """Ordered by severity: when several consumers answer, the worst one wins."""
+
+    SUCCESS = 0
+    # Persist a checkpoint at the end of this window even if the policy would not.
+    CHECKPOINT = 1
+    # Do not persist a checkpoint at the end of this window.
+    SKIP_CHECKPOINT = 2
+    # Recoverable: roll back to the last checkpoint and replay from there.
+    ERROR = 3
+    # Stop the client; ``on_error`` is called.
+    ERROR_FATAL = 4
+
+
+class Consumer:
+    """Base class of consumers; override the callbacks you need."""
+
+    def on_start_data_event_sequence(self, scn: int) -> CallbackResult | None:
+        """A window (one source transaction) with SCN ``scn`` begins."""
+        return CallbackResult.SUCCESS
+
+    def on_start_source(self, source: str, schema: Schema | None) -> CallbackResult | None:
+        """A run of events of logical source ``source`` begins."""
+        return CallbackResult.SUCCESS
+
+    def on_data_event(self, event: DataEvent) -> CallbackResult | None:
+        """One row change."""
+        return CallbackResult.SUCCESS
+
+    def on_end_source(self, source: str) -> CallbackResult | None:
+        return CallbackResult.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> CallbackResult | None:
+        """The window ends: every event of the transaction has been delivered."""
+        return CallbackResult.SUCCESS
+
+    def on_checkpoint(self, scn: int) -> CallbackResult | None:
+        """The client is about to persist a checkpoint at ``scn``; SKIP_CHECKPOINT vetoes."""
+        return CallbackResult.SUCCESS
+
+    def on_rollback(self, scn: int) -> CallbackResult | None:
+        """Events after the checkpoint ``scn`` will be delivered again (undo partial work)."""
+        return CallbackResult.SUCCESS
+
+    def on_error(self, error: BaseException) -> CallbackResult | None:
+        """The client stops because of ``error`` (fatal, or the retry budget is spent)."""
+        return CallbackResult.SUCCESS
+
+    def on_start_bootstrap(self) -> CallbackResult | None:
+        """Bootstrap events (``event.from_bootstrap``) follow until ``on_end_bootstrap``."""
+        return CallbackResult.SUCCESS
+
+    def on_end_bootstrap(self) -> CallbackResult | None:
+        return CallbackResult.SUCCESS

@@ -1,0 +1,61 @@
+"""What consumers receive: decoded row changes and whole windows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from databus.event import Key, Op
+from databus.schemas import Schema
+
+
+@dataclass(slots=True)
+class DataEvent:
+    """One row change, decoded.
+
+    ``op`` is ``Op.UPSERT`` or ``Op.DELETE``; ``value`` is the row as a dict (decoded with
+    the consumer's reader schema when it pinned one, else the writer's); ``schema`` is
+    the schema ``value`` follows. Not frozen: it is built once per event on the hot path.
+    """
+
+    scn: int
+    source: str
+    op: Op
+    key: Key
+    value: dict[str, Any] | None
+    timestamp_ns: int
+    schema: Schema | None
+    partition_key: int = 0
+    from_bootstrap: bool = False
+
+    @property
+    def timestamp(self) -> datetime:
+        """The source commit time."""
+        return datetime.fromtimestamp(self.timestamp_ns / 1e9, tz=UTC)
+
+    @property
+    def is_delete(self) -> bool:
+        return self.op is Op.DELETE
+
+
+@dataclass(slots=True)
+class EndOfWindow:
+    """The end of window ``scn``: ``event_count`` events were in it (before filtering)."""
+
+    scn: int
+    timestamp_ns: int
+    event_count: int
+
+
+@dataclass(slots=True)
+class Window:
+    """A whole window, for ``async for window in client.windows()``."""
+
+    scn: int
+    timestamp_ns: int
+    events: list[DataEvent] = field(default_factory=list)
+
+    @property
+    def sources(self) -> list[str]:
+        return list(dict.fromkeys(e.source for e in self.events))

@@ -1,0 +1,304 @@
+"""Runs the dispatcher against the consumers in a thread of its own.
+
+Consumer callbacks are plain (blocking) functions, so they run in the runner's thread,
+never on the event loop, and cost a direct call each (no executor hop per event).
+Per-callback time budgets are enforced two ways: a callback that returns late counts as
+ERROR, and a watchdog (``check_timeouts``, called from the event loop) abandons a
+callback that does not return at all: it bumps the *generation*, so the stuck thread
+finds on return that its work no longer counts and exits, and a new thread takes over
+the replay. Python cannot kill a thread; abandoning it is the safe equivalent.
+
+With ``parallelism`` > 1, a window's data events go to that many worker threads by key
+(so each key's events stay in order) and every non-data callback (end of source, end of
+window, checkpoint) waits until the workers have finished the events before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+
+from databus.client._consumer import CallbackResult, Consumer
+from databus.client._decode import Item
+from databus.client._dispatcher import Call, CallKind, Dispatcher, Step
+from databus.errors import DatabusError
+
+log = logging.getLogger("databus.client")
+
+
+class CallbackTimeout(DatabusError):
+    """A consumer callback ran past the client's time budget."""
+
+    code = "callback_timeout"
+    retriable = True
+
+
+class ConsumerError(DatabusError):
+    """A consumer callback raised or answered ERROR / ERROR_FATAL."""
+
+    code = "consumer_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the runner reports to the client loop (from the runner thread)."""
+
+    kind: str  # "commit", "window", "rollback", "fatal", "batch_done"
+    scn: int | None = None
+    error: BaseException | None = None
+    generation: int = 0
+    nbytes: int = 0
+    timestamp_ns: int = 0
+    events: int = 0
+
+
+
+# (generation, items, bytes they came in); None tells the thread to stop.
+_Batch = tuple[int, list[Item], int]
+
+_METHODS = {
+    CallKind.START_WINDOW: "on_start_data_event_sequence",
+    CallKind.START_SOURCE: "on_start_source",
+    CallKind.DATA: "on_data_event",
+    CallKind.END_SOURCE: "on_end_source",
+    CallKind.END_WINDOW: "on_end_data_event_sequence",
+    CallKind.CHECKPOINT: "on_checkpoint",
+}
+
+
+def _args(call: Call) -> tuple[object, ...]:
+    if call.kind is CallKind.DATA:
+        return (call.event,)
+    if call.kind is CallKind.START_SOURCE:
+        return (call.source, call.schema)
+    if call.kind is CallKind.END_SOURCE:
+        return (call.source,)
+    return (call.scn,)
+
+
+def normalize(result: object, where: str) -> CallbackResult:
+    if result is None:
+        return CallbackResult.SUCCESS
+    if isinstance(result, CallbackResult):
+        return result
+    log.error("%s returned %r, not a CallbackResult: treated as ERROR", where, result)
+    return CallbackResult.ERROR
+
+
+class Runner:
+    """One dispatch thread per generation; see the module docstring."""
+
+    def __init__(
+        self,
+        consumers: Sequence[Consumer],
+        dispatcher: Dispatcher,
+        report: Callable[[Outcome], None],
+        *,
+        callback_timeout: float,
+        parallelism: int = 1,
+    ) -> None:
+        self.consumers = list(consumers)
+        self.dispatcher = dispatcher
+        self._report = report
+        self.callback_timeout = callback_timeout
+        self.parallelism = parallelism
+        self.generation = 0
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[_Batch | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._running: dict[int, float] = {}  # thread id -> start of the current callback
+        self._workers: list[ThreadPoolExecutor] = []
+        self.last_error: BaseException | None = None
+
+    # -- control (event loop side) --------------------------------------------------
+
+    def start(self, *, rollback_to: int | None = None, announce_rollback: bool = False) -> int:
+        """Start a new generation (abandoning the previous one); returns its number."""
+        with self._lock:
+            self.generation += 1
+            gen = self.generation
+            self._running.clear()
+        self._queue = queue.Queue()
+        for pool in self._workers:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._workers = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"databus-worker-{i}")
+            for i in range(self.parallelism if self.parallelism > 1 else 0)
+        ]
+        q = self._queue
+        self._thread = threading.Thread(
+            target=self._main, args=(gen, q, rollback_to, announce_rollback),
+            name=f"databus-dispatch-{gen}", daemon=True,
+        )
+        self._thread.start()
+        return gen
+
+    def submit(self, items: list[Item], generation: int, nbytes: int) -> None:
+        if generation == self.generation:
+            self._queue.put((generation, items, nbytes))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            self.generation += 1
+        self._queue.put(None)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        for pool in self._workers:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def rollback_dispatcher(self) -> int | None:
+        """Reset the dispatcher for a replay; returns the committed SCN to replay after."""
+        with self._lock:  # the runner thread applies results under the same lock
+            return self.dispatcher.rollback()
+
+    def check_timeouts(self) -> bool:
+        """Abandon the generation if a callback has run past its budget (watchdog)."""
+        now = time.monotonic()
+        with self._lock:
+            late = [t for t in self._running.values() if now - t > self.callback_timeout]
+            if not late:
+                return False
+            gen = self.generation
+            self.generation += 1
+            self._running.clear()
+        error = CallbackTimeout(
+            f"a consumer callback is still running after {self.callback_timeout:.3g} s"
+        )
+        self.last_error = error
+        self._report(Outcome("rollback", error=error, generation=gen))
+        return True
+
+    def call_quietly(self, method: str, *args: object) -> CallbackResult:
+        """Call one callback of every consumer outside dispatch (on_error at stop)."""
+        worst = CallbackResult.SUCCESS
+        for consumer in self.consumers:
+            try:
+                worst = max(worst, normalize(getattr(consumer, method)(*args), method))
+            except Exception:
+                log.exception("%s raised", method)
+                worst = CallbackResult.ERROR
+        return worst
+
+    # -- the dispatch thread --------------------------------------------------------
+
+    def _main(
+        self, gen: int, q: queue.Queue[_Batch | None], rollback_to: int | None, announce: bool
+    ) -> None:
+        if announce:
+            result = self._invoke_all("on_rollback", (rollback_to if rollback_to is not None
+                                                      else -1,), gen)
+            if result is None:
+                return
+            if result is CallbackResult.ERROR_FATAL:
+                self._report(Outcome("fatal", error=self.last_error, generation=gen))
+                return
+        while True:
+            batch = q.get()
+            if batch is None or gen != self.generation:
+                return
+            _, items, nbytes = batch
+            ok = self._dispatch(items, gen)
+            self._report(Outcome("batch_done", generation=gen, nbytes=nbytes))
+            if not ok:
+                return
+
+    def _dispatch(self, items: list[Item], gen: int) -> bool:
+        dispatcher = self.dispatcher
+        pending: list[tuple[Call, Future[CallbackResult | None]]] = []
+        for item in items:
+            for call in dispatcher.feed(item):
+                if call.kind is CallKind.DATA and self._workers:
+                    assert call.event is not None
+                    pool = self._workers[call.event.partition_key % len(self._workers)]
+                    pending.append((call, pool.submit(self._invoke, call, gen)))
+                    continue
+                if pending:
+                    if not self._drain(pending, gen):
+                        return False
+                    pending = []
+                if not self._run(call, gen):
+                    return False
+        return not pending or self._drain(pending, gen)
+
+    def _drain(self, pending: list[tuple[Call, Future[CallbackResult | None]]], gen: int) -> bool:
+        futures = [f for _, f in pending]
+        while True:
+            _, not_done = wait_futures(futures, timeout=0.1)
+            if gen != self.generation:
+                return False
+            if not not_done:
+                break
+        return all(self._apply(call, future.result(), gen) is not None
+                   for call, future in pending)
+
+    def _run(self, call: Call, gen: int) -> bool:
+        calls = [call]
+        while calls:
+            current = calls.pop(0)
+            result = (CallbackResult.SUCCESS if current.quiet
+                      else self._invoke(current, gen))
+            follow = self._apply(current, result, gen)
+            if follow is None:
+                return False
+            if current.kind is CallKind.END_WINDOW:
+                self._report(Outcome("window", scn=current.scn, generation=gen))
+            calls[0:0] = follow
+        return True
+
+    def _apply(self, call: Call, result: CallbackResult | None, gen: int) -> list[Call] | None:
+        """Feed ``result`` to the dispatcher; the follow-up calls, or None to stop."""
+        if result is None:
+            return None  # abandoned by the watchdog
+        with self._lock:
+            if gen != self.generation:
+                return None
+            step, follow = self.dispatcher.result(call, result)
+        if step is Step.COMMIT:
+            self._report(Outcome("commit", scn=call.scn, generation=gen))
+        elif step is Step.ROLLBACK:
+            self._report(Outcome("rollback", scn=call.scn, error=self.last_error,
+                                 generation=gen))
+            return None
+        elif step is Step.FATAL:
+            self._report(Outcome("fatal", scn=call.scn, error=self.last_error,
+                                 generation=gen))
+            return None
+        return follow
+
+    def _invoke(self, call: Call, gen: int) -> CallbackResult | None:
+        return self._invoke_all(_METHODS[call.kind], _args(call), gen)
+
+    def _invoke_all(self, method: str, args: tuple[object, ...], gen: int
+                    ) -> CallbackResult | None:
+        worst = CallbackResult.SUCCESS
+        ident = threading.get_ident()
+        for consumer in self.consumers:
+            start = time.monotonic()
+            with self._lock:
+                if gen != self.generation:
+                    return None
+                self._running[ident] = start
+            try:
+                result = normalize(getattr(consumer, method)(*args), method)
+                if result >= CallbackResult.ERROR:
+                    self.last_error = ConsumerError(f"{method} answered {result.name}")
+            except Exception as exc:  # a consumer bug: roll back and replay
+                log.warning("%s raised %s: %s", method, type(exc).__name__, exc)
+                self.last_error = exc
+                result = CallbackResult.ERROR
+            finally:
+                with self._lock:
+                    self._running.pop(ident, None)
+            if time.monotonic() - start > self.callback_timeout:
+                self.last_error = CallbackTimeout(
+                    f"{method} took longer than {self.callback_timeout:.3g} s"
+                )
+                result = max(result, CallbackResult.ERROR)
+            worst = max(worst, result)
+        return worst
