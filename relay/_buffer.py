@@ -45,7 +45,7 @@ from pathlib import Path
 
 from sortedcontainers import SortedDict
 
-from databus.checkpoint import Checkpoint, NothingNew, ServeFrom, decide
+from databus.checkpoint import LATEST_SCN, Checkpoint, NothingNew, ServeFrom, decide
 from databus.errors import DatabusError, EventFormatError, ScnNotFoundError
 from databus.event import (
     EOW_SOURCE_ID,
@@ -73,6 +73,13 @@ _HDR_CRC = struct.Struct(">I")
 _SCAN = struct.Struct(">12xIq10xhq8xI")
 _U32 = struct.Struct(">I")
 _SEQ_SLOT_UNSET = -1
+
+
+class _Overwritten(Exception):
+    """Internal: the writer evicted bytes a read was using; the read starts over."""
+
+
+_READ_ATTEMPTS = 8
 
 
 class BufferError_(DatabusError):
@@ -455,20 +462,36 @@ class EventBuffer:
         ``predicate`` decides per data event (source id, partition key, key bytes; the
         key is passed as b"" unless ``needs_key``, which saves a copy per event);
         EOW events always pass so the consumer's checkpoint advances through filtered
-        windows. Raises ``ScnNotFoundError`` if the checkpoint is too old, or if the
-        range was overwritten while it was being read.
+        windows. Raises ``ScnNotFoundError`` if the checkpoint is too old.
+
+        A "from the latest" checkpoint comes back as the concrete SCN it stood for, so
+        a long poll that reads again waits for exactly the windows after it.
         """
-        with self._lock:
-            decision = decide(
-                checkpoint, prev_scn=self._prev_scn, min_scn=self._min_scn,
-                max_scn=self._max_scn,
-            )
-            tail = self._tail
-            if isinstance(decision, NothingNew):
-                return ReadResult(b"", checkpoint, 0, 0, wait_after_scn=decision.after_scn)
-            start = self._scan_start(decision.after_scn)
-        return self._read_from(
-            checkpoint, decision, start, tail, max_bytes, predicate, needs_key
+        for _ in range(_READ_ATTEMPTS):
+            with self._lock:
+                decision = decide(
+                    checkpoint, prev_scn=self._prev_scn, min_scn=self._min_scn,
+                    max_scn=self._max_scn,
+                )
+                tail = self._tail
+                if isinstance(decision, NothingNew):
+                    after = decision.after_scn
+                    if checkpoint.window_scn == LATEST_SCN:
+                        checkpoint = Checkpoint(after) if after >= 0 else Checkpoint.flexible()
+                    return ReadResult(b"", checkpoint, 0, 0, wait_after_scn=after)
+                start = self._scan_start(decision.after_scn)
+            try:
+                return self._read_from(
+                    checkpoint, decision, start, tail, max_bytes, predicate, needs_key
+                )
+            except _Overwritten:
+                # The writer evicted bytes under the scan. Decide again: a checkpoint
+                # that is really gone now gets scn_not_found; one still held (only
+                # windows before it were evicted) is read again from the new head.
+                continue
+        raise ScnNotFoundError(
+            f"SCN {checkpoint.window_scn} kept being evicted while it was read",
+            min_scn=self._min_scn,
         )
 
     def _scan_start(self, after_scn: int) -> int:
@@ -502,6 +525,7 @@ class EventBuffer:
         win_scn = None
         win_seen = skip = 0  # passing data events of the current window so far
         pending: int | None = None
+        first_pos: int | None = None  # absolute position of the first byte served
         while pos < tail:
             phys = pos % cap
             if cap - phys < HEADER_SIZE or ring[phys] == _PAD:
@@ -509,9 +533,9 @@ class EventBuffer:
                 continue
             total, scn, source_id, pkey, key_len = unpack(ring, phys)
             # Fields read from bytes the writer may since have overwritten are only
-            # trusted once head is still behind where this read started.
-            if self._head > start:
-                raise self._overwritten(checkpoint)
+            # trusted if the head is still at or before this header.
+            if self._head > pos:
+                raise _Overwritten
             if scn <= after:
                 pos += total  # before the serving point
                 continue
@@ -533,6 +557,8 @@ class EventBuffer:
                 if size == 0:
                     pending = total
                 break
+            if first_pos is None:
+                first_pos = pos
             if phys != run_end:
                 if run_start >= 0:
                     chunks.append(bytes(ring[run_start:run_end]))
@@ -549,20 +575,14 @@ class EventBuffer:
                 cp_scn, cp_offset = scn, win_seen
         if run_start >= 0:
             chunks.append(bytes(ring[run_start:run_end]))
-        if self._head > start:
-            raise self._overwritten(checkpoint)
+        if first_pos is not None and self._head > first_pos:
+            raise _Overwritten  # bytes already copied may have been overwritten
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         cp = Checkpoint(cp_scn, cp_offset) if size else checkpoint
         wait = None
         if not data and pending is None:
             wait = partial_scn - 1 if partial_scn is not None else after
         return ReadResult(data, cp, events, windows, pending, wait)
-
-    def _overwritten(self, checkpoint: Checkpoint) -> ScnNotFoundError:
-        return ScnNotFoundError(
-            f"SCN {checkpoint.window_scn} was evicted while it was being read",
-            min_scn=self._min_scn,
-        )
 
     def _skip_pad(self, pos: int) -> int:
         phys = pos % self.capacity

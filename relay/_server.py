@@ -187,9 +187,9 @@ async def stream(request: web.Request) -> web.Response:
     stats = request.app[STATS]
     deadline = time.monotonic() + wait_ms / 1000
     read = functools.partial(
-        buffer.read, checkpoint, max_bytes=max_bytes, predicate=predicate, needs_key=needs_key
+        buffer.read, max_bytes=max_bytes, predicate=predicate, needs_key=needs_key
     )
-    result = read()
+    result = read(checkpoint)
     if result.wait_after_scn is not None and wait_ms > 0:
         stats.long_polls += 1
         try:
@@ -198,7 +198,9 @@ async def stream(request: web.Request) -> web.Response:
                 if remaining <= 0:
                     break
                 await notifier.wait(remaining)
-                result = read()
+                # An empty result's checkpoint is the concrete point to wait after
+                # (a "latest" checkpoint is fixed at the first read).
+                result = read(result.checkpoint)
         finally:
             stats.long_polls -= 1
     state = buffer.state()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from databus.checkpoint import Checkpoint
 from databus.client import (
     CallbackResult,
     CallbackTimeout,
@@ -27,7 +28,6 @@ from databus.client import (
     MemoryCheckpointStore,
     RetryBudgetExhausted,
 )
-from databus.checkpoint import Checkpoint
 from databus.errors import CheckpointError
 from databus.schemas import Schema
 from tests.relay_harness import free_port, relay_config, running_relay, stream_all
