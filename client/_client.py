@@ -65,6 +65,8 @@ class ClientMetrics:
     relay_max_scn: int | None = None
     last_window_timestamp_ns: int = 0
     started_at: float = 0.0
+    # True when the last poll found nothing new and everything fetched was dispatched.
+    caught_up: bool = False
 
     @property
     def lag_scn(self) -> int | None:
@@ -428,6 +430,7 @@ class DatabusClient:
                 want = batch.pending_event_size
                 continue
             want = self.max_request_bytes
+            metrics.caught_up = not batch.body and budget.used == 0
             if not batch.body:
                 position = batch.checkpoint
                 continue

@@ -1,0 +1,132 @@
+"""``databus tail``: print a relay's stream as JSON lines, like kcat.
+
+    databus tail --relay http://127.0.0.1:11190 --sources shop.orders [--from-scn N]
+                 [--from-earliest] [--filter JSON] [--count N] [--exit]
+
+Without ``--from-scn``/``--from-earliest`` it starts at the relay's newest window and
+follows. One line per row change::
+
+    {"scn": 42, "source": "shop.orders", "op": "upsert", "key": 7, "value": {...},
+     "timestamp": "2026-11-22T01:02:03.456789+00:00"}
+
+Bytes are printed as base64, decimals and dates as strings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import sys
+from datetime import date, datetime, time
+from decimal import Decimal
+from typing import Any, TextIO
+from uuid import UUID
+
+from databus.checkpoint import Checkpoint
+from databus.client._checkpoint_store import MemoryCheckpointStore
+from databus.client._client import DatabusClient
+from databus.client._consumer import CallbackResult, Consumer
+from databus.client._events import DataEvent
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("tail", help="print a relay's events as JSON lines")
+    parser.add_argument("--relay", action="append", required=True,
+                        help="relay URL (repeat for failover)")
+    parser.add_argument("--sources", default="", help="comma-separated logical sources")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--from-scn", type=int, help="print windows after this SCN")
+    start.add_argument("--from-earliest", action="store_true",
+                       help="print everything the relay holds")
+    parser.add_argument("--filter", help="server-side filter spec (JSON)")
+    parser.add_argument("--count", type=int, default=0, help="exit after N events")
+    parser.add_argument("--exit", action="store_true",
+                        help="exit once caught up with the relay")
+    parser.set_defaults(handler=run)
+
+
+def to_jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode()
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, Decimal | UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def event_line(event: DataEvent) -> str:
+    return json.dumps(
+        {
+            "scn": event.scn,
+            "source": event.source,
+            "op": event.op.name.lower(),
+            "key": to_jsonable(event.key),
+            "value": to_jsonable(event.value),
+            "timestamp": event.timestamp.isoformat(),
+        },
+        ensure_ascii=False,
+    )
+
+
+class _Printer(Consumer):
+    def __init__(self, out: TextIO, count: int) -> None:
+        self.out = out
+        self.remaining = count
+        self.done = False
+        self.client: DatabusClient | None = None
+
+    def on_data_event(self, event: DataEvent) -> CallbackResult:
+        if self.done:
+            return CallbackResult.SUCCESS  # stopping: events already fetched are not printed
+        self.out.write(event_line(event) + "\n")
+        if self.remaining:
+            self.remaining -= 1
+            if self.remaining == 0:
+                self.done = True
+                if self.client is not None:
+                    self.client.stop()
+        return CallbackResult.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> CallbackResult:
+        self.out.flush()
+        return CallbackResult.SUCCESS
+
+
+async def tail(args: argparse.Namespace, out: TextIO) -> None:
+    store = MemoryCheckpointStore()
+    if args.from_scn is not None:
+        store.store(Checkpoint(args.from_scn))
+    client = DatabusClient(
+        args.relay,
+        sources=[s for s in args.sources.split(",") if s],
+        checkpoint_store=store,
+        filter=args.filter,
+        start_from="earliest" if args.from_earliest else "latest",
+        poll_wait_ms=200 if args.exit else 1000,
+    )
+    printer = _Printer(out, args.count)
+    printer.client = client
+    client.register(printer)
+    run = asyncio.create_task(client.run_async())
+    if args.exit:
+        while not run.done():
+            await asyncio.sleep(0.05)
+            if client.metrics.caught_up:
+                client.stop()
+                break
+    await run
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        asyncio.run(tail(args, sys.stdout))
+    except BrokenPipeError:  # `databus tail ... | head`
+        return 0
+    return 0
