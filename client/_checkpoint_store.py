@@ -852,12 +852,16 @@ class ZooKeeperCheckpointStore(CheckpointStore):
 
         if self._client is not None:
             return self._client
-        # Reconnects after a server restart are quick because of the short max_delay.
-        # Retries are unlimited: the operations have their own deadline.
+        # Retries are unlimited because the operations have their own deadline. The delay
+        # between reconnect attempts is capped well below that deadline. Otherwise, after a
+        # long outage, the next attempt could come after an operation already gave up on a
+        # server that is back.
+        max_delay = min(2.0, self.timeout / 4)
         client = KazooClient(
             hosts=self.hosts,
             timeout=self.timeout,
-            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2,
+                                        max_delay=max_delay),
         )
         try:
             client.start(timeout=self.timeout)
