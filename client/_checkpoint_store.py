@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import threading
 import time
 import zlib
@@ -52,6 +51,7 @@ import psycopg2.errors
 from psycopg2 import sql
 from psycopg2.extensions import parse_dsn
 
+from databus._fileio import write_atomically
 from databus.checkpoint import Checkpoint
 from databus.errors import CheckpointError, ConfigError, ConnectionLostError, DatabusError
 
@@ -382,49 +382,9 @@ class FileCheckpointStore(CheckpointStore):
             self._check_open()
             try:
                 with self._exclusive():
-                    self._write_atomically(data)
+                    write_atomically(self.path, data)
             except OSError as exc:
                 raise _os_error(f"cannot write checkpoint file {self.path}", exc) from None
-
-    def _write_atomically(self, data: bytes) -> None:
-        tmp, fd = self._create_temp()
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-        except BaseException:
-            # Also on KeyboardInterrupt: never leave our own temp file behind.
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        self._fsync_directory()
-
-    def _create_temp(self) -> tuple[Path, int]:
-        while True:
-            tmp = self.directory / f".{self.name}.json.{secrets.token_hex(8)}.tmp"
-            try:
-                # 0o666 filtered by the umask: the same permissions as a file made with open().
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-                return tmp, os.open(tmp, flags, 0o666)
-            except FileExistsError:  # 64 random bits: in practice never
-                continue
-
-    def _fsync_directory(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            # Some filesystems cannot fsync a directory. They order the rename by
-            # themselves, so there is nothing more to do there.
-            if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-                raise
-        finally:
-            os.close(fd)
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:

@@ -285,8 +285,13 @@ class DatabusClient:
         dispatcher = Dispatcher(committed_scn=committed, checkpoint_every=self.checkpoint_every)
         metrics = self.metrics
 
-        def report(outcome: Outcome) -> None:  # runner thread -> loop
-            loop.call_soon_threadsafe(self._on_outcome, outcome, outcomes, writer, budget)
+        def report(outcome: Outcome) -> None:  # runs in the runner thread
+            if outcome.kind == "commit":
+                # Straight to the writer, not via the loop: a commit must not be lost
+                # in the loop's queue when the client is stopping.
+                assert outcome.scn is not None
+                writer.submit(Checkpoint(outcome.scn))
+            loop.call_soon_threadsafe(self._on_outcome, outcome, outcomes, budget)
 
         runner = Runner(self._consumers, dispatcher, report,
                         callback_timeout=self.callback_timeout, parallelism=self.parallelism)
@@ -369,7 +374,6 @@ class DatabusClient:
         self,
         outcome: Outcome,
         outcomes: asyncio.Queue[Outcome],
-        writer: _CheckpointWriter,
         budget: _ByteBudget,
     ) -> None:
         """Runs on the loop for every runner report."""
@@ -383,7 +387,6 @@ class DatabusClient:
             assert outcome.scn is not None
             metrics.committed_scn = outcome.scn
             metrics.consumer_scn = max(metrics.consumer_scn or 0, outcome.scn)
-            writer.submit(Checkpoint(outcome.scn))
         else:
             outcomes.put_nowait(outcome)
 

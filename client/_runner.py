@@ -114,6 +114,7 @@ class Runner:
         self._thread: threading.Thread | None = None
         self._running: dict[int, float] = {}  # thread id -> start of the current callback
         self._workers: list[ThreadPoolExecutor] = []
+        self._stopping = threading.Event()
         self.last_error: BaseException | None = None
 
     # -- control (event loop side) --------------------------------------------------
@@ -144,11 +145,14 @@ class Runner:
             self._queue.put((generation, items, nbytes))
 
     def stop(self, timeout: float = 5.0) -> None:
-        with self._lock:
-            self.generation += 1
+        """Let the window in progress finish (and its checkpoint commit), then stop;
+        abandon it if that takes longer than ``timeout``."""
+        self._stopping.set()
         self._queue.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        with self._lock:
+            self.generation += 1
         for pool in self._workers:
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -212,6 +216,8 @@ class Runner:
         dispatcher = self.dispatcher
         pending: list[tuple[Call, Future[CallbackResult | None]]] = []
         for item in items:
+            if self._stopping.is_set() and not dispatcher.in_window:
+                return False  # stopping: never begin another window
             for call in dispatcher.feed(item):
                 if call.kind is CallKind.DATA and self._workers:
                     assert call.event is not None

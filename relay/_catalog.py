@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from databus._fileio import write_atomically
 from databus.errors import ConfigError, DatabusError, SchemaError, UnknownSourceError
 from databus.schemas import MemorySchemaRegistry, Schema, SchemaLike, SchemaRegistry, as_schema
 
@@ -229,22 +230,7 @@ class RelayCatalog:
         }
         data = json.dumps(doc, indent=1, sort_keys=False).encode() + b"\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        # The rename itself is only durable once the directory entry is on disk.
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path, data, mode=0o600)
 
     def _load(self) -> None:
         try:

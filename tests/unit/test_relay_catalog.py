@@ -144,8 +144,10 @@ def test_a_failed_write_changes_nothing(path: Path) -> None:
     catalog = RelayCatalog(path)
     shop = catalog.for_buffer("shop", 0)
     shop.source_id("shop.orders")
-    blocker = path.with_name("catalog.json.tmp")
-    blocker.mkdir()  # the temp file cannot be written (works as root too)
+    saved = path.read_bytes()
+    path.unlink()
+    path.mkdir()  # a non-empty directory cannot be renamed over (works as root too)
+    (path / "blocker").touch()
     with pytest.raises(OSError):
         shop.source_id("shop.items")
     with pytest.raises(OSError):
@@ -154,7 +156,9 @@ def test_a_failed_write_changes_nothing(path: Path) -> None:
         catalog.source("shop.items")
     assert catalog.source("shop.orders").fingerprint is None
     assert catalog.registry.versions("shop.orders") == []
-    blocker.rmdir()
+    (path / "blocker").unlink()
+    path.rmdir()
+    path.write_bytes(saved)
     # The id that was not persisted was not handed out either.
     assert shop.source_id("shop.items") == 2
     assert RelayCatalog(path).source("shop.items").id == 2
