@@ -139,6 +139,8 @@ class _CheckpointWriter:
                     self._cond.wait()
                 if self._latest is self._written:
                     return
+                # Windows committed while a write is in progress coalesce: the next
+                # write takes only the newest checkpoint.
                 checkpoint = self._latest
             try:
                 if checkpoint is not None:
@@ -286,12 +288,20 @@ class DatabusClient:
         metrics = self.metrics
 
         def report(outcome: Outcome) -> None:  # runs in the runner thread
-            if outcome.kind == "commit":
-                # Straight to the writer, not via the loop: a commit must not be lost
-                # in the loop's queue when the client is stopping.
+            # Per-window news is handled right here; only what the loop must act on
+            # crosses threads (a wake-up per window would cost more than the window).
+            kind = outcome.kind
+            if kind == "window":
+                metrics.windows += 1
+                metrics.consumer_scn = outcome.scn
+            elif kind == "commit":
                 assert outcome.scn is not None
+                metrics.committed_scn = outcome.scn
+                metrics.consumer_scn = max(metrics.consumer_scn or 0, outcome.scn)
+                # Straight to the writer: a commit must not wait in the loop's queue.
                 writer.submit(Checkpoint(outcome.scn))
-            loop.call_soon_threadsafe(self._on_outcome, outcome, outcomes, budget)
+            else:
+                loop.call_soon_threadsafe(self._on_outcome, outcome, outcomes, budget)
 
         runner = Runner(self._consumers, dispatcher, report,
                         callback_timeout=self.callback_timeout, parallelism=self.parallelism)
@@ -376,17 +386,9 @@ class DatabusClient:
         outcomes: asyncio.Queue[Outcome],
         budget: _ByteBudget,
     ) -> None:
-        """Runs on the loop for every runner report."""
-        metrics = self.metrics
+        """Runs on the loop for the runner reports the loop must act on."""
         if outcome.kind == "batch_done":
             budget.release(outcome.nbytes)
-        elif outcome.kind == "window":
-            metrics.windows += 1
-            metrics.consumer_scn = outcome.scn
-        elif outcome.kind == "commit":
-            assert outcome.scn is not None
-            metrics.committed_scn = outcome.scn
-            metrics.consumer_scn = max(metrics.consumer_scn or 0, outcome.scn)
         else:
             outcomes.put_nowait(outcome)
 
@@ -470,7 +472,11 @@ class DatabusClient:
 
     async def windows(self) -> AsyncIterator[Window]:
         """Yield whole windows; a window's checkpoint is committed once the loop body
-        that received it has finished (when the next window is asked for)."""
+        that received it has finished (when the next window is asked for).
+
+        Leave the loop early only inside ``contextlib.aclosing(client.windows())``: an
+        abandoned async generator is closed (and the client stopped, its checkpoint
+        flushed) only when it is garbage collected."""
         handoff: asyncio.Queue[Window | None] = asyncio.Queue(maxsize=1)
         loop = asyncio.get_running_loop()
         collector = _WindowCollector(loop, handoff)

@@ -8,22 +8,27 @@ caller asks again (from the same checkpoint, possibly from another relay).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Mapping
 
 from databus.client._events import DataEvent, EndOfWindow
 from databus.errors import EventFormatError
 from databus.event import (
     EOW_SOURCE_ID,
+    FLAG_FROM_SNAPSHOT,
     HEADER_SIZE,
+    KEY_KIND_MASK,
+    KeyKind,
     WindowChecksum,
-    decode_eow,
-    decode_event,
     decode_key,
     iter_events,
 )
 from databus.schemas import AvroCodec, Schema
 
 Item = DataEvent | EndOfWindow
+_EOW = struct.Struct(">II")
+# An int key's bytes are the partition key itself (event.py), so no decode is needed.
+_INT_KEY = int(KeyKind.INT)
 
 
 class ResponseDecoder:
@@ -70,37 +75,43 @@ class ResponseDecoder:
             raise
 
     def _decode(self, body: bytes, source_names: Mapping[int, str]) -> Iterable[Item]:
-        codec = self.codec
+        # Hot path: each event's CRCs are checked once (by iter_events), then fields
+        # are sliced straight out of the body.
+        codec_decode = self.codec.decode
+        codec_schema = self.codec.schema
         readers = self.reader_schemas
+        verify = self.verify_windows
+        check = self._check
         for offset, header in iter_events(body):
             scn = header.scn
             if scn != self._window:
-                if self._window is not None and self._check.count:
+                if self._window is not None and check.count:
                     # A new window began before the previous one's EOW: torn stream.
                     raise EventFormatError(
                         f"window {self._window} ended without its EOW", offset=offset,
                         reason="missing eow",
                     )
                 self._window = scn
-                self._check = WindowChecksum()
+                check = self._check = WindowChecksum()
             source_id = header.source_id
             if source_id == EOW_SOURCE_ID:
-                eow = decode_eow(decode_event(body, offset))
-                if self.verify_windows and self._whole and (
-                    eow.event_count != self._check.count or eow.checksum != self._check.crc
-                ):
+                if header.value_length != _EOW.size:
+                    raise EventFormatError("EOW payload is not 8 bytes", offset=offset,
+                                           reason="bad length")
+                count, checksum = _EOW.unpack_from(body, offset + HEADER_SIZE)
+                if verify and self._whole and (count != check.count or checksum != check.crc):
                     raise EventFormatError(
-                        f"window {scn}: {self._check.count} events and checksum "
-                        f"{self._check.crc:08x}, EOW says {eow.event_count} and "
-                        f"{eow.checksum:08x}", offset=offset, reason="window checksum",
+                        f"window {scn}: {check.count} events and checksum "
+                        f"{check.crc:08x}, EOW says {count} and {checksum:08x}",
+                        offset=offset, reason="window checksum",
                     )
                 self._window = None
                 self._whole = True
-                yield EndOfWindow(scn, header.timestamp_ns, eow.event_count)
+                yield EndOfWindow(scn, header.timestamp_ns, count)
                 continue
             if source_id < 0:
                 continue  # other control events (heartbeats) carry nothing to deliver
-            self._check.add(header.header_crc)
+            check.add(header.header_crc)
             source = source_names.get(source_id)
             if source is None:
                 raise EventFormatError(
@@ -108,18 +119,20 @@ class ResponseDecoder:
                 )
             start = offset + HEADER_SIZE
             key_end = start + header.key_length
-            value_bytes = body[key_end : offset + header.total_length]
+            end = offset + header.total_length
             fp = header.schema_fingerprint
             reader = readers.get(source)
-            value = codec.decode(value_bytes, fp, reader) if value_bytes else None
+            value = codec_decode(body[key_end:end], fp, reader) if end > key_end else None
+            kind = header.flags & KEY_KIND_MASK
             yield DataEvent(
-                scn=scn,
-                source=source,
-                op=header.op,
-                key=decode_key(header.key_kind, body[start:key_end]),
-                value=value,
-                timestamp_ns=header.timestamp_ns,
-                schema=reader if reader is not None else codec.schema(fp) if fp else None,
-                partition_key=header.partition_key,
-                from_bootstrap=header.from_snapshot,
+                scn,
+                source,
+                header.op,
+                header.partition_key if kind == _INT_KEY else decode_key(
+                    KeyKind(kind), body[start:key_end]),
+                value,
+                header.timestamp_ns,
+                reader if reader is not None else codec_schema(fp) if fp else None,
+                header.partition_key,
+                bool(header.flags & FLAG_FROM_SNAPSHOT),
             )

@@ -115,6 +115,7 @@ class Runner:
         self._running: dict[int, float] = {}  # thread id -> start of the current callback
         self._workers: list[ThreadPoolExecutor] = []
         self._stopping = threading.Event()
+        self._targets: dict[str, list[Callable[..., object]]] = {}
         self.last_error: BaseException | None = None
 
     # -- control (event loop side) --------------------------------------------------
@@ -165,7 +166,7 @@ class Runner:
         """Abandon the generation if a callback has run past its budget (watchdog)."""
         now = time.monotonic()
         with self._lock:
-            late = [t for t in self._running.values() if now - t > self.callback_timeout]
+            late = [t for t in list(self._running.values()) if now - t > self.callback_timeout]
             if not late:
                 return False
             gen = self.generation
@@ -282,16 +283,30 @@ class Runner:
 
     def _invoke_all(self, method: str, args: tuple[object, ...], gen: int
                     ) -> CallbackResult | None:
+        # The hot path: a direct call per consumer that overrides ``method`` (a method
+        # left as Consumer's default is known to answer SUCCESS and is not called).
+        # ``_running`` is written without the lock: single dict stores are atomic and
+        # the watchdog copies the values before it reads them.
+        targets = self._targets.get(method)
+        if targets is None:
+            targets = self._targets[method] = [
+                getattr(c, method) for c in self.consumers
+                if getattr(type(c), method) is not getattr(Consumer, method)
+            ]
+        if gen != self.generation:
+            return None
         worst = CallbackResult.SUCCESS
+        running = self._running
         ident = threading.get_ident()
-        for consumer in self.consumers:
+        timeout = self.callback_timeout
+        for fn in targets:
             start = time.monotonic()
-            with self._lock:
-                if gen != self.generation:
-                    return None
-                self._running[ident] = start
+            running[ident] = start
             try:
-                result = normalize(getattr(consumer, method)(*args), method)
+                answer = fn(*args)
+                result = (CallbackResult.SUCCESS if answer is None
+                          else answer if type(answer) is CallbackResult
+                          else normalize(answer, method))
                 if result >= CallbackResult.ERROR:
                     self.last_error = ConsumerError(f"{method} answered {result.name}")
             except Exception as exc:  # a consumer bug: roll back and replay
@@ -299,12 +314,10 @@ class Runner:
                 self.last_error = exc
                 result = CallbackResult.ERROR
             finally:
-                with self._lock:
-                    self._running.pop(ident, None)
-            if time.monotonic() - start > self.callback_timeout:
-                self.last_error = CallbackTimeout(
-                    f"{method} took longer than {self.callback_timeout:.3g} s"
-                )
+                running.pop(ident, None)
+            if time.monotonic() - start > timeout:
+                self.last_error = CallbackTimeout(f"{method} took longer than {timeout:.3g} s")
                 result = max(result, CallbackResult.ERROR)
-            worst = max(worst, result)
+            if result > worst:
+                worst = result
         return worst

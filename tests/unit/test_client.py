@@ -7,6 +7,7 @@ pure function of SCN), which makes failover testable without a database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -361,10 +362,11 @@ def test_windows_iterator(tmp_path: Path) -> None:
             client = DatabusClient([r.url], sources=["synthetic.events"],
                                    checkpoint_store=store)
             got: dict[int, list[object]] = {}
-            async for window in client.windows():
-                got[window.scn] = [e.key for e in window.events]
-                if window.scn == 20:
-                    break
+            async with contextlib.aclosing(client.windows()) as windows:
+                async for window in windows:
+                    got[window.scn] = [e.key for e in window.events]
+                    if window.scn == 20:
+                        break
             assert got == {s: expected[s] for s in range(1, 21)}
             assert store.load() in (Checkpoint(19), Checkpoint(20))
 
