@@ -1,0 +1,258 @@
+"""Shared helpers of the relay benchmarks: a ``databus relay`` child process, its CPU
+time, and an optional py-spy profile of it. Not a benchmark by itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (all its threads), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+
+
+def total_cpu_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine, from /proc/stat."""
+    with open("/proc/stat") as f:
+        parts = [int(x) for x in f.readline().split()[1:]]
+    idle = parts[3] + parts[4]
+    total = sum(parts[:8])
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+def loadavg() -> str:
+    """The machine's load averages (other users' jobs show up here)."""
+    with open("/proc/loadavg") as f:
+        one, five, fifteen = f.read().split()[:3]
+    return f"load average {one} {five} {fifteen}"
+
+
+def code_version() -> str:
+    """The commit measured, and whether the relay's code differs from it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "relay", "databus",
+             "fetchers"], capture_output=True, text=True, check=True).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return "commit unknown"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return f"commit {head}" + (f" + uncommitted {', '.join(changed)}" if changed else "")
+
+
+def machine_cpu() -> tuple[float, float, float]:
+    """(busy, steal, total) CPU seconds of the whole machine, from /proc/stat. ``busy``
+    excludes steal: time the hypervisor gave this VM's vCPUs to someone else, which on
+    a shared host slows every process here without showing up in any of them."""
+    with open("/proc/stat") as f:
+        parts = [int(x) for x in f.readline().split()[1:]]
+    idle = parts[3] + parts[4]
+    steal = parts[7] if len(parts) > 7 else 0
+    total = sum(parts[:8])
+    return (total - idle - steal) / CLK_TCK, steal / CLK_TCK, total / CLK_TCK
+
+
+class RelayProcess:
+    """``databus relay --config FILE`` with one synthetic buffer, in a temp dir."""
+
+    def __init__(self, source_uri: str, capacity_mb: int, *, buffer: str = "bench",
+                 keep_dir: bool = False) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="databus-bench-"))
+        self.keep_dir = keep_dir
+        self.port = free_port()
+        self.buffer = buffer
+        self.config_path = self.dir / "relay.toml"
+        self.config_path.write_text(
+            "[relay]\n"
+            f'data_dir = "{self.dir / "data"}"\n'
+            'host = "127.0.0.1"\n'
+            f"port = {self.port}\n"
+            f"max_bytes_cap = {64 << 20}\n"
+            "\n[[relay.buffers]]\n"
+            f'name = "{buffer}"\n'
+            f"capacity_mb = {capacity_mb}\n"
+            f'source = "{source_uri}"\n'
+        )
+        self.log_path = self.dir / "relay.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 30) -> None:
+        exe = Path(sys.executable).with_name("databus")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [str(exe), "relay", "--config", str(self.config_path)], stdout=log, stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"relay exited: {self.log_path.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"relay did not listen: {self.log_path.read_text()}")
+
+    def get_json(self, path: str, **params: Any) -> Any:
+        query = ("?" + urllib.parse.urlencode(params)) if params else ""
+        with urllib.request.urlopen(self.url + path + query, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def buffer_status(self) -> dict[str, Any]:
+        return self.get_json("/v1/status")["buffers"][self.buffer]  # type: ignore[no-any-return]
+
+    def source_name(self) -> str:
+        sources = self.get_json("/v1/sources")["sources"]
+        return str(sources[0]["name"])
+
+    def wait_for_scn(self, scn: int, timeout: float = 300) -> float:
+        """Block until the buffer's max SCN reaches ``scn``; returns the seconds it took."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            max_scn = self.buffer_status()["max_scn"]
+            if max_scn is not None and max_scn >= scn:
+                return time.monotonic() - t0
+            time.sleep(0.1)
+        raise TimeoutError(f"buffer did not reach SCN {scn}: {self.buffer_status()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not self.keep_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RelayProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- py-spy -------------------------------------------------------------------------
+
+
+def pyspy_available() -> str | None:
+    exe = Path(sys.executable).with_name("py-spy")
+    if exe.exists():
+        return str(exe)
+    return shutil.which("py-spy")
+
+
+def start_pyspy(pid: int, duration: float, out: Path,
+                rate: int = 200) -> subprocess.Popen[bytes] | None:
+    """Sample ``pid`` for ``duration`` seconds into ``out`` (collapsed stacks, one root
+    frame per thread). Blocking sampling (the process is paused for each sample, a few
+    per cent of overhead): non-blocking sampling produced torn stacks here."""
+    exe = pyspy_available()
+    if exe is None:
+        return None
+    return subprocess.Popen(
+        [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(duration))),
+         "--rate", str(rate), "--format", "raw", "--threads", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def summarize_pyspy(path: Path, top: int = 12, seconds: float | None = None,
+                    rate: int = 200) -> str:
+    """Per thread: its busy share (samples / possible samples, if ``seconds`` is given),
+    then the top frames by self share (per function, per line) and by inclusive share
+    of that thread's samples. Idle samples are not recorded by py-spy."""
+    if not path.exists():
+        return "(no profile: py-spy wrote nothing)"
+    threads: dict[str, list[tuple[list[str], int]]] = collections.defaultdict(list)
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        raw = stack.split(";")
+        thread = raw[0] if raw[0].startswith("thread ") else "thread ?"
+        frames = [f for f in (_short(f) for f in raw) if f]
+        if frames:
+            threads[thread].append((frames, int(count_text)))
+    if not threads:
+        return "(empty profile)"
+    out: list[str] = []
+    for thread, stacks in sorted(threads.items(), key=lambda kv: -sum(n for _, n in kv[1])):
+        total = sum(n for _, n in stacks)
+        self_fn: collections.Counter[str] = collections.Counter()
+        self_line: collections.Counter[str] = collections.Counter()
+        incl_fn: collections.Counter[str] = collections.Counter()
+        for frames, n in stacks:
+            self_line[frames[-1]] += n
+            self_fn[_no_line(frames[-1])] += n
+            for f in {_no_line(f) for f in frames}:
+                incl_fn[f] += n
+        root = _no_line(stacks[0][0][0])
+        busy = f", busy {total / (seconds * rate):.0%} of the interval" if seconds else ""
+        out.append(f"### {thread} ({root}): {total} samples{busy}")
+        out.append("self %  by function")
+        out += [f"{100 * n / total:6.1f}  {name}" for name, n in self_fn.most_common(top)]
+        out.append("self %  by line")
+        out += [f"{100 * n / total:6.1f}  {name}" for name, n in self_line.most_common(top)]
+        out.append("incl %  by function (frames in >= 95% of the samples left out)")
+        out += [f"{100 * n / total:6.1f}  {name}" for name, n in incl_fn.most_common()
+                if n < 0.95 * total][: top + 6]
+        if total < 0.05 * sum(sum(n for _, n in st) for st in threads.values()):
+            break
+    return "\n".join(out)
+
+
+def _no_line(frame: str) -> str:
+    head, sep, rest = frame.rpartition(":")
+    return head + ")" if sep and rest.endswith(")") else frame
+
+
+def _short(frame: str) -> str:
+    # py-spy raw frames look like "func (path/to/file.py:123)".
+    if frame.startswith("process ") or frame.startswith("thread "):
+        return ""
+    name, _, rest = frame.partition(" (")
+    where = rest.rstrip(")")
+    file_part, _, line = where.rpartition(":")
+    file_part = "/".join(file_part.split("/")[-2:])
+    return f"{name} ({file_part}:{line})" if file_part else name
