@@ -10,10 +10,15 @@ DEB_PACKAGES := mariadb-server postgresql zookeeper openjdk-17-jre-headless \
 # The import packages, mapped from top-level folders (pyproject's package-dir).
 SUBPACKAGES := relay bootstrap client fetchers spark_jobs
 
-.PHONY: test deps venv lint typecheck unit integration bench clean
+.PHONY: test demo deps venv lint typecheck unit integration bench clean
 
 test: deps venv lint typecheck
 	$(BIN)/pytest
+
+# The whole pipeline on embedded defaults (SQLite source with triggers, a relay, a
+# consumer keeping a replica), with a live status view; ends with the replica check.
+demo: venv
+	$(BIN)/databus demo
 
 unit: venv
 	$(BIN)/pytest tests/unit

@@ -1,0 +1,297 @@
+"""``databus demo``: the whole pipeline on embedded defaults, with a live status view.
+
+A SQLite database with trigger capture (the TxLog) is the source; a writer thread runs
+random shop transactions against it; a relay (in this process, on 127.0.0.1) pulls them
+with the trigger fetcher; a ``DatabusClient`` keeps a replica. At the end the writer
+stops, the consumer catches up, and the replica is compared with the source row by
+row. Nothing needs a server or root.
+
+This module composes every part, so it imports them inside functions: the core
+package itself never depends on the relay or the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sqlite3
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = [
+    "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT)",
+    "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL,"
+    " status TEXT NOT NULL, total_cents INTEGER NOT NULL)",
+    "CREATE TABLE order_items (id INTEGER PRIMARY KEY, order_id INTEGER NOT NULL,"
+    " sku TEXT NOT NULL, quantity INTEGER NOT NULL)",
+]
+TABLES = ("customers", "orders", "order_items")
+CITIES = ("Lyon", "Oslo", "Porto", "Kyoto", "Quito", "Accra")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="run the whole pipeline on embedded defaults and check the replica"
+    )
+    parser.add_argument("--seconds", type=float, default=15.0, help="how long to write")
+    parser.add_argument("--rate", type=float, default=150.0, help="transactions per second")
+    parser.add_argument("--dir", help="keep the demo's files here (default: a temp dir)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.set_defaults(handler=run)
+
+
+# -- the source workload ------------------------------------------------------------
+
+
+class Workload:
+    """Random shop transactions: new customers, orders with items, status changes,
+    cancelled items. Each transaction touches one to three tables."""
+
+    def __init__(self, path: Path, seed: int) -> None:
+        self.path = path
+        self.rng = random.Random(seed)
+        self.transactions = 0
+        self.next_id = {t: 1 for t in TABLES}
+
+    def _new_id(self, table: str) -> int:
+        value = self.next_id[table]
+        self.next_id[table] += 1
+        return value
+
+    def one(self, conn: sqlite3.Connection) -> None:
+        from databus.fetchers.txlog import seal_sqlite_transaction
+
+        rng = self.rng
+        with conn:  # one transaction, sealed so that it becomes one window
+            self._changes(conn, rng)
+            seal_sqlite_transaction(conn)
+        self.transactions += 1
+
+    def _changes(self, conn: sqlite3.Connection, rng: random.Random) -> None:
+        choice = rng.random()
+        if choice < 0.25 or self.next_id["customers"] == 1:
+            cid = self._new_id("customers")
+            conn.execute("INSERT INTO customers (id, name, city) VALUES (?, ?, ?)",
+                         (cid, f"customer {cid}", rng.choice(CITIES)))
+        elif choice < 0.6:
+            cid = rng.randrange(1, self.next_id["customers"])
+            oid = self._new_id("orders")
+            items = [(self._new_id("order_items"), oid, f"SKU-{rng.randrange(100):03d}",
+                      rng.randint(1, 5)) for _ in range(rng.randint(1, 3))]
+            conn.execute("INSERT INTO orders (id, customer_id, status, total_cents)"
+                         " VALUES (?, ?, 'new', ?)",
+                         (oid, cid, sum(q for *_, q in items) * 1250))
+            conn.executemany("INSERT INTO order_items (id, order_id, sku, quantity)"
+                             " VALUES (?, ?, ?, ?)", items)
+        elif choice < 0.85 and self.next_id["orders"] > 1:
+            oid = rng.randrange(1, self.next_id["orders"])
+            conn.execute("UPDATE orders SET status = ? WHERE id = ?",
+                         (rng.choice(("paid", "shipped", "delivered")), oid))
+            conn.execute("UPDATE customers SET city = ? WHERE id = "
+                         "(SELECT customer_id FROM orders WHERE id = ?)",
+                         (rng.choice(CITIES), oid))
+        elif self.next_id["order_items"] > 1:
+            iid = rng.randrange(1, self.next_id["order_items"])
+            conn.execute("DELETE FROM order_items WHERE id = ?", (iid,))
+
+
+def source_rows(path: Path) -> dict[str, dict[Any, dict[str, Any]]]:
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    try:
+        out: dict[str, dict[Any, dict[str, Any]]] = {}
+        for table in TABLES:
+            rows = conn.execute(f"SELECT * FROM {table}").fetchall()  # a fixed name
+            out[table] = {row["id"]: dict(row) for row in rows}
+        return out
+    finally:
+        conn.close()
+
+
+# -- the consumer ---------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    tables: dict[str, dict[Any, dict[str, Any]]] = field(
+        default_factory=lambda: {t: {} for t in TABLES})
+    events: int = 0
+
+
+def make_consumer(replica: Replica) -> Any:
+    from databus.client import Consumer
+
+    class ReplicaKeeper(Consumer):
+        def on_data_event(self, event: Any) -> None:
+            table = event.source.split(".", 1)[1]
+            replica.events += 1
+            if event.is_delete:
+                replica.tables[table].pop(event.key, None)
+            else:
+                replica.tables[table][event.key] = dict(event.value)
+
+    return ReplicaKeeper()
+
+
+def compare(source: dict[str, dict[Any, dict[str, Any]]], replica: Replica) -> list[str]:
+    """Differences between the source tables and the replica (business columns)."""
+    problems = []
+    for table, rows in source.items():
+        copy = replica.tables[table]
+        if set(rows) != set(copy):
+            missing = sorted(set(rows) - set(copy))[:5]
+            extra = sorted(set(copy) - set(rows))[:5]
+            problems.append(f"{table}: keys differ (missing {missing}, extra {extra})")
+            continue
+        for key, row in rows.items():
+            mismatched = {c: (v, copy[key].get(c)) for c, v in row.items()
+                          if c in copy[key] and copy[key][c] != v}
+            if mismatched:
+                problems.append(f"{table}[{key}]: {mismatched}")
+    return problems
+
+
+# -- the run --------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="databus-demo-"))
+    base.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(_run(args, base))
+
+
+async def _run(args: argparse.Namespace, base: Path) -> int:
+    from aiohttp import web
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from databus import cli
+    from databus.client import DatabusClient, FileCheckpointStore
+    from databus.config import BufferConfig, RelayConfig
+    from databus.relay._relay import Relay
+    from databus.relay._server import create_app
+
+    console = Console()
+    db = base / "shop.db"
+    db.unlink(missing_ok=True)
+    conn = sqlite3.connect(db, check_same_thread=False)
+    for statement in SCHEMA:
+        conn.execute(statement)
+    conn.commit()
+    uri = f"sqlite://{db}?tables={','.join(TABLES)}&poll_ms=20"
+    console.print(f"[bold]databus demo[/] in {base}")
+    console.print(f"source: {db} (SQLite, trigger capture installed by `databus txlog install`)")
+    if cli.main(["--log-level", "WARNING", "txlog", "install", "--source", uri]) != 0:
+        console.print("[red]txlog install failed[/]")
+        return 1
+
+    relay_dir = base / "relay"
+    config = RelayConfig(data_dir=relay_dir, port=0,
+                         buffers=(BufferConfig(name="shop", capacity_mb=16, source=uri),))
+    relay = Relay(config)
+    runner = web.AppRunner(create_app(relay), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    console.print(f"relay: {url} (trigger fetcher -> mmap buffer)")
+
+    # The fetcher registers the sources as it starts; subscribe once they are listed.
+    wanted = {f"shop.{t}" for t in TABLES}
+    deadline = time.monotonic() + 30
+    while not wanted <= {e.name for e in relay.catalog.sources()}:
+        if time.monotonic() > deadline:
+            console.print(f"[red]the relay never listed {sorted(wanted)}[/]")
+            await runner.cleanup()
+            return 1
+        await asyncio.sleep(0.05)
+
+    replica = Replica()
+    client = DatabusClient([url], sources=[f"shop.{t}" for t in TABLES],
+                           checkpoint_store=FileCheckpointStore(base / "checkpoints"),
+                           poll_wait_ms=500)
+    client.register(make_consumer(replica))
+    consumer_task = asyncio.create_task(client.run_async())
+
+    workload = Workload(db, args.seed)
+    stop_writing = threading.Event()
+
+    def write() -> None:
+        interval = 1.0 / args.rate if args.rate > 0 else 0.0
+        next_at = time.monotonic()
+        while not stop_writing.is_set():
+            workload.one(conn)
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                stop_writing.wait(delay)
+
+    writer = threading.Thread(target=write, name="demo-writer", daemon=True)
+    writer.start()
+    started = time.monotonic()
+
+    def view(phase: str) -> Table:
+        status = relay.status()["buffers"]["shop"]
+        fetcher = status.get("fetcher") or {}
+        metrics = client.metrics
+        table = Table(title=f"databus demo: {phase}", show_header=True)
+        for column in ("", "SCN", "detail"):
+            table.add_column(column)
+        table.add_row("source", str(fetcher.get("source_scn")),
+                      f"{workload.transactions} transactions written")
+        table.add_row("relay", f"{status['min_scn']}..{status['max_scn']}",
+                      f"{status['windows']} windows, {status['used_bytes']:,} bytes, "
+                      f"fetcher {fetcher.get('state')}")
+        table.add_row("consumer", str(metrics.consumer_scn),
+                      f"lag {metrics.lag_scn} SCN / {metrics.lag_ms or 0:.0f} ms, "
+                      f"{metrics.events_per_second:.0f} events/s, "
+                      f"{sum(len(t) for t in replica.tables.values())} rows in the replica")
+        return table
+
+    ok = False
+    try:
+        with Live(view("writing"), console=console, refresh_per_second=4) as live:
+            while time.monotonic() - started < args.seconds:
+                await asyncio.sleep(0.25)
+                live.update(view("writing"))
+                if consumer_task.done():
+                    break
+            stop_writing.set()
+            writer.join()
+            # Caught up when the replica equals the source (compared a few times a second).
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not consumer_task.done():
+                live.update(view("catching up"))
+                if not compare(source_rows(db), replica):
+                    break
+                await asyncio.sleep(0.25)
+            live.update(view("done"))
+        if consumer_task.done():
+            consumer_task.result()  # raises what stopped the consumer
+        problems = compare(source_rows(db), replica)
+        rows = sum(len(t) for t in replica.tables.values())
+        if problems:
+            console.print(f"[red]replica differs from the source[/] ({len(problems)}):")
+            for line in problems[:10]:
+                console.print(f"  {line}")
+        else:
+            ok = True
+            console.print(
+                f"[green]replica equals source[/]: {rows} rows in {len(TABLES)} tables, "
+                f"{workload.transactions} transactions, {replica.events} events, "
+                f"consumer at SCN {client.metrics.consumer_scn}"
+            )
+    finally:
+        stop_writing.set()
+        client.stop()
+        if not consumer_task.done():
+            await asyncio.wait([consumer_task], timeout=10)
+        await runner.cleanup()
+        conn.close()
+    return 0 if ok else 1
