@@ -123,3 +123,33 @@ class ConnectionLostError(DatabusError):
     code = "connection_lost"
     http_status = 503
     retriable = True
+
+
+class FilterNotPushableError(FilterError):
+    """A filter the bootstrap store cannot write as SQL: refused rather than scanning
+    everything and filtering in Python."""
+
+    code = "filter_not_pushable"
+
+
+class BootstrapTooOldError(DatabusError):
+    """The SCN asked for is older than the bootstrap log's floor: the changes right after
+    it are gone from the log too, so no consolidated delta can be built from it."""
+
+    code = "bootstrap_too_old"
+    http_status = 410
+
+    def __init__(self, message: str, *, log_floor_scn: int | None = None) -> None:
+        super().__init__(message)
+        self.log_floor_scn = log_floor_scn
+
+    def to_json(self) -> dict[str, object]:
+        body = super().to_json()
+        body["log_floor_scn"] = self.log_floor_scn
+        return body
+
+
+class StorageUnavailableError(ConnectionLostError):
+    """The bootstrap database is unreachable (restarting, network); ask again later."""
+
+    code = "storage_unavailable"

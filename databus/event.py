@@ -345,6 +345,22 @@ def decode_header(buf: Buffer, offset: int = 0) -> EventHeader:
     )
 
 
+_SOURCE_ID = struct.Struct(">h")
+_SOURCE_ID_OFFSET = 34
+
+
+def restamp_source_id(event: Buffer, source_id: int) -> bytes:
+    """``event`` (already verified) with its logical source id replaced and its header
+    CRC recomputed. Source ids are per server, so the bootstrap service stores events
+    under its own ids; the body and its CRC are untouched."""
+    out = bytearray(event)
+    _SOURCE_ID.pack_into(out, _SOURCE_ID_OFFSET, source_id)
+    view = memoryview(out)
+    crc = zlib.crc32(view[_AFTER_CRC:HEADER_SIZE], zlib.crc32(view[:_CRC_OFFSET]))
+    _U32.pack_into(out, _CRC_OFFSET, crc)
+    return bytes(out)
+
+
 def _check_body(buf: Buffer, offset: int, header: EventHeader) -> None:
     end = offset + header.total_length
     if end > len(buf):

@@ -1,0 +1,207 @@
+"""The PostgreSQL bootstrap store (production).
+
+Log tables are ``PARTITION BY RANGE (scn)`` with partitions of ``log_partition_span``
+SCNs, created as SCNs reach them, so retention drops whole partitions instead of
+deleting rows. The producer loads the log with binary ``COPY``. Every thread gets its
+own connection (the server runs queries in a thread pool); a lost connection is
+dropped and reported as ``StorageUnavailableError`` so callers retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg2
+import psycopg2.extensions
+
+from databus.bootstrap._sql import Cursor, SqlStorage, log_table
+from databus.bootstrap._storage import StoredEvent
+from databus.config import redact_uri
+from databus.errors import ConfigError, StorageUnavailableError
+
+_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_LOST = (psycopg2.OperationalError, psycopg2.InterfaceError)
+DEFAULT_PARTITION_SPAN = 1 << 32  # one MySQL binlog file per partition
+
+# Binary COPY: signature, flags, header extension length; rows; trailer.
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+# 8 fields: scn, seq, op, pkey, key_hash (fixed width), then key and event (bytea).
+_COPY_FIXED = struct.Struct(">h iq ii ih iq iq")
+_LEN = struct.Struct(">i")
+
+
+class PostgresStorage(SqlStorage):
+    paramstyle = "format"
+    blob_type = "bytea"
+
+    def __init__(self, url: str, *, log_partition_span: int | None = None,
+                 connect_timeout: float = 5.0, key_hash: bool = True) -> None:
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        self.schema_name = query.pop("schema", "databus")
+        if not _SCHEMA_RE.fullmatch(self.schema_name):
+            raise ConfigError(f"bootstrap storage schema name {self.schema_name!r} is not a "
+                              "plain lower-case SQL identifier")
+        span = query.pop("log_partition_span", None)
+        self.partition_span = int(span) if span else (log_partition_span
+                                                      or DEFAULT_PARTITION_SPAN)
+        if self.partition_span < 1:
+            raise ConfigError("log_partition_span must be >= 1")
+        self._dsn = urlunsplit(parts._replace(query=urlencode(query)))
+        self._connect_timeout = max(1, round(connect_timeout))
+        self.where = redact_uri(url)
+        self.key_hash = key_hash
+        self._local = threading.local()
+        self._all: list[psycopg2.extensions.connection] = []
+        self._lock = threading.Lock()
+        self._partitions: set[tuple[int, int]] = set()
+        with self._transaction(write=True) as cur:
+            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema_name}")
+            cur.execute(f"SET LOCAL search_path TO {self.schema_name}")
+            self._create_base_tables(cur)
+
+    # -- connections ------------------------------------------------------------------
+
+    def _connection(self) -> psycopg2.extensions.connection:
+        conn: psycopg2.extensions.connection | None = getattr(self._local, "conn", None)
+        if conn is not None and not conn.closed:
+            return conn
+        try:
+            conn = psycopg2.connect(
+                self._dsn, connect_timeout=self._connect_timeout,
+                application_name="databus-bootstrap",
+                options=f"-c search_path={self.schema_name}",
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+            )
+        except psycopg2.Error as exc:
+            raise StorageUnavailableError(
+                f"cannot connect to the bootstrap database {self.where}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+            ) from None
+        self._local.conn = conn
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            with contextlib.suppress(psycopg2.Error):
+                conn.close()
+
+    @contextlib.contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[Cursor]:
+        conn = self._connection()
+        try:
+            with conn, conn.cursor() as cur:
+                yield cur
+        except _LOST as exc:
+            self._partitions.clear()  # partitions created in the lost transaction are gone
+            self._drop_connection()
+            raise StorageUnavailableError(
+                f"lost the bootstrap database {self.where}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+            ) from None
+        except psycopg2.Error:
+            self._partitions.clear()
+            if conn.closed:
+                self._drop_connection()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            with contextlib.suppress(psycopg2.Error):
+                conn.close()
+
+    # -- DDL ------------------------------------------------------------------------
+
+    def _create_log_table(self, cur: Cursor, source_id: int) -> None:
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {log_table(source_id)} (scn bigint NOT NULL,"
+            " seq integer NOT NULL, op smallint NOT NULL, pkey bigint NOT NULL,"
+            " key_hash bigint NOT NULL, key bytea NOT NULL, event bytea NOT NULL,"
+            " PRIMARY KEY (scn, seq)) PARTITION BY RANGE (scn)"
+        )
+
+    def _ensure_partition(self, cur: Cursor, source_id: int, index: int) -> None:
+        if (source_id, index) in self._partitions:
+            return
+        span = self.partition_span
+        parent = log_table(source_id)
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {parent}_p{index} PARTITION OF {parent}"
+            f" FOR VALUES FROM ({index * span}) TO ({(index + 1) * span})"
+        )
+        self._partitions.add((source_id, index))
+
+    def _partitions_of(self, cur: Cursor, source_id: int) -> list[int]:
+        cur.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " JOIN pg_class p ON p.oid = i.inhparent"
+            " JOIN pg_namespace n ON n.oid = p.relnamespace"
+            " WHERE p.relname = %s AND n.nspname = %s",
+            (log_table(source_id), self.schema_name),
+        )
+        prefix = f"{log_table(source_id)}_p"
+        return sorted(int(name[len(prefix):]) for (name,) in cur.fetchall()
+                      if name.startswith(prefix))
+
+    # -- log writes ---------------------------------------------------------------------
+
+    def _insert_log(self, cur: Cursor, source_id: int,
+                    rows: list[tuple[int, int, StoredEvent]]) -> None:
+        span = self.partition_span
+        for index in {scn // span for scn, _, _ in rows}:
+            self._ensure_partition(cur, source_id, index)
+        copy_into(cur, log_table(source_id), rows)
+
+    def _drop_log(self, cur: Cursor, source_ids: Sequence[int], cut_scn: int) -> int:
+        """Drop every partition lying wholly at or below ``cut_scn``; the SCN the log is
+        actually cut at is the top of the highest partition dropped (or below all)."""
+        span = self.partition_span
+        # Partitions entirely <= cut: index with (index + 1) * span - 1 <= cut.
+        last_whole = (cut_scn + 1) // span - 1
+        effective = -1
+        for source_id in source_ids:
+            for index in self._partitions_of(cur, source_id):
+                if index <= last_whole:
+                    cur.execute(f"DROP TABLE {log_table(source_id)}_p{index}")
+                    self._partitions.discard((source_id, index))
+        if last_whole >= 0:
+            effective = (last_whole + 1) * span - 1
+        return effective
+
+
+def encode_copy(rows: Sequence[tuple[int, int, StoredEvent]]) -> io.BytesIO:
+    """(scn, seq, event) rows as a binary COPY stream for a log table (also the
+    reference the ingest benchmark measures the producer against)."""
+    out = io.BytesIO()
+    write = out.write
+    pack = _COPY_FIXED.pack
+    length = _LEN.pack
+    write(_COPY_HEADER)
+    for scn, seq, event in rows:
+        write(pack(7, 8, scn, 4, seq, 2, event.op, 8, event.pkey, 8, event.key_hash))
+        write(length(len(event.key)))
+        write(event.key)
+        write(length(len(event.event)))
+        write(event.event)
+    write(_COPY_TRAILER)
+    out.seek(0)
+    return out
+
+
+def copy_into(cur: Any, table: str, rows: Sequence[tuple[int, int, StoredEvent]]) -> None:
+    cur.copy_expert(f"COPY {table} (scn, seq, op, pkey, key_hash, key, event)"
+                    " FROM STDIN WITH (FORMAT binary)", encode_copy(rows))

@@ -1,0 +1,481 @@
+"""The SQL both bootstrap backends share, written once.
+
+Statements are written with ``%s`` placeholders; a backend with another paramstyle
+rewrites them (``_q``) before its filter fragments, which ``FilterSpec.to_sql`` already
+produces in the backend's own style, are spliced in. Backends supply connections and
+transactions, table DDL, the bulk insert into the log, and how retention drops log
+rows (whole partitions on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from databus.bootstrap._storage import (
+    ApplyResult,
+    BootstrapStorage,
+    LogRow,
+    LogWindow,
+    RetentionResult,
+    SnapshotRow,
+    StorageState,
+    StoredEvent,
+)
+from databus.checkpoint import Checkpoint
+from databus.errors import FilterError, FilterNotPushableError, UnknownSourceError
+from databus.event import Op
+from databus.filters import FilterSpec
+
+TOMBSTONE = int(Op.DELETE)
+LIVE = int(Op.UPSERT)
+
+# dbus_state names
+PRODUCER_CHECKPOINT = "producer_checkpoint"
+APPLIED_SCN = "applied_scn"
+LOG_FLOOR_SCN = "log_floor_scn"
+APPLIER_ROWS = "applier_rows"
+APPLIER_NEW_KEYS = "applier_new_keys"
+KEY_HASH = "key_hash"  # "1" if the key_hash column is filled (hash filters can be pushed)
+
+_SNAPSHOT_COLUMNS = "key, scn, op, pkey, key_hash, event"
+
+
+class Cursor(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+    def executemany(self, sql: str, params: Any) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+def log_table(source_id: int) -> str:
+    return f"dbus_log_{source_id}"
+
+
+def snapshot_table(source_id: int) -> str:
+    return f"dbus_snapshot_{source_id}"
+
+
+def _signed64(value: int) -> int:
+    """Schema fingerprints are unsigned 64-bit; SQL bigints are signed."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _unsigned64(value: int) -> int:
+    return value + (1 << 64) if value < 0 else value
+
+
+class SqlStorage(BootstrapStorage):
+    """``BootstrapStorage`` over a DB-API connection; see the module docstring."""
+
+    paramstyle = "format"
+    blob_type = "bytea"
+    # Whether key_hash is computed and stored; fixed when the store is created.
+    key_hash: bool = True
+
+    # -- what a backend provides ------------------------------------------------------
+
+    @abstractmethod
+    def _transaction(self, *, write: bool) -> contextlib.AbstractContextManager[Cursor]:
+        """A cursor inside one transaction, committed on success, rolled back on error;
+        driver connection errors come out as ``StorageUnavailableError``."""
+
+    @abstractmethod
+    def _create_log_table(self, cur: Cursor, source_id: int) -> None: ...
+
+    @abstractmethod
+    def _insert_log(self, cur: Cursor, source_id: int,
+                    rows: list[tuple[int, int, StoredEvent]]) -> None:
+        """Bulk insert (scn, seq, event) rows into the source's log table."""
+
+    @abstractmethod
+    def _drop_log(self, cur: Cursor, source_ids: Sequence[int], cut_scn: int) -> int:
+        """Remove log rows with SCN <= cut (or less); return the SCN actually cut at."""
+
+    def _q(self, sql: str) -> str:
+        return sql
+
+    def _blob(self, value: Any) -> bytes:
+        return bytes(value)
+
+    # -- schema ---------------------------------------------------------------------
+
+    def _create_base_tables(self, cur: Cursor) -> None:
+        for ddl in (
+            "CREATE TABLE IF NOT EXISTS dbus_sources ("
+            " source_id integer PRIMARY KEY, name text NOT NULL UNIQUE)",
+            "CREATE TABLE IF NOT EXISTS dbus_schemas ("
+            " fingerprint bigint PRIMARY KEY, source text NOT NULL, schema_json text NOT NULL,"
+            " added_order bigint NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS dbus_state (name text PRIMARY KEY, value text NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS dbus_windows ("
+            " scn bigint PRIMARY KEY, timestamp_ns bigint NOT NULL, events integer NOT NULL,"
+            " bytes bigint NOT NULL)",
+        ):
+            cur.execute(ddl)
+        stored = self._get_state(cur, KEY_HASH)
+        if stored is None:
+            self._set_state(cur, KEY_HASH, int(self.key_hash))
+        else:
+            self.key_hash = stored == "1"
+
+    def _create_source_tables(self, cur: Cursor, source_id: int) -> None:
+        self._create_log_table(cur, source_id)
+        table = snapshot_table(source_id)
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} (key {self.blob_type} PRIMARY KEY,"
+            " scn bigint NOT NULL, op smallint NOT NULL, pkey bigint NOT NULL,"
+            f" key_hash bigint NOT NULL, event {self.blob_type} NOT NULL)"
+        )
+        # The delta query (rows changed after T) and tombstone purging go by SCN.
+        cur.execute(f"CREATE INDEX IF NOT EXISTS {table}_scn ON {table} (scn)")
+
+    # -- state helpers ----------------------------------------------------------------
+
+    def _get_state(self, cur: Cursor, name: str) -> str | None:
+        cur.execute(self._q("SELECT value FROM dbus_state WHERE name = %s"), (name,))
+        row = cur.fetchone()
+        return None if row is None else str(row[0])
+
+    def _set_state(self, cur: Cursor, name: str, value: object) -> None:
+        cur.execute(
+            self._q("INSERT INTO dbus_state (name, value) VALUES (%s, %s) "
+                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value"),
+            (name, str(value)),
+        )
+
+    def _int_state(self, cur: Cursor, name: str) -> int | None:
+        value = self._get_state(cur, name)
+        return None if value is None else int(value)
+
+    # -- catalog --------------------------------------------------------------------
+
+    def source_ids(self) -> dict[str, int]:
+        with self._transaction(write=False) as cur:
+            return self._source_ids(cur)
+
+    def _source_ids(self, cur: Cursor) -> dict[str, int]:
+        cur.execute("SELECT name, source_id FROM dbus_sources")
+        return {str(name): int(sid) for name, sid in cur.fetchall()}
+
+    def ensure_sources(self, names: Sequence[str]) -> dict[str, int]:
+        known = self.source_ids()
+        missing = [n for n in dict.fromkeys(names) if n not in known]
+        if not missing:
+            return known
+        with self._transaction(write=True) as cur:
+            known = self._source_ids(cur)
+            for name in missing:
+                if name in known:
+                    continue
+                source_id = max(known.values(), default=0) + 1
+                cur.execute(
+                    self._q("INSERT INTO dbus_sources (source_id, name) VALUES (%s, %s)"),
+                    (source_id, name),
+                )
+                self._create_source_tables(cur, source_id)
+                known[name] = source_id
+        return known
+
+    def add_schema(self, fingerprint: int, source: str, schema_json: str) -> None:
+        with self._transaction(write=True) as cur:
+            cur.execute(
+                self._q("INSERT INTO dbus_schemas (fingerprint, source, schema_json, added_order)"
+                        " SELECT %s, %s, %s, COALESCE(max(added_order), 0) + 1 FROM dbus_schemas"
+                        " WHERE true"  # SQLite: without WHERE, ON CONFLICT parses as a join
+                        " ON CONFLICT (fingerprint) DO NOTHING"),
+                (_signed64(fingerprint), source, schema_json),
+            )
+
+    def schema(self, fingerprint: int) -> str | None:
+        with self._transaction(write=False) as cur:
+            cur.execute(self._q("SELECT schema_json FROM dbus_schemas WHERE fingerprint = %s"),
+                        (_signed64(fingerprint),))
+            row = cur.fetchone()
+        return None if row is None else str(row[0])
+
+    def schemas(self) -> list[tuple[int, str, str]]:
+        with self._transaction(write=False) as cur:
+            cur.execute("SELECT fingerprint, source, schema_json FROM dbus_schemas"
+                        " ORDER BY added_order")
+            return [(_unsigned64(int(fp)), str(src), str(js)) for fp, src, js in cur.fetchall()]
+
+    # -- producer -------------------------------------------------------------------
+
+    def producer_checkpoint(self) -> Checkpoint | None:
+        with self._transaction(write=False) as cur:
+            text = self._get_state(cur, PRODUCER_CHECKPOINT)
+        return None if text is None else Checkpoint.loads(text)
+
+    def append(
+        self,
+        windows: Sequence[LogWindow],
+        checkpoint: Checkpoint,
+        *,
+        log_floor_scn: int | None = None,
+    ) -> None:
+        names = {e.source for w in windows for e in w.events}
+        ids = self.ensure_sources(sorted(names)) if names else {}
+        with self._transaction(write=True) as cur:
+            cur.execute("SELECT max(scn) FROM dbus_windows")
+            row = cur.fetchone()
+            end = None if row is None or row[0] is None else int(row[0])
+            by_source: dict[int, list[tuple[int, int, StoredEvent]]] = {}
+            window_rows = []
+            previous = end
+            for window in windows:
+                if previous is not None and window.scn <= previous:
+                    raise ValueError(
+                        f"window {window.scn} does not come after the log's end {previous}"
+                    )
+                previous = window.scn
+                size = 0
+                for seq, event in enumerate(window.events):
+                    by_source.setdefault(ids[event.source], []).append((window.scn, seq, event))
+                    size += len(event.event)
+                window_rows.append((window.scn, window.timestamp_ns, len(window.events), size))
+            for source_id, rows in by_source.items():
+                self._insert_log(cur, source_id, rows)
+            cur.executemany(
+                self._q("INSERT INTO dbus_windows (scn, timestamp_ns, events, bytes)"
+                        " VALUES (%s, %s, %s, %s)"),
+                window_rows,
+            )
+            self._set_state(cur, PRODUCER_CHECKPOINT, checkpoint.dumps())
+            if log_floor_scn is not None and self._get_state(cur, LOG_FLOOR_SCN) is None:
+                self._set_state(cur, LOG_FLOOR_SCN, log_floor_scn)
+
+    # -- applier --------------------------------------------------------------------
+
+    def apply(self, *, max_rows: int) -> ApplyResult | None:
+        with self._transaction(write=True) as cur:
+            applied = self._int_state(cur, APPLIED_SCN)
+            after = applied if applied is not None else -1
+            cur.execute(
+                self._q("SELECT scn, events FROM dbus_windows WHERE scn > %s"
+                        " ORDER BY scn LIMIT %s"),
+                (after, max(1, max_rows)),
+            )
+            windows = cur.fetchall()
+            if not windows:
+                return None
+            rows = 0
+            upto = after
+            count = 0
+            for scn, events in windows:
+                # Whole windows only: the batch ends at the window that reaches max_rows.
+                rows += int(events)
+                upto = int(scn)
+                count += 1
+                if rows >= max_rows:
+                    break
+            new_keys = 0
+            for source_id in self._source_ids(cur).values():
+                log, snap = log_table(source_id), snapshot_table(source_id)
+                cur.execute(
+                    self._q(f"SELECT count(DISTINCT key) FROM {log} l WHERE scn > %s"
+                            f" AND scn <= %s AND NOT EXISTS (SELECT 1 FROM {snap} s"
+                            " WHERE s.key = l.key)"),
+                    (after, upto),
+                )
+                new_keys += int(cur.fetchone()[0])
+                # Newest row per key wins; a delete stays as a tombstone with its SCN.
+                cur.execute(
+                    self._q(
+                        f"INSERT INTO {snap} ({_SNAPSHOT_COLUMNS})"
+                        f" SELECT {_SNAPSHOT_COLUMNS} FROM ("
+                        f" SELECT {_SNAPSHOT_COLUMNS}, row_number() OVER"
+                        " (PARTITION BY key ORDER BY scn DESC, seq DESC) AS rn"
+                        f" FROM {log} WHERE scn > %s AND scn <= %s) latest WHERE rn = 1"
+                        " ON CONFLICT (key) DO UPDATE SET scn = excluded.scn,"
+                        " op = excluded.op, pkey = excluded.pkey,"
+                        " key_hash = excluded.key_hash, event = excluded.event"
+                    ),
+                    (after, upto),
+                )
+            self._set_state(cur, APPLIED_SCN, upto)
+            self._set_state(cur, APPLIER_ROWS, (self._int_state(cur, APPLIER_ROWS) or 0) + rows)
+            self._set_state(cur, APPLIER_NEW_KEYS,
+                            (self._int_state(cur, APPLIER_NEW_KEYS) or 0) + new_keys)
+        return ApplyResult(after, upto, count, rows, new_keys)
+
+    # -- reads ----------------------------------------------------------------------
+
+    def state(self) -> StorageState:
+        with self._transaction(write=False) as cur:
+            cur.execute("SELECT max(scn), count(*), COALESCE(sum(bytes), 0) FROM dbus_windows")
+            producer_scn, windows, size = cur.fetchone()
+            snapshot_rows = {}
+            for name, source_id in sorted(self._source_ids(cur).items()):
+                cur.execute(self._q(f"SELECT count(*) FROM {snapshot_table(source_id)}"
+                                    " WHERE op = %s"), (LIVE,))
+                snapshot_rows[name] = int(cur.fetchone()[0])
+            checkpoint = self._get_state(cur, PRODUCER_CHECKPOINT)
+            if producer_scn is None and checkpoint is not None:
+                # Retention may have emptied the log: the producer's position remains.
+                producer_scn = Checkpoint.loads(checkpoint).window_scn
+            return StorageState(
+                producer_scn=None if producer_scn is None else int(producer_scn),
+                applied_scn=self._int_state(cur, APPLIED_SCN),
+                log_floor_scn=self._int_state(cur, LOG_FLOOR_SCN),
+                log_windows=int(windows),
+                log_bytes=int(size),
+                snapshot_rows=snapshot_rows,
+                applier_rows=self._int_state(cur, APPLIER_ROWS) or 0,
+                applier_new_keys=self._int_state(cur, APPLIER_NEW_KEYS) or 0,
+            )
+
+    def _source_id(self, cur: Cursor, source: str) -> int:
+        ids = self._source_ids(cur)
+        if source not in ids:
+            raise UnknownSourceError(f"the bootstrap store has no source {source!r}")
+        return ids[source]
+
+    def _filter_sql(self, spec: FilterSpec, source: str) -> tuple[str, list[object]]:
+        try:
+            return spec.to_sql(source, "pkey", "key_hash" if self.key_hash else None,
+                               paramstyle=self.paramstyle)  # type: ignore[arg-type]
+        except FilterError as exc:
+            raise FilterNotPushableError(exc.message) from None
+
+    def snapshot_batch(
+        self,
+        source: str,
+        *,
+        after_key: bytes | None,
+        since_scn: int | None,
+        limit: int,
+        filter: FilterSpec,
+    ) -> list[SnapshotRow]:
+        fragment, fparams = self._filter_sql(filter, source)
+        with self._transaction(write=False) as cur:
+            table = snapshot_table(self._source_id(cur, source))
+            where, params = [], []
+            if after_key is not None:
+                where.append(self._q("key > %s"))
+                params.append(after_key)
+            if since_scn is None:
+                where.append(self._q("op = %s"))
+                params.append(LIVE)
+            else:
+                where.append(self._q("scn > %s"))
+                params.append(since_scn)
+            where.append(fragment)
+            params.extend(fparams)
+            cur.execute(
+                f"SELECT key, scn, op, event FROM {table} WHERE {' AND '.join(where)}"
+                + self._q(" ORDER BY key LIMIT %s"),
+                (*params, limit),
+            )
+            return [SnapshotRow(self._blob(k), int(s), int(o), self._blob(e))
+                    for k, s, o, e in cur.fetchall()]
+
+    def _log_query(self, cur: Cursor, sources: Sequence[str], filter: FilterSpec,
+                   after_scn: int, upto_scn: int, limit: int | None) -> list[LogRow]:
+        parts, params = [], []
+        for source in sources:
+            fragment, fparams = self._filter_sql(filter, source)
+            parts.append(self._q(f"SELECT scn, seq, event FROM "
+                                 f"{log_table(self._source_id(cur, source))}"
+                                 " WHERE scn > %s AND scn <= %s AND ") + fragment)
+            params += [after_scn, upto_scn, *fparams]
+        sql = " UNION ALL ".join(parts) + " ORDER BY scn, seq"
+        if limit is not None:
+            sql += self._q(" LIMIT %s")
+            params.append(limit)
+        cur.execute(sql, params)
+        return [LogRow(int(s), int(q), self._blob(e)) for s, q, e in cur.fetchall()]
+
+    def log_batch(
+        self,
+        sources: Sequence[str],
+        *,
+        after_scn: int,
+        upto_scn: int,
+        limit: int,
+        filter: FilterSpec,
+    ) -> list[LogRow]:
+        if not sources:
+            return []
+        with self._transaction(write=False) as cur:
+            rows = self._log_query(cur, sources, filter, after_scn, upto_scn, limit + 1)
+            if len(rows) <= limit:
+                return rows
+            # The last window may be cut short: serve only windows seen whole...
+            boundary = rows[-1].scn
+            whole = [r for r in rows if r.scn < boundary]
+            if whole:
+                return whole
+            # ...unless a single window is larger than the limit: then all of it.
+            return self._log_query(cur, sources, filter, after_scn, boundary, None)
+
+    def log_key_stats(self, sources: Sequence[str], *, after_scn: int, sample: int
+                      ) -> tuple[int, int]:
+        total = distinct = 0
+        with self._transaction(write=False) as cur:
+            for source in sources:
+                table = log_table(self._source_id(cur, source))
+                cur.execute(
+                    self._q(f"SELECT count(*), count(DISTINCT key) FROM (SELECT key FROM {table}"
+                            " WHERE scn > %s ORDER BY scn, seq LIMIT %s) sample"),
+                    (after_scn, sample),
+                )
+                rows, keys = cur.fetchone()
+                total += int(rows)
+                distinct += int(keys)
+        return total, distinct
+
+    # -- retention --------------------------------------------------------------------
+
+    def retention_cut(self, *, older_than_ns: int | None, max_log_bytes: int | None
+                      ) -> int | None:
+        cuts: list[int] = []
+        with self._transaction(write=False) as cur:
+            if older_than_ns is not None:
+                cur.execute(self._q("SELECT max(scn) FROM dbus_windows WHERE timestamp_ns < %s"),
+                            (older_than_ns,))
+                row = cur.fetchone()
+                if row[0] is not None:
+                    cuts.append(int(row[0]))
+            if max_log_bytes is not None:
+                # Windows whose newer-or-equal suffix exceeds the budget must go.
+                cur.execute(
+                    self._q("SELECT max(scn) FROM (SELECT scn, sum(bytes) OVER"
+                            " (ORDER BY scn DESC) AS newer FROM dbus_windows) suffix"
+                            " WHERE newer > %s"),
+                    (max_log_bytes,),
+                )
+                row = cur.fetchone()
+                if row[0] is not None:
+                    cuts.append(int(row[0]))
+        return max(cuts) if cuts else None
+
+    def retain(self, *, cut_scn: int) -> RetentionResult:
+        with self._transaction(write=True) as cur:
+            applied = self._int_state(cur, APPLIED_SCN)
+            floor = self._int_state(cur, LOG_FLOOR_SCN)
+            if applied is None:
+                return RetentionResult(floor, 0, 0)
+            cut = min(cut_scn, applied)
+            ids = list(self._source_ids(cur).values())
+            cut = self._drop_log(cur, ids, cut)
+            cur.execute(self._q("SELECT max(scn), count(*) FROM dbus_windows WHERE scn <= %s"),
+                        (cut,))
+            newest_dropped, dropped = cur.fetchone()
+            if not dropped:
+                return RetentionResult(floor, 0, 0)
+            cur.execute(self._q("DELETE FROM dbus_windows WHERE scn <= %s"), (cut,))
+            floor = max(int(newest_dropped), floor if floor is not None else -1)
+            self._set_state(cur, LOG_FLOOR_SCN, floor)
+            purged = 0
+            for source_id in ids:
+                # A delta since T >= floor never needs a tombstone at or below the floor.
+                cur.execute(
+                    self._q(f"DELETE FROM {snapshot_table(source_id)}"
+                            " WHERE op = %s AND scn <= %s"),
+                    (TOMBSTONE, floor),
+                )
+                purged += max(0, int(getattr(cur, "rowcount", 0) or 0))
+            return RetentionResult(floor, int(dropped), purged)

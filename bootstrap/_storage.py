@@ -1,0 +1,236 @@
+"""The bootstrap store's interface: what the producer, the applier and the server need.
+
+Two backends implement it (``_postgres.py``, ``_sqlite.py``) on one shared SQL core
+(``_sql.py``), and one contract suite runs against both. Methods are blocking (DB-API
+drivers); the asyncio parts call them through ``asyncio.to_thread``. The table layout is
+documented in docs/bootstrap.md.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from databus._hashing import stable_key_hash
+from databus.checkpoint import Checkpoint
+from databus.errors import ConfigError
+from databus.event import HEADER_SIZE, decode_header
+from databus.filters import FilterSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One data event as the log keeps it: the wire bytes plus the columns filters and
+    the applier need (from the event header, so nothing is decoded twice)."""
+
+    source: str
+    op: int
+    pkey: int
+    key_hash: int
+    key: bytes
+    event: bytes
+
+
+def stored_event(source: str, event: bytes, *, key_hash: bool = True) -> StoredEvent:
+    """The log row of one verified data event (its header gives every column)."""
+    header = decode_header(event)
+    key = event[HEADER_SIZE:HEADER_SIZE + header.key_length]
+    return StoredEvent(source, int(header.op), header.partition_key,
+                       stable_key_hash(key) if key_hash else 0, key, event)
+
+
+@dataclass(frozen=True, slots=True)
+class LogWindow:
+    """One whole window (source transaction) as the producer appends it."""
+
+    scn: int
+    timestamp_ns: int
+    events: Sequence[StoredEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """One applier batch: windows (``from_scn``, ``to_scn``] moved into the snapshot."""
+
+    from_scn: int
+    to_scn: int
+    windows: int
+    rows: int
+    new_keys: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionResult:
+    log_floor_scn: int | None
+    windows_dropped: int
+    tombstones_purged: int
+
+
+@dataclass(frozen=True, slots=True)
+class StorageState:
+    """What the store holds; the server's planning and ``/v1/status`` read this."""
+
+    producer_scn: int | None  # newest window in the log
+    applied_scn: int | None  # newest window applied to the snapshot
+    log_floor_scn: int | None  # every window after it is in the log (None: nothing yet)
+    log_windows: int
+    log_bytes: int
+    snapshot_rows: dict[str, int] = field(default_factory=dict)
+    applier_rows: int = 0
+    applier_new_keys: int = 0
+
+    @property
+    def update_ratio(self) -> float | None:
+        """Applied rows that changed a key already present, over all applied rows."""
+        if not self.applier_rows:
+            return None
+        return 1.0 - self.applier_new_keys / self.applier_rows
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRow:
+    key: bytes
+    scn: int
+    op: int
+    event: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LogRow:
+    scn: int
+    seq: int
+    event: bytes
+
+
+class BootstrapStorage(ABC):
+    """A bootstrap database: log, snapshot, schemas, producer and applier state."""
+
+    paramstyle: str  # of the filter fragments this backend executes
+    key_hash: bool  # whether hash filters can be pushed down (fixed at creation)
+    where: str  # the store's location, password removed, for messages
+
+    # -- catalog --------------------------------------------------------------------
+
+    @abstractmethod
+    def source_ids(self) -> dict[str, int]:
+        """Logical source name -> this store's source id."""
+
+    @abstractmethod
+    def ensure_sources(self, names: Sequence[str]) -> dict[str, int]:
+        """Create what ``names`` need (ids, log and snapshot tables); the full map."""
+
+    @abstractmethod
+    def add_schema(self, fingerprint: int, source: str, schema_json: str) -> None: ...
+
+    @abstractmethod
+    def schema(self, fingerprint: int) -> str | None: ...
+
+    @abstractmethod
+    def schemas(self) -> list[tuple[int, str, str]]:
+        """Every (fingerprint, source, schema JSON), oldest first."""
+
+    # -- producer -------------------------------------------------------------------
+
+    @abstractmethod
+    def producer_checkpoint(self) -> Checkpoint | None: ...
+
+    @abstractmethod
+    def append(
+        self,
+        windows: Sequence[LogWindow],
+        checkpoint: Checkpoint,
+        *,
+        log_floor_scn: int | None = None,
+    ) -> None:
+        """Append whole windows and the producer's checkpoint in one transaction.
+
+        ``log_floor_scn`` is given on the very first append: the SCN after which the
+        log is complete. Windows must come in increasing SCN order, after the log's end.
+        """
+
+    # -- applier --------------------------------------------------------------------
+
+    @abstractmethod
+    def apply(self, *, max_rows: int) -> ApplyResult | None:
+        """Move the next windows (about ``max_rows`` rows, whole windows) into the
+        snapshot and advance the applied SCN, in one transaction; None if caught up."""
+
+    # -- reads ----------------------------------------------------------------------
+
+    @abstractmethod
+    def state(self) -> StorageState: ...
+
+    @abstractmethod
+    def snapshot_batch(
+        self,
+        source: str,
+        *,
+        after_key: bytes | None,
+        since_scn: int | None,
+        limit: int,
+        filter: FilterSpec,
+    ) -> list[SnapshotRow]:
+        """Snapshot rows of ``source`` by key after ``after_key``. Without ``since_scn``
+        live rows only (a full snapshot); with it, rows and tombstones changed after
+        ``since_scn`` (a consolidated delta)."""
+
+    @abstractmethod
+    def log_batch(
+        self,
+        sources: Sequence[str],
+        *,
+        after_scn: int,
+        upto_scn: int,
+        limit: int,
+        filter: FilterSpec,
+    ) -> list[LogRow]:
+        """Log rows of ``sources`` in windows (after_scn, upto_scn], in commit order;
+        at most ``limit`` rows, cut at a window boundary unless one window alone is
+        larger (then that whole window)."""
+
+    @abstractmethod
+    def log_key_stats(self, sources: Sequence[str], *, after_scn: int, sample: int
+                      ) -> tuple[int, int]:
+        """(rows, distinct keys) over the first ``sample`` log rows after ``after_scn``:
+        the measured ratio of updates to existing keys of that range."""
+
+    # -- retention --------------------------------------------------------------------
+
+    @abstractmethod
+    def retain(self, *, cut_scn: int) -> RetentionResult:
+        """Drop log windows with SCN <= ``cut_scn`` (never past the applied SCN; the
+        PostgreSQL backend rounds down to whole partitions) and purge tombstones the
+        log no longer covers."""
+
+    @abstractmethod
+    def retention_cut(self, *, older_than_ns: int | None, max_log_bytes: int | None
+                      ) -> int | None:
+        """The SCN that time- and size-based retention would cut at, or None."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> BootstrapStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_storage(url: str, **options: object) -> BootstrapStorage:
+    """``postgresql://...?schema=name`` or ``sqlite:///path.db`` (``sqlite://:memory:``
+    is refused: the producer, applier and server share the store through the file)."""
+    scheme = urlsplit(url).scheme
+    if scheme in ("postgresql", "postgres"):
+        from databus.bootstrap._postgres import PostgresStorage
+
+        return PostgresStorage(url, **options)  # type: ignore[arg-type]
+    if scheme == "sqlite":
+        from databus.bootstrap._sqlite import SqliteStorage
+
+        return SqliteStorage(url, **options)  # type: ignore[arg-type]
+    raise ConfigError(
+        f"bootstrap storage URL must start with postgresql:// or sqlite:///, got {scheme!r}"
+    )
