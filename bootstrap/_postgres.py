@@ -134,16 +134,24 @@ class PostgresStorage(SqlStorage):
             " PRIMARY KEY (scn, seq)) PARTITION BY RANGE (scn)"
         )
 
-    def _ensure_partition(self, cur: Cursor, source_id: int, index: int) -> None:
-        if (source_id, index) in self._partitions:
-            return
+    def _prepare_append(self, rows: dict[int, list[int]]) -> None:
         span = self.partition_span
-        parent = log_table(source_id)
-        cur.execute(
-            f"CREATE TABLE IF NOT EXISTS {parent}_p{index} PARTITION OF {parent}"
-            f" FOR VALUES FROM ({index * span}) TO ({(index + 1) * span})"
-        )
-        self._partitions.add((source_id, index))
+        for source_id, scns in rows.items():
+            # The partition after the last one needed too: crossing a boundary then
+            # never waits for DDL in the middle of a burst.
+            indexes = {scn // span for scn in scns}
+            for index in sorted(indexes | {max(indexes) + 1}):
+                if (source_id, index) in self._partitions:
+                    continue
+                parent = log_table(source_id)
+                # Its own transaction: CREATE ... PARTITION OF locks the parent, and a
+                # reader must wait for one short statement only, never for an append.
+                with self._transaction(write=True) as cur:
+                    cur.execute(
+                        f"CREATE TABLE IF NOT EXISTS {parent}_p{index} PARTITION OF {parent}"
+                        f" FOR VALUES FROM ({index * span}) TO ({(index + 1) * span})"
+                    )
+                self._partitions.add((source_id, index))
 
     def _partitions_of(self, cur: Cursor, source_id: int) -> list[int]:
         cur.execute(
@@ -161,26 +169,25 @@ class PostgresStorage(SqlStorage):
 
     def _insert_log(self, cur: Cursor, source_id: int,
                     rows: list[tuple[int, int, StoredEvent]]) -> None:
-        span = self.partition_span
-        for index in {scn // span for scn, _, _ in rows}:
-            self._ensure_partition(cur, source_id, index)
         copy_into(cur, log_table(source_id), rows)
 
-    def _drop_log(self, cur: Cursor, source_ids: Sequence[int], cut_scn: int) -> int:
-        """Drop every partition lying wholly at or below ``cut_scn``; the SCN the log is
-        actually cut at is the top of the highest partition dropped (or below all)."""
+    def _log_cut(self, cut_scn: int) -> int:
+        """Whole partitions only: the top of the highest partition lying at or below
+        ``cut_scn`` (-1 when none does)."""
         span = self.partition_span
-        # Partitions entirely <= cut: index with (index + 1) * span - 1 <= cut.
-        last_whole = (cut_scn + 1) // span - 1
-        effective = -1
+        return ((cut_scn + 1) // span) * span - 1
+
+    def _drop_log(self, source_ids: Sequence[int], cut_scn: int) -> None:
+        last_whole = (cut_scn + 1) // self.partition_span - 1
         for source_id in source_ids:
-            for index in self._partitions_of(cur, source_id):
+            with self._transaction(write=False) as cur:
+                indexes = self._partitions_of(cur, source_id)
+            for index in indexes:
                 if index <= last_whole:
-                    cur.execute(f"DROP TABLE {log_table(source_id)}_p{index}")
+                    # One partition per transaction: the parent's lock is held briefly.
+                    with self._transaction(write=True) as cur:
+                        cur.execute(f"DROP TABLE IF EXISTS {log_table(source_id)}_p{index}")
                     self._partitions.discard((source_id, index))
-        if last_whole >= 0:
-            effective = (last_whole + 1) * span - 1
-        return effective
 
 
 def encode_copy(rows: Sequence[tuple[int, int, StoredEvent]]) -> io.BytesIO:

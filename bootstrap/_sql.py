@@ -90,9 +90,19 @@ class SqlStorage(BootstrapStorage):
                     rows: list[tuple[int, int, StoredEvent]]) -> None:
         """Bulk insert (scn, seq, event) rows into the source's log table."""
 
+    def _prepare_append(self, rows: dict[int, list[int]]) -> None:
+        """Before the append transaction: ``rows`` maps source ids to the SCNs coming
+        (PostgreSQL creates partitions here, each DDL in its own short transaction, so
+        the append never holds a lock a reader waits on)."""
+
+    def _log_cut(self, cut_scn: int) -> int:
+        """The SCN retention can cut the log at, at most ``cut_scn``."""
+        return cut_scn
+
     @abstractmethod
-    def _drop_log(self, cur: Cursor, source_ids: Sequence[int], cut_scn: int) -> int:
-        """Remove log rows with SCN <= cut (or less); return the SCN actually cut at."""
+    def _drop_log(self, source_ids: Sequence[int], cut_scn: int) -> None:
+        """Remove log rows with SCN <= ``_log_cut(cut)``, in transactions of its own
+        (after the floor has moved, so a crash in between only leaves rows behind)."""
 
     def _q(self, sql: str) -> str:
         return sql
@@ -218,6 +228,11 @@ class SqlStorage(BootstrapStorage):
     ) -> None:
         names = {e.source for w in windows for e in w.events}
         ids = self.ensure_sources(sorted(names)) if names else {}
+        coming: dict[int, list[int]] = {}
+        for w in windows:
+            for e in w.events:
+                coming.setdefault(ids[e.source], []).append(w.scn)
+        self._prepare_append(coming)
         with self._transaction(write=True) as cur:
             cur.execute("SELECT max(scn) FROM dbus_windows")
             row = cur.fetchone()
@@ -352,7 +367,8 @@ class SqlStorage(BootstrapStorage):
         fragment, fparams = self._filter_sql(filter, source)
         with self._transaction(write=False) as cur:
             table = snapshot_table(self._source_id(cur, source))
-            where, params = [], []
+            where: list[str] = []
+            params: list[object] = []
             if after_key is not None:
                 where.append(self._q("key > %s"))
                 params.append(after_key)
@@ -458,24 +474,25 @@ class SqlStorage(BootstrapStorage):
             floor = self._int_state(cur, LOG_FLOOR_SCN)
             if applied is None:
                 return RetentionResult(floor, 0, 0)
-            cut = min(cut_scn, applied)
+            cut = self._log_cut(min(cut_scn, applied))
             ids = list(self._source_ids(cur).values())
-            cut = self._drop_log(cur, ids, cut)
             cur.execute(self._q("SELECT max(scn), count(*) FROM dbus_windows WHERE scn <= %s"),
                         (cut,))
             newest_dropped, dropped = cur.fetchone()
-            if not dropped:
-                return RetentionResult(floor, 0, 0)
-            cur.execute(self._q("DELETE FROM dbus_windows WHERE scn <= %s"), (cut,))
-            floor = max(int(newest_dropped), floor if floor is not None else -1)
-            self._set_state(cur, LOG_FLOOR_SCN, floor)
             purged = 0
-            for source_id in ids:
-                # A delta since T >= floor never needs a tombstone at or below the floor.
-                cur.execute(
-                    self._q(f"DELETE FROM {snapshot_table(source_id)}"
-                            " WHERE op = %s AND scn <= %s"),
-                    (TOMBSTONE, floor),
-                )
-                purged += max(0, int(getattr(cur, "rowcount", 0) or 0))
-            return RetentionResult(floor, int(dropped), purged)
+            if dropped:
+                # The floor moves first: from here on no reader relies on those rows.
+                cur.execute(self._q("DELETE FROM dbus_windows WHERE scn <= %s"), (cut,))
+                floor = max(int(newest_dropped), floor if floor is not None else -1)
+                self._set_state(cur, LOG_FLOOR_SCN, floor)
+                for source_id in ids:
+                    # A delta since T >= floor never needs a tombstone at or below it.
+                    cur.execute(
+                        self._q(f"DELETE FROM {snapshot_table(source_id)}"
+                                " WHERE op = %s AND scn <= %s"),
+                        (TOMBSTONE, floor),
+                    )
+                    purged += max(0, int(getattr(cur, "rowcount", 0) or 0))
+        if cut >= 0:
+            self._drop_log(ids, cut)
+        return RetentionResult(floor, int(dropped), purged)

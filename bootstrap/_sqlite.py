@@ -102,7 +102,7 @@ class SqliteStorage(SqlStorage):
             [(scn, seq, e.op, e.pkey, e.key_hash, e.key, e.event) for scn, seq, e in rows],
         )
 
-    def _drop_log(self, cur: Cursor, source_ids: Sequence[int], cut_scn: int) -> int:
-        for source_id in source_ids:
-            cur.execute(f"DELETE FROM {log_table(source_id)} WHERE scn <= ?", (cut_scn,))
-        return cut_scn
+    def _drop_log(self, source_ids: Sequence[int], cut_scn: int) -> None:
+        with self._transaction(write=True) as cur:
+            for source_id in source_ids:
+                cur.execute(f"DELETE FROM {log_table(source_id)} WHERE scn <= ?", (cut_scn,))

@@ -8,7 +8,7 @@ JSON shape (``to_json``/``from_json`` round-trip exactly)::
     {"mode": "online", "window_scn": 1234, "window_offset": -1}
     {"mode": "bootstrap_snapshot", "window_scn": -1, "window_offset": -1,
      "bootstrap_start_scn": 1000, "bootstrap_target_scn": 2000,
-     "bootstrap_source_index": 0, "bootstrap_last_key": "..."}
+     "bootstrap_source_index": 0, "bootstrap_last_key": "...", "bootstrap_since_scn": 900}
 
 ``mode`` defaults to ``online`` and ``window_offset`` to -1 when absent; ``window_scn``
 is required. Two ``window_scn`` values are special: ``FLEXIBLE_SCN`` (-1) means "from the
@@ -45,6 +45,7 @@ _BOOTSTRAP_FIELDS = (
     "bootstrap_target_scn",
     "bootstrap_source_index",
     "bootstrap_last_key",
+    "bootstrap_since_scn",
 )
 _FIELDS = ("mode", "window_scn", "window_offset", *_BOOTSTRAP_FIELDS)
 
@@ -62,6 +63,9 @@ class Checkpoint:
     bootstrap_target_scn: int | None = None
     bootstrap_source_index: int | None = None
     bootstrap_last_key: str | None = None
+    # The consumer's SCN when the bootstrap began (a consolidated delta since it);
+    # absent for a full snapshot. Kept so that every source's snapshot phase uses it.
+    bootstrap_since_scn: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("window_scn", "window_offset"):
@@ -79,7 +83,8 @@ class Checkpoint:
             raise CheckpointError(f"window_offset {self.window_offset} is below -1")
         if self.window_offset >= 0 and self.window_scn < 0:
             raise CheckpointError("a partial window (window_offset >= 0) needs a real window_scn")
-        for name in ("bootstrap_start_scn", "bootstrap_target_scn", "bootstrap_source_index"):
+        for name in ("bootstrap_start_scn", "bootstrap_target_scn", "bootstrap_source_index",
+                     "bootstrap_since_scn"):
             value = getattr(self, name)
             if value is not None:
                 _require_int(name, value)

@@ -22,15 +22,22 @@ import functools
 import json
 import logging
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
-from databus.checkpoint import Checkpoint
-from databus.config import Secret
-from databus.errors import DatabusError
+from databus._http import (
+    STATS,
+    BadRequest,
+    HttpStats,
+    check_bearer,
+    checkpoint_param,
+    fp_text,
+    int_param,
+    json_errors,
+    parse_fingerprint,
+)
 from databus.filters import FilterSpec
 from databus.relay._buffer import EventPredicate
 from databus.relay._relay import Relay
@@ -43,34 +50,6 @@ DEFAULT_MAX_BYTES = 1 << 20
 ABSURD_MAX_BYTES = 1 << 31
 DEFAULT_WAIT_MS = 0
 
-
-
-class BadRequest(DatabusError):
-    code = "bad_request"
-    http_status = 400
-
-
-class NotFound(DatabusError):
-    code = "not_found"
-    http_status = 404
-
-
-class Unauthorized(DatabusError):
-    code = "unauthorized"
-    http_status = 401
-
-
-class Forbidden(DatabusError):
-    code = "forbidden"
-    http_status = 403
-
-
-class HttpStats:
-    def __init__(self) -> None:
-        self.requests: Counter[tuple[str, int]] = Counter()
-        self.bytes_served = 0
-        self.events_served = 0
-        self.long_polls = 0
 
 
 class WindowNotifier:
@@ -104,30 +83,9 @@ class WindowNotifier:
 
 RELAY = web.AppKey("relay", Relay)
 NOTIFIERS = web.AppKey("notifiers", dict[str, WindowNotifier])
-STATS = web.AppKey("stats", HttpStats)
 
 
 # -- parameters ---------------------------------------------------------------------
-
-
-def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"{name} must be an integer, got {raw[:40]!r}") from None
-    if not lo <= value <= hi:
-        raise BadRequest(f"{name} must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def _checkpoint_param(request: web.Request) -> Checkpoint:
-    raw = request.query.get("checkpoint")
-    if raw is None or raw == "":
-        return Checkpoint.flexible()
-    return Checkpoint.loads(raw)
 
 
 def _buffer_for(
@@ -175,12 +133,12 @@ def _buffer_for(
 async def stream(request: web.Request) -> web.Response:
     relay = request.app[RELAY]
     cfg = relay.config
-    checkpoint = _checkpoint_param(request)
+    checkpoint = checkpoint_param(request)
     max_bytes = min(
-        _int_param(request, "max_bytes", DEFAULT_MAX_BYTES, 1, ABSURD_MAX_BYTES),
+        int_param(request, "max_bytes", DEFAULT_MAX_BYTES, 1, ABSURD_MAX_BYTES),
         cfg.max_bytes_cap,
     )
-    wait_ms = _int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, cfg.max_wait_ms)
+    wait_ms = int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, cfg.max_wait_ms)
     buffer_name, predicate, needs_key = _buffer_for(relay, request)
     buffer = relay.buffers[buffer_name]
     notifier = request.app[NOTIFIERS][buffer_name]
@@ -226,44 +184,27 @@ async def sources(request: web.Request) -> web.Response:
             "id": e.id,
             "buffer": e.buffer,
             "partition_id": e.partition_id,
-            "schema_fingerprint": _fp_text(e.fingerprint),
+            "schema_fingerprint": fp_text(e.fingerprint),
         }
         for e in relay.catalog.sources()
     ]
     return web.json_response({"sources": out})
 
 
-def _fp_text(fp: int | None) -> str | None:
-    return None if fp is None else f"{fp:016x}"
-
-
 def _schema_json(schema: Schema) -> dict[str, Any]:
     return {
-        "fingerprint": _fp_text(schema.fingerprint),
+        "fingerprint": fp_text(schema.fingerprint),
         "name": schema.name,
         "schema": json.loads(schema.to_json()),
     }
 
 
-def _parse_fingerprint(text: str) -> int:
-    """16 hex digits (as /v1/sources gives them), ``0x``-prefixed hex, or decimal."""
-    try:
-        if text.lower().startswith("0x"):
-            value = int(text[2:], 16)
-        elif len(text) == 16:
-            value = int(text, 16)
-        else:
-            value = int(text)
-    except ValueError:
-        raise BadRequest(f"not a schema fingerprint: {text[:40]!r}") from None
-    if not 0 <= value < 1 << 64:
-        raise BadRequest("a fingerprint is an unsigned 64-bit number")
-    return value
+
 
 
 async def schema_by_fingerprint(request: web.Request) -> web.Response:
     registry = request.app[RELAY].catalog.registry
-    schema = registry.get(_parse_fingerprint(request.match_info["fingerprint"]))
+    schema = registry.get(parse_fingerprint(request.match_info["fingerprint"]))
     return web.json_response(_schema_json(schema))
 
 
@@ -326,50 +267,14 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def admin_flush(request: web.Request) -> web.Response:
-    _check_admin(request)
+    check_bearer(request, request.app[RELAY].config.admin_token, "relay.admin_token")
     relay = request.app[RELAY]
     for buffer in relay.buffers.values():
         await asyncio.to_thread(buffer.flush)
     return web.json_response({"flushed": sorted(relay.buffers)})
 
 
-def _check_admin(request: web.Request) -> None:
-    token = request.app[RELAY].config.admin_token
-    if token is None:
-        raise Forbidden("admin endpoints are disabled: set relay.admin_token")
-    auth = request.headers.get("Authorization", "")
-    scheme, _, given = auth.partition(" ")
-    if scheme.lower() != "bearer" or not given or token != Secret(given.strip()):
-        raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin_token>'")
-
-
 # -- app ----------------------------------------------------------------------------
-
-
-@web.middleware
-async def json_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    stats = request.app[STATS]
-    route = request.match_info.route.resource
-    route_name = route.canonical if route is not None else "unmatched"
-    try:
-        response = await handler(request)
-    except DatabusError as exc:
-        response = web.json_response(exc.to_json(), status=exc.http_status)
-    except web.HTTPException as exc:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-        response = web.json_response(
-            {"error": code, "message": exc.reason}, status=exc.status
-        )
-    except Exception:
-        log.exception("unhandled error serving %s", request.path)
-        response = web.json_response(
-            {"error": "internal_error", "message": "internal error; see the relay log"},
-            status=500,
-        )
-    stats.requests[(route_name, response.status)] += 1
-    return response
 
 
 def create_app(relay: Relay) -> web.Application:

@@ -1,0 +1,142 @@
+"""The log applier: moves log rows into the snapshot, and runs retention.
+
+Each batch is one store transaction (``BootstrapStorage.apply``): whole windows, the
+newest row per key, and the applied SCN together, so a crash loses the batch and its
+position together and the restarted applier does it again. When it is behind it works
+back to back; when caught up it polls. Retention runs here because only the applier
+knows how far the snapshot has absorbed the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from databus.bootstrap._storage import BootstrapStorage
+from databus.errors import DatabusError
+
+log = logging.getLogger("databus.bootstrap.applier")
+
+
+@dataclass
+class ApplierStatus:
+    state: str = "starting"
+    applied_scn: int | None = None
+    batches: int = 0
+    rows: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    retention_runs: int = 0
+    log_floor_scn: int | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+    def to_json(self) -> dict[str, Any]:
+        elapsed = max(1e-9, time.monotonic() - self.started_at)
+        return {"state": self.state, "applied_scn": self.applied_scn, "batches": self.batches,
+                "rows": self.rows, "rows_per_second": round(self.rows / elapsed, 1),
+                "errors": self.errors, "last_error": self.last_error,
+                "retention_runs": self.retention_runs, "log_floor_scn": self.log_floor_scn}
+
+
+class LogApplier:
+    """Owns one background task (``start``/``close``)."""
+
+    def __init__(
+        self,
+        storage: BootstrapStorage,
+        *,
+        batch_rows: int = 5000,
+        poll_interval: float = 0.2,
+        retention_hours: float | None = None,
+        retention_max_log_bytes: int | None = None,
+        retention_interval: float = 60.0,
+        backoff_max: float = 5.0,
+    ) -> None:
+        self.storage = storage
+        self.batch_rows = batch_rows
+        self.poll_interval = poll_interval
+        self.retention_hours = retention_hours
+        self.retention_max_log_bytes = retention_max_log_bytes
+        self.retention_interval = retention_interval
+        self.backoff_max = backoff_max
+        self.status = ApplierStatus()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="databus-bootstrap-applier")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.status.state = "stopped"
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await self._task
+
+    def apply_available(self) -> int:
+        """Apply until caught up (blocking); the number of rows applied."""
+        rows = 0
+        while (result := self.storage.apply(max_rows=self.batch_rows)) is not None:
+            rows += result.rows
+            self.status.batches += 1
+            self.status.rows += result.rows
+            self.status.applied_scn = result.to_scn
+        return rows
+
+    def retain(self) -> dict[str, Any]:
+        """One retention pass (blocking)."""
+        older = (time.time_ns() - int(self.retention_hours * 3600e9)
+                 if self.retention_hours is not None else None)
+        cut = self.storage.retention_cut(older_than_ns=older,
+                                         max_log_bytes=self.retention_max_log_bytes)
+        self.status.retention_runs += 1
+        if cut is None:
+            return {"cut_scn": None, "windows_dropped": 0}
+        result = self.storage.retain(cut_scn=cut)
+        self.status.log_floor_scn = result.log_floor_scn
+        if result.windows_dropped:
+            log.info("retention dropped %d windows; the log now starts after SCN %s",
+                     result.windows_dropped, result.log_floor_scn)
+        return {"cut_scn": cut, "windows_dropped": result.windows_dropped,
+                "tombstones_purged": result.tombstones_purged,
+                "log_floor_scn": result.log_floor_scn}
+
+    @property
+    def _retention_on(self) -> bool:
+        return self.retention_hours is not None or self.retention_max_log_bytes is not None
+
+    async def _run(self) -> None:
+        delay = self.poll_interval
+        next_retention = time.monotonic() + self.retention_interval
+        self.status.state = "running"
+        while True:
+            try:
+                rows = await asyncio.to_thread(self.apply_available)
+                if self._retention_on and time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + self.retention_interval
+                    await asyncio.to_thread(self.retain)
+                self.status.state = "running"
+                delay = self.poll_interval
+            except asyncio.CancelledError:
+                raise
+            except DatabusError as exc:
+                if not exc.retriable:
+                    self.status.state = "failed"
+                    self.status.last_error = str(exc)
+                    raise
+                rows = 0
+                self.status.errors += 1
+                self.status.state = "retrying"
+                self.status.last_error = str(exc)
+                log.warning("bootstrap applier: %s; retrying", exc)
+                delay = min(self.backoff_max, max(delay * 2, self.poll_interval))
+            if not rows:
+                await asyncio.sleep(delay)

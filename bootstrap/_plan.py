@@ -1,0 +1,175 @@
+"""Algorithm 1 (paper 000 section 3.5) as pure checkpoint transitions.
+
+The server is stateless: everything it needs to continue a bootstrap travels in the
+consumer's checkpoint (DESIGN section 3). These functions take a checkpoint and what the
+store reported and return the next checkpoint; ``_serve.py`` does the reading.
+
+    online T / full (-1) --start--> snapshot(source 0, since T, start S = applied SCN)
+    snapshot(i) --batches by key, last short--> catch-up(sources 0..i, S -> target)
+    catch-up(i) --log exhausted--> snapshot(i + 1, start = target)  or  done (online at target)
+
+For a consumer with state (T >= 0) the server may skip the snapshot and replay the log
+from T: ``choose_replay`` decides from the measured ratio of updates to existing keys
+(paper Figure 16: the consolidated snapshot delta wins above about half).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from databus.checkpoint import FLEXIBLE_SCN, Checkpoint, Mode
+from databus.errors import BootstrapTooOldError, CheckpointError, StorageUnavailableError
+
+Strategy = Literal["auto", "snapshot", "log"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFacts:
+    """The store's positions, read at the time of the decision."""
+
+    applied_scn: int | None
+    producer_scn: int | None
+    log_floor_scn: int | None
+
+
+def choose_replay(
+    strategy: Strategy, *, rows: int, distinct_keys: int, breakeven_ratio: float
+) -> bool:
+    """True to replay the log, False for the snapshot delta (then catch-up)."""
+    if strategy != "auto":
+        return strategy == "log"
+    if rows == 0:
+        return True  # nothing after T in the log: replay is an empty read
+    update_ratio = 1.0 - distinct_keys / rows
+    return update_ratio < breakeven_ratio
+
+
+def start(checkpoint: Checkpoint, facts: StoreFacts, n_sources: int, *, replay: bool
+          ) -> Checkpoint:
+    """The first bootstrap checkpoint for an online one (T = its window SCN).
+
+    ``replay`` is the strategy's answer for a consumer with state; ignored for a full
+    snapshot. Raises ``BootstrapTooOldError`` when the log no longer reaches back to T.
+    """
+    if checkpoint.mode is not Mode.ONLINE:
+        raise CheckpointError("only an online checkpoint starts a bootstrap")
+    # A partly consumed window is replayed whole (from just before it): repeating its
+    # first events is at-least-once; skipping the rest would lose them.
+    partial = checkpoint.window_offset >= 0
+    since = checkpoint.window_scn - 1 if partial else checkpoint.window_scn
+    if n_sources < 1:
+        raise CheckpointError("a bootstrap needs at least one source")
+    last = n_sources - 1
+    if since < 0:
+        if since != FLEXIBLE_SCN:
+            raise CheckpointError(f"cannot bootstrap from window_scn {since}")
+        # Full snapshot as of the applier's SCN (or, before the first apply, the floor).
+        begin = _first_defined(facts.applied_scn, facts.log_floor_scn)
+        return Checkpoint(FLEXIBLE_SCN, mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=begin,
+                          bootstrap_source_index=0)
+    if facts.log_floor_scn is None:
+        raise StorageUnavailableError(
+            "the bootstrap store holds no log yet (its producer has not written anything)"
+        )
+    if since < facts.log_floor_scn:
+        raise BootstrapTooOldError(
+            f"SCN {since} is older than the bootstrap log, which starts after "
+            f"{facts.log_floor_scn}: the changes in between are gone. Clear the consumer's "
+            "state and checkpoint to start again from a full snapshot.",
+            log_floor_scn=facts.log_floor_scn,
+        )
+    applied = facts.applied_scn
+    if replay or applied is None or since >= applied:
+        # Replay everything after T (an applier behind T makes the snapshot useless).
+        target = max(since, facts.producer_scn if facts.producer_scn is not None else since)
+        return Checkpoint(since, mode=Mode.BOOTSTRAP_CATCHUP, bootstrap_start_scn=since,
+                          bootstrap_target_scn=target, bootstrap_source_index=last,
+                          bootstrap_since_scn=since)
+    return Checkpoint(since, mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=applied,
+                      bootstrap_source_index=0, bootstrap_since_scn=since)
+
+
+def _first_defined(*values: int | None) -> int:
+    for value in values:
+        if value is not None:
+            return value
+    return 0  # an empty store: there is nothing before SCN 0 to read
+
+
+def after_snapshot_batch(checkpoint: Checkpoint, *, last_key: bytes | None, exhausted: bool,
+                         facts: StoreFacts | None, n_sources: int) -> Checkpoint:
+    """After serving a snapshot batch: more of this source, or its catch-up.
+
+    ``facts`` must be read after the batch. The rows served reflect changes applied up
+    to then, so catch-up must reach the applied SCN at least. The next source's snapshot
+    starts at this target, so for every source but the last the target is exactly the
+    applied SCN (a later snapshot read reflects at least that much; the producer's SCN
+    may be ahead of what the snapshot holds). The last source's catch-up goes on to the
+    producer's SCN, the newest the log has, to hand over to the relay as late as can be.
+    """
+    _require(checkpoint, Mode.BOOTSTRAP_SNAPSHOT)
+    start_scn, index = checkpoint.bootstrap_start_scn, checkpoint.bootstrap_source_index
+    assert start_scn is not None and index is not None
+    if not exhausted:
+        if last_key is None:
+            raise ValueError("a snapshot batch that is not the last must have a last key")
+        return _replace(checkpoint, bootstrap_last_key=last_key.hex())
+    if facts is None:
+        raise ValueError("the end of a source's snapshot needs the store's positions")
+    last = index + 1 >= n_sources
+    reached = facts.producer_scn if last else facts.applied_scn
+    target = max(start_scn, reached if reached is not None else start_scn)
+    return Checkpoint(start_scn, mode=Mode.BOOTSTRAP_CATCHUP, bootstrap_start_scn=start_scn,
+                      bootstrap_target_scn=target, bootstrap_source_index=index,
+                      bootstrap_since_scn=checkpoint.bootstrap_since_scn)
+
+
+def after_catchup_batch(checkpoint: Checkpoint, *, last_scn: int | None, exhausted: bool,
+                        n_sources: int) -> Checkpoint:
+    """After serving catch-up windows up to ``last_scn``: more catch-up, the next
+    source's snapshot, or done (an online checkpoint at the target)."""
+    _require(checkpoint, Mode.BOOTSTRAP_CATCHUP)
+    target = checkpoint.bootstrap_target_scn
+    index = checkpoint.bootstrap_source_index
+    assert target is not None and index is not None
+    if not exhausted:
+        if last_scn is None:
+            raise ValueError("a catch-up batch that is not the last must end at a window")
+        return _replace(checkpoint, window_scn=last_scn)
+    if index + 1 < n_sources:
+        since = checkpoint.bootstrap_since_scn
+        return Checkpoint(since if since is not None else FLEXIBLE_SCN,
+                          mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=target,
+                          bootstrap_source_index=index + 1, bootstrap_since_scn=since)
+    return Checkpoint(target)
+
+
+def snapshot_after_key(checkpoint: Checkpoint) -> bytes | None:
+    key = checkpoint.bootstrap_last_key
+    if key is None:
+        return None
+    try:
+        return bytes.fromhex(key)
+    except ValueError:
+        raise CheckpointError("bootstrap_last_key is not the hex the server sent") from None
+
+
+def check_sources(checkpoint: Checkpoint, n_sources: int) -> None:
+    index = checkpoint.bootstrap_source_index
+    if index is not None and index >= n_sources:
+        raise CheckpointError(
+            f"bootstrap_source_index {index} is beyond the {n_sources} source(s) requested: "
+            "continue a bootstrap with the same sources it began with"
+        )
+
+
+def _require(checkpoint: Checkpoint, mode: Mode) -> None:
+    if checkpoint.mode is not mode:
+        raise CheckpointError(f"expected a {mode.value} checkpoint, got {checkpoint.mode.value}")
+
+
+def _replace(checkpoint: Checkpoint, **changes: object) -> Checkpoint:
+    fields = checkpoint.to_json()
+    fields.update(changes)
+    return Checkpoint.from_json(fields)

@@ -1,0 +1,250 @@
+"""The log writer: a Databus client of the relays that appends every window to the log.
+
+It uses the client's ``RelayPuller`` (failover, backoff, schemas) but not its decoding:
+the log keeps events as bytes, so values are never decoded. Each relay response becomes
+one store transaction holding its whole windows and the producer's checkpoint, so a
+response that carries many windows (a producer that is behind) is one batch. A window
+cut by the response size is held back until its EOW arrives; the stored checkpoint is
+always the last whole window, so a crash re-pulls exactly what was not committed.
+
+The first start on an empty store begins right after the relay's ``prev_scn`` (read
+from ``/v1/status``), which becomes the log floor: everything after it is in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from databus.bootstrap._storage import BootstrapStorage, LogWindow, StoredEvent, stored_event
+from databus.checkpoint import Checkpoint
+from databus.client._relay_puller import FellOffRelay, RelayPuller
+from databus.errors import DatabusError, EventFormatError, SourceError
+from databus.event import EOW_SOURCE_ID, iter_events, restamp_source_id
+
+log = logging.getLogger("databus.bootstrap.producer")
+
+
+@dataclass
+class ProducerStatus:
+    state: str = "starting"
+    scn: int | None = None
+    windows: int = 0
+    events: int = 0
+    batches: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+    def to_json(self) -> dict[str, Any]:
+        elapsed = max(1e-9, time.monotonic() - self.started_at)
+        return {"state": self.state, "scn": self.scn, "windows": self.windows,
+                "events": self.events, "batches": self.batches, "errors": self.errors,
+                "events_per_second": round(self.events / elapsed, 1),
+                "last_error": self.last_error}
+
+
+class _Assembler:
+    """Splits response bodies into whole windows, keeping a cut window for later."""
+
+    def __init__(self, key_hash: bool) -> None:
+        self.key_hash = key_hash
+        self._events: list[StoredEvent] = []
+        self._scn: int | None = None
+
+    def reset(self) -> None:
+        self._events, self._scn = [], None
+
+    def feed(self, body: bytes, names: dict[int, str], ids: dict[str, int]
+             ) -> list[LogWindow]:
+        windows: list[LogWindow] = []
+        for offset, header in iter_events(body):
+            end = offset + header.total_length
+            if header.source_id == EOW_SOURCE_ID:
+                if self._scn is not None and self._scn != header.scn:
+                    raise EventFormatError(f"EOW of {header.scn} inside window {self._scn}",
+                                           offset=offset, reason="torn window")
+                windows.append(LogWindow(header.scn, header.timestamp_ns, self._events))
+                self.reset()
+                continue
+            if header.source_id < 0:
+                continue
+            if self._scn is not None and header.scn != self._scn:
+                raise EventFormatError(f"window {self._scn} ended without its EOW",
+                                       offset=offset, reason="missing eow")
+            self._scn = header.scn
+            name = names.get(header.source_id)
+            if name is None:
+                raise EventFormatError(f"unknown source id {header.source_id}",
+                                       offset=offset, reason="unknown source")
+            event = body[offset:end]
+            own = ids[name]
+            if own != header.source_id:
+                event = restamp_source_id(event, own)
+            self._events.append(stored_event(name, event, key_hash=self.key_hash))
+        return windows
+
+
+class LogProducer:
+    """Owns one background task (``start``/``close``) that pulls and appends."""
+
+    def __init__(
+        self,
+        storage: BootstrapStorage,
+        relays: Sequence[str],
+        *,
+        sources: Sequence[str] = (),
+        start_scn: int | None = None,
+        max_bytes: int = 4 << 20,
+        poll_wait_ms: int = 1000,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+    ) -> None:
+        self.storage = storage
+        self.relays = list(relays)
+        self.sources = list(sources)
+        self.start_scn = start_scn
+        self.max_bytes = max_bytes
+        self.poll_wait_ms = poll_wait_ms
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.status = ProducerStatus()
+        self._task: asyncio.Task[None] | None = None
+        self._known_fingerprints: set[int] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="databus-bootstrap-producer")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.status.state = "stopped"
+
+    async def wait(self) -> None:
+        """Until the task ends (it only ends by ``close`` or a fatal error, raised here)."""
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        delay = self.backoff_initial
+        while True:
+            try:
+                async with aiohttp.ClientSession() as session:
+                    await self._pull(session)
+            except asyncio.CancelledError:
+                raise
+            except DatabusError as exc:
+                if not exc.retriable:
+                    self.status.state = "failed"
+                    self.status.last_error = str(exc)
+                    log.error("bootstrap producer stopped: %s", exc)
+                    raise
+                self._failed(exc)
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                self._failed(exc)
+            else:
+                return
+            await asyncio.sleep(delay)
+            delay = min(self.backoff_max, delay * 2)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.status.errors += 1
+        self.status.state = "retrying"
+        self.status.last_error = str(exc)
+        log.warning("bootstrap producer: %s; retrying", exc)
+
+    async def _pull(self, session: aiohttp.ClientSession) -> None:
+        storage = self.storage
+        puller = RelayPuller(self.relays, self.sources, session,
+                             backoff_initial=self.backoff_initial,
+                             backoff_max=self.backoff_max)
+        self._known_fingerprints = {fp for fp, _, _ in
+                                    await asyncio.to_thread(storage.schemas)}
+        stored = await asyncio.to_thread(storage.producer_checkpoint)
+        floor: int | None = None
+        if stored is not None:
+            position = stored
+        elif self.start_scn is not None:
+            position = floor_cp = Checkpoint.after(self.start_scn)
+            floor = floor_cp.window_scn
+        else:
+            floor = await self._relay_prev_scn(puller)
+            position = Checkpoint.after(floor)
+        assembler = _Assembler(storage.key_hash)
+        ids = await asyncio.to_thread(storage.source_ids)
+        self.status.state = "running"
+        self.status.scn = position.window_scn if position.window_scn >= 0 else None
+        while True:
+            try:
+                batch = await puller.fetch(position, max_bytes=self.max_bytes,
+                                           wait_ms=self.poll_wait_ms)
+            except FellOffRelay as exc:
+                raise SourceError(
+                    f"the relay no longer holds SCN {position.window_scn} (its oldest window "
+                    f"is {exc.min_scn}): the bootstrap log would have a gap. Seed the "
+                    "snapshot again (databus spark seed) and restart with producer.start_scn",
+                    retriable=False,
+                ) from None
+            if batch.pending_event_size is not None:
+                position = batch.checkpoint
+                self.max_bytes = max(self.max_bytes, batch.pending_event_size)
+                continue
+            if not batch.body:
+                position = batch.checkpoint
+                continue
+            names = batch.source_names
+            wanted = set(names.values())
+            if not wanted <= ids.keys():
+                ids = await asyncio.to_thread(storage.ensure_sources, sorted(wanted))
+            await self._store_schemas(puller, batch.body, names)
+            windows = assembler.feed(batch.body, names, ids)
+            position = batch.checkpoint
+            if not windows:
+                continue
+            committed = Checkpoint.after(windows[-1].scn)
+            stored_windows = [w for w in windows if w.events]
+            await asyncio.to_thread(storage.append, stored_windows, committed,
+                                    log_floor_scn=floor)
+            floor = None
+            self.status.scn = committed.window_scn
+            self.status.windows += len(windows)
+            self.status.events += sum(len(w.events) for w in windows)
+            self.status.batches += 1
+
+    async def _store_schemas(self, puller: RelayPuller, body: bytes,
+                             names: dict[int, str]) -> None:
+        for _, header in iter_events(body, verify_body=False):
+            fp = header.schema_fingerprint
+            if header.source_id < 0 or not fp or fp in self._known_fingerprints:
+                continue
+            schema = await puller.schema(fp)
+            await asyncio.to_thread(self.storage.add_schema, fp, names[header.source_id],
+                                    schema.to_json())
+            self._known_fingerprints.add(fp)
+
+    async def _relay_prev_scn(self, puller: RelayPuller) -> int:
+        """The relay buffer's prev_scn: the log floor of a store started from scratch."""
+        names = await puller.catalog()
+        wanted = set(self.sources) or set(names.values())
+        buffers = {b for b, members in puller.buffer_sources.items() if members & wanted}
+        if len(buffers) != 1:
+            raise SourceError(
+                f"the bootstrap sources must come from one relay buffer, found {sorted(buffers)}",
+                retriable=False)
+        (buffer,) = buffers
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with puller.session.get(f"{puller.relay}/v1/status", timeout=timeout) as resp:
+            doc = json.loads(await resp.read())
+        prev = doc["buffers"][buffer]["prev_scn"]
+        return int(prev) if prev is not None and int(prev) >= 0 else 0

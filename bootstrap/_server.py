@@ -1,0 +1,202 @@
+"""The bootstrap service's HTTP API (docs/bootstrap.md), a thin aiohttp shell.
+
+- ``GET /v1/bootstrap/sources``, ``GET /v1/bootstrap/schemas/{fingerprint}``
+- ``GET /v1/bootstrap/stream?checkpoint=JSON&sources=a,b&filter=JSON&max_bytes=N``
+- ``GET /v1/status``, ``GET /metrics``, ``GET /healthz``
+- ``POST /v1/admin/retain`` (bearer token): run retention now
+
+Store calls block, so each runs in a worker thread; the store gives every thread its
+own connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from databus._http import (
+    STATS,
+    BadRequest,
+    HttpStats,
+    NotFound,
+    check_bearer,
+    checkpoint_param,
+    fp_text,
+    int_param,
+    json_errors,
+    parse_fingerprint,
+)
+from databus.bootstrap._serve import Bootstrapper
+from databus.config import Secret
+from databus.filters import FilterSpec
+from databus.schemas import Schema
+
+EVENTS_CONTENT_TYPE = "application/x-databus-events"
+DEFAULT_MAX_BYTES = 1 << 20
+
+T = TypeVar("T")
+
+
+class ServiceInfo:
+    """What the status and metrics endpoints report beyond the store: the in-process
+    producer and applier, when this process runs them (set by ``_service.py``)."""
+
+    def __init__(self, admin_token: Secret | None = None, max_bytes_cap: int = 8 << 20
+                 ) -> None:
+        self.admin_token = admin_token
+        self.max_bytes_cap = max_bytes_cap
+        self.components: dict[str, Callable[[], dict[str, Any]]] = {}
+        self.retain: Callable[[], dict[str, Any]] | None = None
+
+
+BOOTSTRAPPER = web.AppKey("bootstrapper", Bootstrapper)
+INFO = web.AppKey("info", ServiceInfo)
+
+
+async def _blocking(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(fn, *args)
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    boot = request.app[BOOTSTRAPPER]
+    info = request.app[INFO]
+    checkpoint = checkpoint_param(request)
+    names = [n.strip() for n in request.query.get("sources", "").split(",") if n.strip()]
+    spec = FilterSpec.parse(request.query.get("filter") or None)
+    max_bytes = min(int_param(request, "max_bytes", DEFAULT_MAX_BYTES, 1, 1 << 31),
+                    info.max_bytes_cap)
+    served = await _blocking(boot.serve, checkpoint, names, spec, max_bytes)
+    headers = {
+        "X-Databus-Checkpoint": served.checkpoint.dumps(),
+        "X-Databus-Bootstrap-Phase": served.phase,
+    }
+    target = served.checkpoint.bootstrap_target_scn
+    if served.done:
+        target = served.checkpoint.window_scn
+    if target is not None:
+        headers["X-Databus-Target-Scn"] = str(target)
+    if served.started_as is not None:
+        headers["X-Databus-Bootstrap-Strategy"] = served.started_as
+    stats = request.app[STATS]
+    stats.bytes_served += len(served.body)
+    stats.events_served += served.events
+    return web.Response(body=bytes(served.body), headers=headers,
+                        content_type=EVENTS_CONTENT_TYPE)
+
+
+async def sources(request: web.Request) -> web.Response:
+    storage = request.app[BOOTSTRAPPER].storage
+    ids, schemas = await asyncio.gather(_blocking(storage.source_ids),
+                                        _blocking(storage.schemas))
+    latest: dict[str, int] = {}
+    for fingerprint, source, _ in schemas:  # oldest first: the last one wins
+        latest[source] = fingerprint
+    out = [{"name": name, "id": sid, "schema_fingerprint": fp_text(latest.get(name))}
+           for name, sid in sorted(ids.items(), key=lambda item: item[1])]
+    return web.json_response({"sources": out})
+
+
+async def schema_by_fingerprint(request: web.Request) -> web.Response:
+    fingerprint = parse_fingerprint(request.match_info["fingerprint"])
+    storage = request.app[BOOTSTRAPPER].storage
+    text = await _blocking(storage.schema, fingerprint)
+    if text is None:
+        raise NotFound(f"no schema with fingerprint {fp_text(fingerprint)}")
+    schema = Schema(text)
+    return web.json_response({"fingerprint": fp_text(fingerprint), "name": schema.name,
+                              "schema": json.loads(schema.to_json())})
+
+
+async def status_doc(app: web.Application) -> dict[str, Any]:
+    boot = app[BOOTSTRAPPER]
+    state = await _blocking(boot.storage.state)
+    producer, applied = state.producer_scn, state.applied_scn
+    doc: dict[str, Any] = {
+        "storage": boot.storage.where,
+        "producer_scn": producer,
+        "applied_scn": applied,
+        "applier_lag_scn": (producer - applied) if producer is not None and applied is not None
+        else None,
+        "log_floor_scn": state.log_floor_scn,
+        "log_windows": state.log_windows,
+        "log_bytes": state.log_bytes,
+        "snapshot_rows": state.snapshot_rows,
+        "update_ratio": state.update_ratio,
+        "components": {name: report() for name, report in app[INFO].components.items()},
+    }
+    return doc
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(await status_doc(request.app))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    doc = await status_doc(request.app)
+    boot = request.app[BOOTSTRAPPER]
+    stats = request.app[STATS]
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP databus_bootstrap_{name} {help_text}")
+        lines.append(f"# TYPE databus_bootstrap_{name} {kind}")
+        for labels, value in samples:
+            lines.append(f"databus_bootstrap_{name}{labels} {value}")
+
+    for field, text in [
+        ("producer_scn", "Newest window in the log"),
+        ("applied_scn", "Newest window applied to the snapshot"),
+        ("applier_lag_scn", "Producer SCN minus applied SCN"),
+        ("log_floor_scn", "Every window after this SCN is in the log"),
+        ("log_windows", "Windows in the log"),
+        ("log_bytes", "Event bytes in the log"),
+    ]:
+        metric(field, "gauge", text, [("", float(doc[field] or 0))])
+    metric("snapshot_rows", "gauge", "Live rows in the snapshot",
+           [(f'{{source="{s}"}}', float(n)) for s, n in doc["snapshot_rows"].items()])
+    metric("update_ratio", "gauge", "Applied rows that updated an existing key",
+           [("", float(doc["update_ratio"] or 0))])
+    s = boot.stats
+    metric("bootstraps_total", "counter", "Bootstraps started",
+           [('{strategy="snapshot"}', s.snapshot_starts), ('{strategy="log"}', s.replay_starts)])
+    metric("rows_served_total", "counter", "Rows served",
+           [('{phase="snapshot"}', s.snapshot_rows_served),
+            ('{phase="catchup"}', s.log_rows_served)])
+    metric("stream_bytes_total", "counter", "Event bytes served", [("", stats.bytes_served)])
+    metric("http_requests_total", "counter", "HTTP requests by route and status",
+           [(f'{{route="{r}",status="{c}"}}', float(n))
+            for (r, c), n in sorted(stats.requests.items())])
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+
+async def admin_retain(request: web.Request) -> web.Response:
+    info = request.app[INFO]
+    check_bearer(request, info.admin_token, "bootstrap.admin_token")
+    if info.retain is None:
+        raise BadRequest("retention runs with the applier, which this process does not run")
+    return web.json_response(await _blocking(info.retain))
+
+
+def create_app(bootstrapper: Bootstrapper, info: ServiceInfo | None = None, *,
+               serve_streams: bool = True) -> web.Application:
+    app = web.Application(middlewares=[json_errors])
+    app[BOOTSTRAPPER] = bootstrapper
+    app[INFO] = info or ServiceInfo()
+    app[STATS] = HttpStats()
+    if serve_streams:
+        app.router.add_get("/v1/bootstrap/stream", stream)
+        app.router.add_get("/v1/bootstrap/sources", sources)
+        app.router.add_get("/v1/bootstrap/schemas/{fingerprint}", schema_by_fingerprint)
+    app.router.add_get("/v1/status", status)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/v1/admin/retain", admin_retain)
+    return app

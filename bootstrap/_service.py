@@ -1,0 +1,65 @@
+"""A bootstrap service process: the store, and the producer, applier and server that
+``bootstrap.run`` names, all on one event loop. Each component owns one background
+task; the aiohttp app's ``cleanup_ctx`` starts them and closes them in reverse."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from databus.bootstrap._applier import LogApplier
+from databus.bootstrap._producer import LogProducer
+from databus.bootstrap._serve import Bootstrapper, ServePolicy
+from databus.bootstrap._server import ServiceInfo, create_app
+from databus.bootstrap._storage import BootstrapStorage, open_storage
+from databus.config import BootstrapConfig
+
+log = logging.getLogger("databus.bootstrap")
+
+
+def open_configured_storage(config: BootstrapConfig) -> BootstrapStorage:
+    options: dict[str, object] = {"key_hash": config.key_hash}
+    if config.log_partition_span is not None and config.storage.startswith("postgres"):
+        options["log_partition_span"] = config.log_partition_span
+    return open_storage(config.storage, **options)
+
+
+def build_app(config: BootstrapConfig, storage: BootstrapStorage) -> web.Application:
+    """The service as an aiohttp app; without "server" in ``run`` it still answers
+    /v1/status, /metrics and /healthz so the process can be watched."""
+    srv = config.server
+    bootstrapper = Bootstrapper(storage, ServePolicy(
+        strategy=srv.strategy, breakeven_ratio=srv.breakeven_ratio,
+        ratio_sample_rows=srv.ratio_sample_rows, batch_rows=srv.batch_rows))
+    info = ServiceInfo(admin_token=config.admin_token, max_bytes_cap=srv.max_bytes_cap)
+    app = create_app(bootstrapper, info, serve_streams="server" in config.run)
+    producer = applier = None
+    if "producer" in config.run:
+        p = config.producer
+        producer = LogProducer(storage, p.relays, sources=p.sources, start_scn=p.start_scn,
+                               max_bytes=p.max_bytes, poll_wait_ms=p.poll_wait_ms)
+        info.components["producer"] = producer.status.to_json
+    if "applier" in config.run:
+        a, r = config.applier, config.retention
+        applier = LogApplier(
+            storage, batch_rows=a.batch_rows, poll_interval=a.poll_interval_ms / 1000,
+            retention_hours=r.hours,
+            retention_max_log_bytes=r.max_log_mb << 20 if r.max_log_mb else None,
+            retention_interval=r.interval_s)
+        info.components["applier"] = applier.status.to_json
+        info.retain = applier.retain
+
+    async def components(app: web.Application) -> AsyncIterator[None]:
+        for component in (producer, applier):
+            if component is not None:
+                component.start()
+        yield
+        for component in (applier, producer):
+            if component is not None:
+                await component.close()
+        storage.close()
+
+    app.cleanup_ctx.append(components)
+    return app

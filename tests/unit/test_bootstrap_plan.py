@@ -1,0 +1,95 @@
+"""Algorithm 1's checkpoint transitions (bootstrap/_plan.py), without a store."""
+
+from __future__ import annotations
+
+import pytest
+
+from databus.bootstrap import _plan
+from databus.bootstrap._plan import StoreFacts
+from databus.checkpoint import Checkpoint, Mode
+from databus.errors import BootstrapTooOldError, CheckpointError, StorageUnavailableError
+
+FACTS = StoreFacts(applied_scn=500, producer_scn=700, log_floor_scn=100)
+
+
+def test_a_consumer_without_state_gets_a_full_snapshot_from_the_applied_scn() -> None:
+    cp = _plan.start(Checkpoint.flexible(), FACTS, 2, replay=True)
+    assert cp.mode is Mode.BOOTSTRAP_SNAPSHOT
+    assert (cp.window_scn, cp.bootstrap_start_scn, cp.bootstrap_source_index) == (-1, 500, 0)
+    assert cp.bootstrap_since_scn is None and cp.bootstrap_last_key is None
+
+
+def test_a_consumer_with_state_gets_a_delta_or_a_replay() -> None:
+    delta = _plan.start(Checkpoint(300), FACTS, 2, replay=False)
+    assert delta.mode is Mode.BOOTSTRAP_SNAPSHOT
+    assert (delta.window_scn, delta.bootstrap_start_scn, delta.bootstrap_since_scn) == (300, 500,
+                                                                                      300)
+    replay = _plan.start(Checkpoint(300), FACTS, 2, replay=True)
+    assert replay.mode is Mode.BOOTSTRAP_CATCHUP
+    assert (replay.window_scn, replay.bootstrap_start_scn, replay.bootstrap_target_scn,
+            replay.bootstrap_source_index) == (300, 300, 700, 1)
+    # An applier behind the consumer makes the snapshot useless: replay regardless.
+    ahead = _plan.start(Checkpoint(600), FACTS, 2, replay=False)
+    assert ahead.mode is Mode.BOOTSTRAP_CATCHUP
+    # A partly consumed window is replayed whole.
+    partial = _plan.start(Checkpoint(300, 2), FACTS, 1, replay=True)
+    assert partial.window_scn == 299
+
+
+def test_too_old_and_empty_store_errors() -> None:
+    with pytest.raises(BootstrapTooOldError) as info:
+        _plan.start(Checkpoint(99), FACTS, 1, replay=True)
+    assert info.value.log_floor_scn == 100 and info.value.http_status == 410
+    assert _plan.start(Checkpoint(100), FACTS, 1, replay=True).mode is Mode.BOOTSTRAP_CATCHUP
+    with pytest.raises(StorageUnavailableError):
+        _plan.start(Checkpoint(5), StoreFacts(None, None, None), 1, replay=True)
+    with pytest.raises(CheckpointError):
+        _plan.start(Checkpoint(5, mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=5,
+                               bootstrap_source_index=0), FACTS, 1, replay=True)
+
+
+def test_algorithm_1_walks_every_source_then_hands_over_at_the_last_target() -> None:
+    cp = _plan.start(Checkpoint(300), FACTS, 2, replay=False)
+    cp = _plan.after_snapshot_batch(cp, last_key=b"\x00k", exhausted=False, facts=None,
+                                    n_sources=2)
+    assert cp.bootstrap_last_key == "006b"
+    assert _plan.snapshot_after_key(cp) == b"\x00k"
+    # The end of source 0's snapshot: catch-up to the applied SCN (not the producer's,
+    # which the next snapshot may not reflect yet).
+    cp = _plan.after_snapshot_batch(cp, last_key=None, exhausted=True,
+                                    facts=StoreFacts(550, 800, 100), n_sources=2)
+    assert cp.mode is Mode.BOOTSTRAP_CATCHUP
+    assert (cp.window_scn, cp.bootstrap_start_scn, cp.bootstrap_target_scn) == (500, 500, 550)
+    cp = _plan.after_catchup_batch(cp, last_scn=520, exhausted=False, n_sources=2)
+    assert cp.window_scn == 520
+    cp = _plan.after_catchup_batch(cp, last_scn=None, exhausted=True, n_sources=2)
+    assert cp.mode is Mode.BOOTSTRAP_SNAPSHOT
+    assert (cp.bootstrap_source_index, cp.bootstrap_start_scn, cp.window_scn,
+            cp.bootstrap_since_scn) == (1, 550, 300, 300)
+    # The last source's catch-up runs to the producer's SCN.
+    cp = _plan.after_snapshot_batch(cp, last_key=None, exhausted=True,
+                                    facts=StoreFacts(600, 900, 100), n_sources=2)
+    assert (cp.bootstrap_start_scn, cp.bootstrap_target_scn, cp.bootstrap_source_index) == (
+        550, 900, 1)
+    done = _plan.after_catchup_batch(cp, last_scn=None, exhausted=True, n_sources=2)
+    assert done == Checkpoint(900)
+    # Round trip through JSON, as the client sends it back.
+    assert Checkpoint.loads(cp.dumps()) == cp
+
+
+def test_the_update_ratio_picks_the_strategy() -> None:
+    choose = _plan.choose_replay
+    assert choose("auto", rows=100, distinct_keys=90, breakeven_ratio=0.5) is True  # 10%
+    assert choose("auto", rows=100, distinct_keys=40, breakeven_ratio=0.5) is False  # 60%
+    assert choose("auto", rows=0, distinct_keys=0, breakeven_ratio=0.5) is True
+    assert choose("log", rows=100, distinct_keys=1, breakeven_ratio=0.5) is True
+    assert choose("snapshot", rows=100, distinct_keys=100, breakeven_ratio=0.5) is False
+
+
+def test_a_checkpoint_for_other_sources_or_with_a_bad_key_is_refused() -> None:
+    cp = Checkpoint(-1, mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=5,
+                    bootstrap_source_index=2, bootstrap_last_key="zz")
+    with pytest.raises(CheckpointError, match="beyond"):
+        _plan.check_sources(cp, 2)
+    with pytest.raises(CheckpointError, match="hex"):
+        _plan.snapshot_after_key(cp)
