@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 import pytest
@@ -12,6 +21,7 @@ import pytest
 from databus.bootstrap._storage import LogWindow, stored_event
 from databus.event import Op, encode_event
 from tests.fixtures.servers import PostgresServer
+from tests.relay_harness import free_port
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -41,3 +51,53 @@ def change(scn: int, source: str, key: int | str, value: bytes = b"v",
 
 def window(scn: int, changes: Sequence[tuple[str, bytes]]) -> LogWindow:
     return LogWindow(scn, scn * 1000, [stored_event(src, ev) for src, ev in changes])
+
+
+class BootstrapProcess:
+    """``databus bootstrap --config FILE --run PARTS`` as a child process (kill -9 tests)."""
+
+    def __init__(self, tmp_path: Path, storage: str, relay_url: str, run: str,
+                 **sections: dict[str, object]) -> None:
+        self.port = free_port()
+        self.run = run
+        self.config_path = tmp_path / f"bootstrap-{run.replace(',', '-')}.toml"
+        lines = ["[bootstrap]", f'storage = "{storage}"', f"port = {self.port}",
+                 "[bootstrap.producer]", f'relays = ["{relay_url}"]', "poll_wait_ms = 100",
+                 "max_bytes = 65536"]
+        for name, values in sections.items():
+            lines.append(f"[bootstrap.{name}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        self.config_path.write_text("\n".join(lines) + "\n")
+        self.log_path = tmp_path / f"bootstrap-{run.replace(',', '-')}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        exe = Path(sys.executable).with_name("databus")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [str(exe), "bootstrap", "--config", str(self.config_path), "--run", self.run],
+            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"bootstrap exited: {self.log_path.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"bootstrap did not listen: {self.log_path.read_text()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=20)
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/v1/status", timeout=5) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]

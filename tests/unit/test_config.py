@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ from databus.config import (
     Secret,
     check_name,
     check_range,
+    describe,
     from_mapping,
     load_config,
     load_toml,
@@ -138,7 +140,7 @@ def test_wrong_type_names_file_and_dotted_path(tmp_path: Path) -> None:
             "capacity_mb = 8\ncapcity_mb = 9",
             "relay.buffers[0].capcity_mb: unknown key",
         ),
-        ("[relay]", "[bootstrapp]\n[relay]", "bootstrapp: unknown key (expected one of: relay)"),
+        ("[relay]", "[relayy]\n[relay]", "relayy: unknown key (did you mean 'relay'?"),
         ('data_dir = "/tmp/relay"', "", "relay.data_dir: missing required key"),
         ('source = "synthetic://?rate=1"', "", "relay.buffers[0].source: missing required key"),
         ("[relay]", "[relay]\nport = 70000", "relay.port: must be at most 65535, got 70000"),
@@ -484,3 +486,31 @@ def test_repr_of_a_config_never_contains_the_password(password: str) -> None:
     )
     assert config.relay is not None and config.relay.buffers[0].source.count(marker) == 1
     assert "\x00PW\x00" not in repr(config) and "\\x00PW" not in repr(config)
+
+
+# --- the bootstrap config --------------------------------------------------------------
+
+
+def test_example_bootstrap_config_loads_and_hides_the_store_password() -> None:
+    example = EXAMPLE.with_name("bootstrap.toml")
+    env = {"DATABUS_ADMIN_TOKEN": "adm1n-t0ken", "BOOTSTRAP_DB_PASSWORD": "pg-s3cret-pw"}
+    config = load_config(example, env=env).bootstrap
+    assert config is not None
+    assert config.run == ("producer", "applier", "server")
+    assert config.producer.relays == ("http://127.0.0.1:11190",)
+    assert config.server.strategy == "auto" and config.retention.hours == 168
+    assert "pg-s3cret-pw" in config.storage
+    assert "pg-s3cret-pw" not in repr(config)
+    assert "pg-s3cret-pw" not in json.dumps(describe(config))
+
+
+def test_bootstrap_config_errors_name_the_key(tmp_path: Path) -> None:
+    base = '[bootstrap]\nstorage = "sqlite:///tmp/b.db"\n'
+    assert "producer.relays" in load_error(tmp_path, base)
+    assert "bootstrap.storage" in load_error(
+        tmp_path, '[bootstrap]\nstorage = "mysql://x"\nrun = ["server"]\n')
+    assert "bootstrap.server.strategy" in load_error(
+        tmp_path, base + 'run = ["server"]\n[bootstrap.server]\nstrategy = "fastest"\n')
+    assert "bootstrap.server.breakeven_ratio" in load_error(
+        tmp_path, base + 'run = ["server"]\n[bootstrap.server]\nbreakeven_ratio = 1.5\n')
+    assert "bootstrap.run" in load_error(tmp_path, base + 'run = ["indexer"]\n')
