@@ -63,6 +63,7 @@ class PostgresStorage(SqlStorage):
         self._all: list[psycopg2.extensions.connection] = []
         self._lock = threading.Lock()
         self._partitions: set[tuple[int, int]] = set()
+        self._generation = 0
         with self._transaction(write=True) as cur:
             cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema_name}")
             cur.execute(f"SET LOCAL search_path TO {self.schema_name}")
@@ -72,8 +73,13 @@ class PostgresStorage(SqlStorage):
 
     def _connection(self) -> psycopg2.extensions.connection:
         conn: psycopg2.extensions.connection | None = getattr(self._local, "conn", None)
-        if conn is not None and not conn.closed:
+        # A connection older than the last loss any thread saw is likely dead too (a
+        # server restart drops them all): replace it instead of failing one request more.
+        if conn is not None and not conn.closed and self._local.generation == self._generation:
             return conn
+        if conn is not None:
+            with contextlib.suppress(psycopg2.Error):
+                conn.close()
         try:
             conn = psycopg2.connect(
                 self._dsn, connect_timeout=self._connect_timeout,
@@ -87,6 +93,7 @@ class PostgresStorage(SqlStorage):
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
             ) from None
         self._local.conn = conn
+        self._local.generation = self._generation
         with self._lock:
             self._all.append(conn)
         return conn
@@ -106,6 +113,7 @@ class PostgresStorage(SqlStorage):
                 yield cur
         except _LOST as exc:
             self._partitions.clear()  # partitions created in the lost transaction are gone
+            self._generation += 1
             self._drop_connection()
             raise StorageUnavailableError(
                 f"lost the bootstrap database {self.where}: "
