@@ -5,6 +5,7 @@
 See DESIGN section 10 and ``docs/client.md``.
 """
 
+from databus.client._bootstrap_puller import BootstrapError, BootstrapTooOld
 from databus.client._checkpoint_store import (
     CheckpointStore,
     FileCheckpointStore,
@@ -19,6 +20,8 @@ from databus.client._relay_puller import FellOffRelay, RelayError
 from databus.client._runner import CallbackTimeout, ConsumerError
 
 __all__ = [
+    "BootstrapError",
+    "BootstrapTooOld",
     "CallbackResult",
     "CallbackTimeout",
     "CheckpointStore",

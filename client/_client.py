@@ -4,7 +4,9 @@ Three parts, each owning one job:
 
 - the **pull loop** (an asyncio task) long-polls a relay from the *fetch position*,
   decodes and checks each body, and hands it to the runner; it asks only for as many
-  bytes as the local buffer can still hold (flow control);
+  bytes as the local buffer can still hold (flow control). On ``scn_not_found`` (or with
+  no checkpoint at all) it holds the bootstrap conversation instead, then goes back to
+  the relay at the online checkpoint the bootstrap ends at;
 - the **runner** (a thread, ``_runner.py``) feeds the pure ``Dispatcher`` and calls
   the consumers, reporting commits, rollbacks and fatal errors;
 - the **checkpoint writer** (a thread) persists the newest committed checkpoint,
@@ -30,13 +32,14 @@ from typing import Any, Literal
 
 import aiohttp
 
-from databus.checkpoint import Checkpoint
+from databus.checkpoint import FLEXIBLE_SCN, Checkpoint, Mode
+from databus.client._bootstrap_puller import BootstrapError, BootstrapPuller
 from databus.client._checkpoint_store import CheckpointStore
 from databus.client._consumer import CallbackResult, Consumer
-from databus.client._decode import ResponseDecoder
-from databus.client._dispatcher import Dispatcher
-from databus.client._events import DataEvent, Window
-from databus.client._relay_puller import RelayPuller
+from databus.client._decode import Framing, ResponseDecoder
+from databus.client._dispatcher import Dispatcher, checkpoint_scn
+from databus.client._events import BootstrapMark, DataEvent, EndOfWindow, Item, Window
+from databus.client._relay_puller import FellOffRelay, RelayPuller
 from databus.client._runner import Outcome, Runner
 from databus.errors import DatabusError, EventFormatError
 from databus.filters import FilterSpec
@@ -49,6 +52,23 @@ class RetryBudgetExhausted(DatabusError):
     """The same failure kept coming back after ``retry_budget`` rollbacks."""
 
     code = "retry_budget_exhausted"
+
+
+class _ReplayFromCommitted(DatabusError):
+    """The pull loop cannot go on from where it is: roll back and replay (not a
+    consumer failure, so it costs no retry)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Pullers:
+    """What a pull task works with."""
+
+    relay: RelayPuller
+    bootstrap: BootstrapPuller | None
+    decoder: ResponseDecoder
+    codec: AvroCodec
+    runner: Runner
+    budget: _ByteBudget
 
 
 @dataclass
@@ -67,6 +87,11 @@ class ClientMetrics:
     started_at: float = 0.0
     # True when the last poll found nothing new and everything fetched was dispatched.
     caught_up: bool = False
+    # Bootstrap conversations started, and whether one is being pulled (with its phase:
+    # "snapshot" or "catchup"); the consumer may still be behind the pull.
+    bootstraps: int = 0
+    bootstrapping: bool = False
+    bootstrap_phase: str | None = None
 
     @property
     def lag_scn(self) -> int | None:
@@ -100,6 +125,8 @@ class ClientMetrics:
             ("rollbacks_total", "counter", self.rollbacks),
             ("errors_total", "counter", self.errors),
             ("relay_failovers_total", "counter", self.failovers),
+            ("bootstraps_total", "counter", self.bootstraps),
+            ("bootstrapping", "gauge", int(self.bootstrapping)),
             ("lag_scn", "gauge", self.lag_scn or 0),
             ("lag_ms", "gauge", self.lag_ms or 0),
             ("events_per_second", "gauge", round(self.events_per_second, 3)),
@@ -108,6 +135,10 @@ class ClientMetrics:
         for name, kind, value in rows:
             out += [f"# TYPE databus_client_{name} {kind}",
                     f"databus_client_{name}{label} {value}"]
+        out.append("# TYPE databus_client_bootstrap_phase gauge")
+        for phase in ("snapshot", "catchup"):
+            out.append(f'databus_client_bootstrap_phase{{client="{client}",phase="{phase}"}} '
+                       f"{int(self.bootstrap_phase == phase)}")
         return "\n".join(out) + "\n"
 
 
@@ -225,8 +256,8 @@ class DatabusClient:
         self.relays = list(relays)
         self.sources = list(sources)
         self.checkpoint_store = checkpoint_store
-        # The switch-over to a bootstrap service on scn_not_found arrives with the
-        # bootstrap service; until then a fall-off is a FellOffRelay error either way.
+        # With bootstrap URLs, scn_not_found (and a start without a checkpoint) goes
+        # to the bootstrap service; without, scn_not_found raises FellOffRelay.
         self.bootstrap = list(bootstrap)
         spec = FilterSpec.parse(filter) if filter is not None else FilterSpec()
         self.filter = spec
@@ -277,14 +308,19 @@ class DatabusClient:
         outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
         store = self.checkpoint_store
         stored = await asyncio.to_thread(store.load) if store is not None else None
-        committed = stored.window_scn if stored is not None and stored.window_scn >= 0 else None
+        if stored is not None and stored.mode is not Mode.ONLINE and not self.bootstrap:
+            raise BootstrapError(
+                f"the stored checkpoint is in the middle of a bootstrap ({stored.dumps()}): "
+                "configure the bootstrap service (DatabusClient(bootstrap=[...])) to finish it"
+            )
+        committed = checkpoint_scn(stored) if stored is not None else None
         start = stored or (Checkpoint.flexible() if self.start_from == "earliest"
                            else Checkpoint.latest())
         self.metrics = ClientMetrics(started_at=time.monotonic(), committed_scn=committed,
                                      consumer_scn=committed)
         writer = _CheckpointWriter(store)
         budget = _ByteBudget(self.max_buffered_bytes)
-        dispatcher = Dispatcher(committed_scn=committed, checkpoint_every=self.checkpoint_every)
+        dispatcher = Dispatcher(committed=stored, checkpoint_every=self.checkpoint_every)
         metrics = self.metrics
 
         def report(outcome: Outcome) -> None:  # runs in the runner thread
@@ -295,11 +331,11 @@ class DatabusClient:
                 metrics.windows += 1
                 metrics.consumer_scn = outcome.scn
             elif kind == "commit":
-                assert outcome.scn is not None
+                assert outcome.scn is not None and outcome.checkpoint is not None
                 metrics.committed_scn = outcome.scn
                 metrics.consumer_scn = max(metrics.consumer_scn or 0, outcome.scn)
                 # Straight to the writer: a commit must not wait in the loop's queue.
-                writer.submit(Checkpoint(outcome.scn))
+                writer.submit(outcome.checkpoint)
             else:
                 loop.call_soon_threadsafe(self._on_outcome, outcome, outcomes, budget)
 
@@ -309,20 +345,22 @@ class DatabusClient:
         decoder = ResponseDecoder(codec, reader_schemas=self.reader_schemas)
         error: BaseException | None = None
         retries = 0
-        failed_at: int | None = None
+        commits_at_failure = -1
         position = start
+        filter_json = None if self.filter.is_empty else self.filter.to_json_text()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
-            puller = RelayPuller(
-                self.relays, self.sources, session,
-                filter_json=None if self.filter.is_empty else self.filter.to_json_text(),
-                backoff_initial=self.backoff_initial, backoff_max=self.backoff_max,
+            pullers = _Pullers(
+                RelayPuller(self.relays, self.sources, session, filter_json=filter_json,
+                            backoff_initial=self.backoff_initial, backoff_max=self.backoff_max),
+                BootstrapPuller(self.bootstrap, self.sources, session, filter_json=filter_json,
+                                backoff_initial=self.backoff_initial,
+                                backoff_max=self.backoff_max) if self.bootstrap else None,
+                decoder, codec, runner, budget,
             )
             gen = runner.start()
             try:
                 while not self._stop_requested.is_set():
-                    pull = asyncio.create_task(
-                        self._pull(puller, decoder, codec, runner, gen, position, budget)
-                    )
+                    pull = asyncio.create_task(self._pull(pullers, gen, position))
                     watchdog = asyncio.create_task(self._watch(runner))
                     stop_wait = asyncio.create_task(self._wake.wait())
                     next_outcome = asyncio.create_task(self._next_failure(outcomes, writer))
@@ -334,42 +372,50 @@ class DatabusClient:
                     for task in (pull, watchdog, stop_wait, next_outcome):
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await task
-                    metrics.failovers = puller.failovers
-                    if pull in done and pull.exception() is not None:
+                    metrics.failovers = pullers.relay.failovers
+                    if pull in done and isinstance(pull.exception(), _ReplayFromCommitted):
+                        # Not a consumer failure: no error, no retry counted.
+                        await asyncio.to_thread(runner.abandon)
+                        outcome = Outcome("rollback", error=pull.exception())
+                    elif pull in done and pull.exception() is not None:
                         error = pull.exception()
                         break
-                    if next_outcome not in done or next_outcome.cancelled():
+                    elif next_outcome not in done or next_outcome.cancelled():
                         continue  # stop requested
-                    outcome = next_outcome.result()
-                    if outcome.kind == "fatal":
-                        error = outcome.error or DatabusError("a consumer answered ERROR_FATAL")
-                        break
-                    if outcome.kind == "writer":
-                        error = outcome.error
-                        break
-                    # Rollback: replay from the last committed checkpoint.
+                    else:
+                        outcome = next_outcome.result()
+                        if outcome.kind == "fatal":
+                            error = outcome.error or DatabusError(
+                                "a consumer answered ERROR_FATAL")
+                            break
+                        if outcome.kind == "writer":
+                            error = outcome.error
+                            break
+                        # A consumer failure: replay from the last committed checkpoint,
+                        # within the budget of rollbacks without a commit in between.
+                        metrics.errors += 1
+                        if dispatcher.commits > commits_at_failure:
+                            retries = 0
+                        commits_at_failure = dispatcher.commits
+                        retries += 1
+                        if retries > self.retry_budget:
+                            metrics.rollbacks += 1
+                            error = RetryBudgetExhausted(
+                                f"gave up after {self.retry_budget} rollbacks; last error: "
+                                f"{outcome.error}"
+                            )
+                            error.__cause__ = outcome.error
+                            break
                     metrics.rollbacks += 1
-                    metrics.errors += 1
-                    if failed_at is not None and (dispatcher.committed_scn or -1) > failed_at:
-                        retries = 0
-                    failed_at = outcome.scn if outcome.scn is not None else failed_at
-                    retries += 1
-                    if retries > self.retry_budget:
-                        error = RetryBudgetExhausted(
-                            f"gave up after {self.retry_budget} rollbacks; last error: "
-                            f"{outcome.error}"
-                        )
-                        error.__cause__ = outcome.error
-                        break
-                    replay_from = runner.rollback_dispatcher()
+                    replay_scn, replay_from = runner.rollback_dispatcher()
                     budget.reset()
-                    position = Checkpoint(replay_from) if replay_from is not None else start
+                    position = replay_from or start
                     decoder.reset()
-                    log.warning("rolling back to SCN %s after: %s (retry %d of %d)",
-                                replay_from, outcome.error, retries, self.retry_budget)
+                    log.warning("rolling back to %s after: %s (retry %d of %d)",
+                                position.dumps(), outcome.error, retries, self.retry_budget)
                     await asyncio.sleep(min(self.backoff_max,
-                                            self.backoff_initial * 2 ** (retries - 1)))
-                    gen = runner.start(rollback_to=replay_from, announce_rollback=True)
+                                            self.backoff_initial * 2 ** max(0, retries - 1)))
+                    gen = runner.start(rollback_to=replay_scn, announce_rollback=True)
             finally:
                 runner.stop()
                 # The store belongs to the caller, who closes it; it may be reused.
@@ -408,17 +454,21 @@ class DatabusClient:
             await asyncio.sleep(interval)
             runner.check_timeouts()
 
-    async def _pull(
-        self,
-        puller: RelayPuller,
-        decoder: ResponseDecoder,
-        codec: AvroCodec,
-        runner: Runner,
-        gen: int,
-        position: Checkpoint,
-        budget: _ByteBudget,
-    ) -> None:
+    async def _pull(self, p: _Pullers, gen: int, position: Checkpoint) -> None:
+        """Relay and bootstrap in turn: a bootstrap ends at an online checkpoint the
+        relay serves from, and falling off the relay starts a bootstrap."""
+        fell_off = position.mode is not Mode.ONLINE or position.window_scn == FLEXIBLE_SCN
+        while True:
+            if fell_off and p.bootstrap is not None:
+                position = await self._pull_bootstrap(p, p.bootstrap, gen, position)
+            position = await self._pull_relay(p, gen, position)
+            fell_off = True  # the relay loop returns only then
+
+    async def _pull_relay(self, p: _Pullers, gen: int, position: Checkpoint) -> Checkpoint:
+        """Pull from the relays until the position falls off them; then return it
+        (whole windows) for a bootstrap, or raise ``FellOffRelay`` if there is none."""
         metrics = self.metrics
+        puller, decoder, codec, budget = p.relay, p.decoder, p.codec, p.budget
         decoder.reset(at_window_start=position.window_offset < 0)
         decoder.verify_windows = await self._can_verify_windows(puller)
         min_request = 64 * 1024
@@ -426,8 +476,19 @@ class DatabusClient:
         while True:
             await budget.wait_for(min(min_request, want))
             max_bytes = max(min(want, budget.free), 1)
-            batch = await puller.fetch(position, max_bytes=max_bytes,
-                                       wait_ms=self.poll_wait_ms)
+            try:
+                batch = await puller.fetch(position, max_bytes=max_bytes,
+                                           wait_ms=self.poll_wait_ms)
+            except FellOffRelay as exc:
+                if p.bootstrap is None:
+                    raise
+                if position.window_offset >= 0:
+                    # Part of that window was delivered already: undo it with a
+                    # rollback, and bootstrap from the last committed window instead.
+                    raise _ReplayFromCommitted(str(exc)) from exc
+                log.warning("fell off the relay at SCN %d (its oldest window is %s): "
+                            "bootstrapping", position.window_scn, exc.min_scn)
+                return position
             if batch.max_scn is not None:
                 metrics.relay_max_scn = batch.max_scn
             if batch.pending_event_size is not None:
@@ -447,14 +508,85 @@ class DatabusClient:
                 log.warning("relay %s sent a bad body (%s); asking again", batch.relay, exc)
                 await puller.failed(exc)
                 continue
-            metrics.events += sum(1 for i in items if isinstance(i, DataEvent))
-            for item in reversed(items):
-                if not isinstance(item, DataEvent):
-                    metrics.last_window_timestamp_ns = item.timestamp_ns
-                    break
-            budget.take(len(batch.body))
-            runner.submit(items, gen, len(batch.body))
+            self._submit(p, gen, items, len(batch.body))
             position = batch.checkpoint
+
+    async def _pull_bootstrap(
+        self, p: _Pullers, puller: BootstrapPuller, gen: int, position: Checkpoint
+    ) -> Checkpoint:
+        """One bootstrap conversation, from ``position`` (online: a snapshot or delta
+        since it; bootstrap: resumed) to the online checkpoint it ends at."""
+        metrics = self.metrics
+        decoder, codec = p.decoder, p.codec
+        metrics.bootstraps += 1
+        metrics.bootstrapping = True
+        metrics.caught_up = False
+        log.info("bootstrapping from %s", position.dumps())
+        # A source the relays do not have is a mistake to report now; one only the
+        # bootstrap store lacks is waited for (the puller retries).
+        await p.relay.catalog()
+        decoder.reset()
+        p.runner.submit([BootstrapMark(end=False)], gen, 0)
+        want = self.max_request_bytes
+        while True:
+            await p.budget.wait_for(min(64 * 1024, want))
+            batch = await puller.fetch(position, max_bytes=max(min(want, p.budget.free), 1))
+            if batch.pending_event_size is not None:
+                want = batch.pending_event_size
+                continue
+            want = self.max_request_bytes
+            done = batch.phase == "done"
+            if not decoder.in_window:
+                decoder.framing = (Framing.CATCHUP if _only_catchup(position, batch.checkpoint)
+                                   else Framing.SNAPSHOT)
+            items: list[Item] = []
+            try:
+                if batch.body:
+                    for fp in decoder.missing_fingerprints(batch.body):
+                        codec.add(await puller.schema(fp))
+                    items = decoder.decode(batch.body, batch.source_names)
+            except EventFormatError as exc:
+                log.warning("bootstrap service %s sent a bad body (%s); asking again",
+                            batch.server, exc)
+                await puller.failed(exc)
+                continue
+            if done and decoder.in_window:
+                raise BootstrapError(f"bootstrap service {batch.server} ended the bootstrap "
+                                     "inside a window (no EOW after its last events)")
+            checkpoint = batch.checkpoint
+            if not decoder.in_window:
+                # The response's checkpoint is committed after its last window; an
+                # answer without one still moves the committed checkpoint on.
+                if items and isinstance(items[-1], EndOfWindow):
+                    items[-1].checkpoint = checkpoint
+                elif checkpoint != position or done:
+                    scn = checkpoint_scn(checkpoint)
+                    if scn is not None:
+                        items.append(EndOfWindow(scn, 0, 0, checkpoint))
+            if done:
+                items.append(BootstrapMark(end=True))
+                metrics.bootstrapping = False
+                metrics.bootstrap_phase = None
+            else:
+                metrics.bootstrap_phase = batch.phase
+            if items:
+                self._submit(p, gen, items, len(batch.body))
+            if checkpoint == position and not done and not batch.body:
+                await asyncio.sleep(self.backoff_initial)  # nothing yet: do not spin
+            position = checkpoint
+            if done:
+                log.info("bootstrap done at %s; back to the relay", position.dumps())
+                return position
+
+    def _submit(self, p: _Pullers, gen: int, items: list[Item], nbytes: int) -> None:
+        metrics = self.metrics
+        metrics.events += sum(1 for i in items if isinstance(i, DataEvent))
+        for item in reversed(items):
+            if isinstance(item, EndOfWindow) and item.timestamp_ns:
+                metrics.last_window_timestamp_ns = item.timestamp_ns
+                break
+        p.budget.take(nbytes)
+        p.runner.submit(items, gen, nbytes)
 
     async def _can_verify_windows(self, puller: RelayPuller) -> bool:
         """Window checksums can be checked only when every event of a window arrives:
@@ -497,6 +629,16 @@ class DatabusClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             self._consumers.remove(collector)
+
+
+def _only_catchup(sent: Checkpoint, got: Checkpoint) -> bool:
+    """True when a bootstrap response can hold only catch-up windows: it began and
+    ended in the catch-up of the same sources. A response may cross phases (the end of
+    one source's catch-up, the next source's snapshot), and snapshot framing frames
+    catch-up windows right too, so it is the one used whenever in doubt."""
+    return (sent.mode is Mode.BOOTSTRAP_CATCHUP and got.mode is Mode.BOOTSTRAP_CATCHUP
+            and sent.bootstrap_source_index == got.bootstrap_source_index
+            and sent.bootstrap_start_scn == got.bootstrap_start_scn)
 
 
 class _WindowCollector(Consumer):

@@ -4,14 +4,20 @@ Every event's CRCs are checked. When a window arrives whole and unfiltered, its 
 count and checksum are checked too: a relay that serves a window with an event missing
 or reordered is caught here. A body that fails any check is rejected whole, and the
 caller asks again (from the same checkpoint, possibly from another relay).
+
+Bootstrap bodies use the same format but another framing (``Framing``): in a snapshot
+batch the rows keep their own SCNs and only the EOW (carrying the snapshot's SCN) ends a
+window, so the decoder emits ``StartOfWindow`` once it has seen that EOW. Bootstrap
+windows are never checked against their EOW: the server builds them from stored rows.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping
+from enum import Enum
 
-from databus.client._events import DataEvent, EndOfWindow
+from databus.client._events import DataEvent, EndOfWindow, Item, StartOfWindow
 from databus.errors import EventFormatError
 from databus.event import (
     EOW_SOURCE_ID,
@@ -25,10 +31,15 @@ from databus.event import (
 )
 from databus.schemas import AvroCodec, Schema
 
-Item = DataEvent | EndOfWindow
 _EOW = struct.Struct(">II")
 # An int key's bytes are the partition key itself (event.py), so no decode is needed.
 _INT_KEY = int(KeyKind.INT)
+
+
+class Framing(Enum):
+    RELAY = "relay"  # a window is a run of one SCN, ended by its EOW
+    CATCHUP = "catchup"  # bootstrap catch-up: relay framing, events from bootstrap
+    SNAPSHOT = "snapshot"  # bootstrap snapshot: a window is everything up to an EOW
 
 
 class ResponseDecoder:
@@ -44,16 +55,27 @@ class ResponseDecoder:
         self.codec = codec
         self.reader_schemas = dict(reader_schemas or {})
         self.verify_windows = verify_windows
+        self.framing = Framing.RELAY
         self._window: int | None = None
         self._check = WindowChecksum()
         self._whole = False
+        self._pending: list[DataEvent] = []  # a snapshot window's events before its EOW
 
-    def reset(self, *, at_window_start: bool = True) -> None:
+    def reset(self, *, at_window_start: bool = True, framing: Framing = Framing.RELAY) -> None:
         """A new pull position: a window in progress is abandoned. ``at_window_start``
         is False when the position is inside a window (its start was not seen)."""
+        self.framing = framing
         self._window = None
         self._check = WindowChecksum()
         self._whole = at_window_start
+        self._pending = []
+
+    @property
+    def in_window(self) -> bool:
+        """True when the bodies so far ended inside a window (before its EOW)."""
+        if self.framing is Framing.SNAPSHOT:
+            return bool(self._pending)
+        return self._window is not None and self._check.count > 0
 
     def missing_fingerprints(self, body: bytes) -> set[int]:
         """Schema fingerprints used in ``body`` that the codec cannot resolve yet."""
@@ -67,11 +89,13 @@ class ResponseDecoder:
     def decode(self, body: bytes, source_names: Mapping[int, str]) -> list[Item]:
         """All items of ``body``; raises ``EventFormatError`` if any check fails (the
         decoder's window state is then unchanged, so the body can be fetched again)."""
-        saved = (self._window, self._check.count, self._check.crc, self._whole)
+        saved = (self._window, self._check.count, self._check.crc, self._whole,
+                 list(self._pending))
         try:
             return list(self._decode(body, source_names))
         except BaseException:
-            self._window, self._check.count, self._check.crc, self._whole = saved
+            (self._window, self._check.count, self._check.crc, self._whole,
+             self._pending) = saved
             raise
 
     def _decode(self, body: bytes, source_names: Mapping[int, str]) -> Iterable[Item]:
@@ -80,11 +104,15 @@ class ResponseDecoder:
         codec_decode = self.codec.decode
         codec_schema = self.codec.schema
         readers = self.reader_schemas
-        verify = self.verify_windows
+        framing = self.framing
+        snapshot = framing is Framing.SNAPSHOT
+        bootstrap = framing is not Framing.RELAY
+        verify = self.verify_windows and not bootstrap
+        pending = self._pending
         check = self._check
         for offset, header in iter_events(body):
             scn = header.scn
-            if scn != self._window:
+            if scn != self._window and not snapshot:
                 if self._window is not None and check.count:
                     # A new window began before the previous one's EOW: torn stream.
                     raise EventFormatError(
@@ -107,6 +135,11 @@ class ResponseDecoder:
                     )
                 self._window = None
                 self._whole = True
+                if pending:
+                    # A snapshot window: only now is its SCN known.
+                    yield StartOfWindow(scn)
+                    yield from pending
+                    pending.clear()
                 yield EndOfWindow(scn, header.timestamp_ns, count)
                 continue
             if source_id < 0:
@@ -124,7 +157,7 @@ class ResponseDecoder:
             reader = readers.get(source)
             value = codec_decode(body[key_end:end], fp, reader) if end > key_end else None
             kind = header.flags & KEY_KIND_MASK
-            yield DataEvent(
+            event = DataEvent(
                 scn,
                 source,
                 header.op,
@@ -134,5 +167,9 @@ class ResponseDecoder:
                 header.timestamp_ns,
                 reader if reader is not None else codec_schema(fp) if fp else None,
                 header.partition_key,
-                bool(header.flags & FLAG_FROM_SNAPSHOT),
+                bootstrap or bool(header.flags & FLAG_FROM_SNAPSHOT),
             )
+            if snapshot:
+                pending.append(event)
+            else:
+                yield event

@@ -19,6 +19,11 @@ it may span several relay responses). Rules:
   (``on_checkpoint``), which may veto it with SKIP_CHECKPOINT, then committed.
 - ERROR (or an exception, or a blown time budget) from any callback: ROLLBACK to the
   last committed checkpoint; ERROR_FATAL: FATAL.
+- Bootstrap (``BootstrapMark`` items, between windows only) makes ``on_start_bootstrap``
+  and ``on_end_bootstrap``. A snapshot window is opened by ``StartOfWindow`` and its
+  events keep their own SCNs. While bootstrapping, only a window whose EOW carries a
+  checkpoint (the last of a response) can be committed, and that checkpoint is the one
+  committed; CHECKPOINT / SKIP_CHECKPOINT answers wait for that window.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 
+from databus.checkpoint import Checkpoint, Mode
 from databus.client._consumer import CallbackResult
-from databus.client._events import DataEvent, EndOfWindow
+from databus.client._events import DataEvent, EndOfWindow, Item, StartOfWindow
 from databus.schemas import Schema
 
 
@@ -38,11 +44,23 @@ class CallKind(Enum):
     END_SOURCE = auto()
     END_WINDOW = auto()
     CHECKPOINT = auto()
+    START_BOOTSTRAP = auto()
+    END_BOOTSTRAP = auto()
+
+
+def checkpoint_scn(checkpoint: Checkpoint) -> int | None:
+    """The SCN a checkpoint stands for: the last whole window, or for a snapshot in
+    progress the snapshot's SCN; None before anything."""
+    if checkpoint.mode is Mode.BOOTSTRAP_SNAPSHOT:
+        return checkpoint.bootstrap_start_scn
+    return checkpoint.window_scn if checkpoint.window_scn >= 0 else None
 
 
 @dataclass(slots=True)
 class Call:
-    """One callback to make: ``kind`` with its argument (an SCN, a source, an event)."""
+    """One callback to make: ``kind`` with its argument (an SCN, a source, an event).
+    A CHECKPOINT call carries the checkpoint to commit; an END_WINDOW call the one its
+    EOW carried, if any."""
 
     kind: CallKind
     scn: int
@@ -52,45 +70,66 @@ class Call:
     # A checkpoint after a window that delivered nothing: committed without asking
     # the consumer (the runner answers SUCCESS for it without calling anyone).
     quiet: bool = False
+    checkpoint: Checkpoint | None = None
 
 
 class Step(Enum):
     CONTINUE = auto()
-    COMMIT = auto()  # persist a checkpoint at the SCN of the call, then continue
+    COMMIT = auto()  # persist the call's checkpoint, then continue
     ROLLBACK = auto()  # roll back to ``committed_scn`` and replay from there
     FATAL = auto()
 
 
 class Dispatcher:
-    """The state machine. ``committed_scn`` is the SCN of the last committed checkpoint
-    (the replay point); ``done_scn`` the last window completely and successfully
-    delivered; ``None`` means "before anything" for both."""
+    """The state machine. ``committed`` is the last committed checkpoint (the replay
+    point) and ``committed_scn`` its SCN; ``done_scn`` is the last window completely and
+    successfully delivered; ``None`` means "before anything" for all three. ``commits``
+    counts commits, so the client can tell progress when SCNs stand still (a snapshot's
+    windows all share one)."""
 
-    def __init__(self, *, committed_scn: int | None = None, checkpoint_every: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        committed_scn: int | None = None,
+        checkpoint_every: int = 1,
+        committed: Checkpoint | None = None,
+    ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be >= 1")
+        if committed is not None and committed_scn is None:
+            committed_scn = checkpoint_scn(committed)
+        elif committed is None and committed_scn is not None:
+            committed = Checkpoint(committed_scn)
         self.checkpoint_every = checkpoint_every
+        self.committed = committed
         self.committed_scn = committed_scn
         self.done_scn = committed_scn
+        self.commits = 0
         self._window: int | None = None
+        self._loose = False  # the open window's events keep SCNs of their own
         self._source: str | None = None
         self._force = False
         self._skip = False
+        self._offer = False  # a bootstrap window delivered events since the last commit
         self._since_checkpoint = 0
+        self._bootstrapping = False
 
     @property
     def in_window(self) -> bool:
         return self._window is not None
 
-    def feed(self, item: DataEvent | EndOfWindow) -> list[Call]:
+    @property
+    def bootstrapping(self) -> bool:
+        return self._bootstrapping
+
+    def feed(self, item: Item) -> list[Call]:
         """The calls to make for one incoming item."""
         calls: list[Call] = []
         if isinstance(item, DataEvent):
             if self._window is None:
                 self._window = item.scn
-                self._force = self._skip = False
                 calls.append(Call(CallKind.START_WINDOW, item.scn))
-            elif item.scn != self._window:
+            elif item.scn != self._window and not self._loose:
                 raise ValueError(f"event of window {item.scn} inside window {self._window}")
             if item.source != self._source:
                 if self._source is not None:
@@ -100,17 +139,28 @@ class Dispatcher:
                                   schema=item.schema))
             calls.append(Call(CallKind.DATA, item.scn, item.source, item))
             return calls
-        # End of window.
-        if self._window is None:
-            # Nothing of this window was delivered: no callbacks, but the position moves.
-            self._finish_window(item.scn)
-            return self._due_checkpoint(item.scn, offer=False)
-        if item.scn != self._window:
-            raise ValueError(f"end of window {item.scn} inside window {self._window}")
-        if self._source is not None:
-            calls.append(Call(CallKind.END_SOURCE, item.scn, self._source))
-        calls.append(Call(CallKind.END_WINDOW, item.scn))
-        return calls
+        if isinstance(item, EndOfWindow):
+            if self._window is None:
+                # Nothing of this window was delivered: no callbacks, but the position moves.
+                self._finish_window(item.scn)
+                return self._due_checkpoint(item.scn, item.checkpoint, offer=False)
+            if item.scn != self._window:
+                raise ValueError(f"end of window {item.scn} inside window {self._window}")
+            if self._source is not None:
+                calls.append(Call(CallKind.END_SOURCE, item.scn, self._source))
+            calls.append(Call(CallKind.END_WINDOW, item.scn, checkpoint=item.checkpoint))
+            return calls
+        if self._window is not None:
+            raise ValueError(f"{type(item).__name__} inside window {self._window}")
+        if isinstance(item, StartOfWindow):
+            self._window = item.scn
+            self._loose = True
+            return [Call(CallKind.START_WINDOW, item.scn)]
+        scn = self.done_scn if self.done_scn is not None else -1
+        if item.end:
+            return [Call(CallKind.END_BOOTSTRAP, scn)]
+        self._bootstrapping = True
+        return [Call(CallKind.START_BOOTSTRAP, scn)]
 
     def result(self, call: Call, result: CallbackResult) -> tuple[Step, list[Call]]:
         """What to do after ``call`` answered ``result``: a step and follow-up calls."""
@@ -118,25 +168,33 @@ class Dispatcher:
             return Step.FATAL, []
         if result is CallbackResult.ERROR:
             return Step.ROLLBACK, []
-        if call.kind is CallKind.CHECKPOINT:
+        kind = call.kind
+        if kind is CallKind.CHECKPOINT:
             if result is CallbackResult.SKIP_CHECKPOINT:
                 return Step.CONTINUE, []
-            self._commit(call.scn)
+            self._commit(call)
             return Step.COMMIT, []
+        if kind is CallKind.START_BOOTSTRAP or kind is CallKind.END_BOOTSTRAP:
+            if kind is CallKind.END_BOOTSTRAP:
+                self._bootstrapping = self._offer = False
+            return Step.CONTINUE, []  # no window to checkpoint: CHECKPOINT/SKIP mean nothing
         if result is CallbackResult.CHECKPOINT:
             self._force = True
         elif result is CallbackResult.SKIP_CHECKPOINT:
             self._skip = True
-        if call.kind is CallKind.END_WINDOW:
+        if kind is CallKind.END_WINDOW:
             self._window = self._source = None
+            self._loose = False
             self._finish_window(call.scn)
-            return Step.CONTINUE, self._due_checkpoint(call.scn, offer=True)
+            return Step.CONTINUE, self._due_checkpoint(call.scn, call.checkpoint, offer=True)
         return Step.CONTINUE, []
 
     def rollback(self) -> int | None:
-        """Forget the window in progress; replay starts after ``committed_scn``."""
+        """Forget the window in progress; replay starts after ``committed_scn`` (from
+        ``committed``), and a replay into bootstrap announces it again."""
         self._window = self._source = None
-        self._force = self._skip = False
+        self._loose = self._force = self._skip = self._offer = False
+        self._bootstrapping = False
         self._since_checkpoint = 0
         self.done_scn = self.committed_scn
         return self.committed_scn
@@ -147,13 +205,23 @@ class Dispatcher:
         self.done_scn = scn
         self._since_checkpoint += 1
 
-    def _due_checkpoint(self, scn: int, *, offer: bool) -> list[Call]:
+    def _due_checkpoint(self, scn: int, checkpoint: Checkpoint | None, *, offer: bool
+                        ) -> list[Call]:
+        if checkpoint is None and self._bootstrapping:
+            # Only a bootstrap response's last window knows its checkpoint: answers
+            # and the consumer's work wait for that one.
+            self._offer = self._offer or offer
+            return []
+        offer = offer or self._offer
         skip, force = self._skip, self._force
-        self._skip = self._force = False
+        self._skip = self._force = self._offer = False
         if skip or not (force or self._since_checkpoint >= self.checkpoint_every):
             return []
-        return [Call(CallKind.CHECKPOINT, scn, quiet=not offer)]
+        return [Call(CallKind.CHECKPOINT, scn, quiet=not offer,
+                     checkpoint=checkpoint if checkpoint is not None else Checkpoint(scn))]
 
-    def _commit(self, scn: int) -> None:
-        self.committed_scn = scn
+    def _commit(self, call: Call) -> None:
+        self.committed_scn = call.scn
+        self.committed = call.checkpoint if call.checkpoint is not None else Checkpoint(call.scn)
+        self.commits += 1
         self._since_checkpoint = 0

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from databus.checkpoint import Checkpoint
 from databus.event import Key, Op
 from databus.schemas import Schema
 
@@ -41,11 +42,31 @@ class DataEvent:
 
 @dataclass(slots=True)
 class EndOfWindow:
-    """The end of window ``scn``: ``event_count`` events were in it (before filtering)."""
+    """The end of window ``scn``: ``event_count`` events were in it (before filtering).
+
+    ``checkpoint`` is what to commit after this window when it is not the online
+    checkpoint at ``scn``: a bootstrap response's checkpoint rides on its last window.
+    """
 
     scn: int
     timestamp_ns: int
     event_count: int
+    checkpoint: Checkpoint | None = None
+
+
+@dataclass(slots=True)
+class StartOfWindow:
+    """Opens window ``scn`` whose events keep SCNs of their own (a bootstrap snapshot
+    batch); relay windows need no such marker, their first event opens them."""
+
+    scn: int
+
+
+@dataclass(slots=True)
+class BootstrapMark:
+    """Not a row: the bootstrap begins (``end`` False) or has delivered its last window."""
+
+    end: bool
 
 
 @dataclass(slots=True)
@@ -59,3 +80,7 @@ class Window:
     @property
     def sources(self) -> list[str]:
         return list(dict.fromkeys(e.source for e in self.events))
+
+
+# What the decoder and the pull loop hand to the dispatcher.
+Item = DataEvent | EndOfWindow | StartOfWindow | BootstrapMark

@@ -1,36 +1,24 @@
 """Pulling from relays: long-polls over persistent connections, failover, schemas.
 
-One ``RelayPuller`` per client. It starts at a random relay and, on a connection error,
-a 5xx or a body that fails its checks, moves to the next relay round-robin, sleeping
-with exponential backoff once every relay has failed in a row. Checkpoints are portable
-across relays, and source ids are not: the puller keeps each relay's own name <-> id map
-(from ``/v1/sources``) and hands it out with every body.
+One ``RelayPuller`` per client. Failover and backoff (``_failover.py``): it starts at a
+random relay and, on a connection error, a 5xx or a body that fails its checks, moves to
+the next relay round-robin. Checkpoints are portable across relays, and source ids are
+not: the puller keeps each relay's own name <-> id map (from ``/v1/sources``) and hands
+it out with every body.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import aiohttp
 
 from databus.checkpoint import Checkpoint
-from databus.errors import (
-    ConnectionLostError,
-    DatabusError,
-    ScnNotFoundError,
-    UnknownSchemaError,
-    UnknownSourceError,
-)
+from databus.client._failover import FailoverPuller
+from databus.errors import DatabusError, ScnNotFoundError
 from databus.schemas import Schema
-
-log = logging.getLogger("databus.client")
-T = TypeVar("T")
 
 
 class FellOffRelay(DatabusError):
@@ -68,7 +56,10 @@ class Batch:
     pending_event_size: int | None
 
 
-class RelayPuller:
+class RelayPuller(FailoverPuller):
+    service = "relay"
+    error_class = RelayError
+
     def __init__(
         self,
         relays: Sequence[str],
@@ -81,69 +72,21 @@ class RelayPuller:
         request_timeout: float = 30.0,
         rng: random.Random | None = None,
     ) -> None:
-        if not relays:
-            raise ValueError("at least one relay URL is needed")
-        self.relays = [r.rstrip("/") for r in relays]
+        super().__init__(relays, session, backoff_initial=backoff_initial,
+                         backoff_max=backoff_max, request_timeout=request_timeout, rng=rng)
         self.sources = list(sources)
-        self.session = session
         self.filter_json = filter_json
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.request_timeout = request_timeout
-        self._index = (rng or random.Random()).randrange(len(self.relays))
-        self._failures = 0
-        self._catalogs: dict[str, dict[int, str]] = {}
         self.buffer_sources: dict[str, set[str]] = {}
-        self.failovers = 0
-        self.last_error: BaseException | None = None
 
     @property
     def relay(self) -> str:
-        return self.relays[self._index]
+        return self.url
 
-    # -- failover ------------------------------------------------------------------
-
-    async def failed(self, error: BaseException) -> None:
-        """The current relay failed: move on, and back off after a full round."""
-        self.last_error = error
-        self._failures += 1
-        log.warning("relay %s failed (%s); trying the next one", self.relay, error)
-        self._catalogs.pop(self.relay, None)
-        self._index = (self._index + 1) % len(self.relays)
-        self.failovers += 1
-        rounds = self._failures // len(self.relays)
-        if rounds:
-            delay = min(self.backoff_max, self.backoff_initial * 2 ** (rounds - 1))
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-
-    # -- requests ------------------------------------------------------------------
-
-    async def _get_json(self, url: str) -> object:
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout)
-        async with self.session.get(url, timeout=timeout) as resp:
-            if resp.status >= 500:
-                raise ConnectionLostError(f"{url}: HTTP {resp.status}")
-            body = await resp.json(content_type=None)
-            if resp.status != 200:
-                raise _json_error(resp.status, body)
-            return body
-
-    async def _retrying(self, attempt: Callable[[str], Awaitable[T]]) -> T:
-        """Run ``attempt(relay_url)`` until one relay answers; retriable failures move
-        on to the next relay (with backoff after a full round), others are raised."""
-        while True:
-            try:
-                result = await attempt(self.relay)
-            except ScnNotFoundError:
-                raise
-            except (aiohttp.ClientError, TimeoutError, OSError, ConnectionLostError,
-                    KeyError, ValueError) as exc:
-                if isinstance(exc, DatabusError) and not exc.retriable:
-                    raise
-                await self.failed(exc)
-                continue
-            self._failures = 0
-            return result
+    def json_error(self, status: int, body: object) -> DatabusError:
+        error = super().json_error(status, body)
+        if status == 410 and not isinstance(error, ScnNotFoundError):
+            return ScnNotFoundError(error.message)  # a relay's 410 is always a fall-off
+        return error
 
     async def catalog(self) -> dict[int, str]:
         """The current relay's source id -> name map (fetched once per relay)."""
@@ -159,9 +102,7 @@ class RelayPuller:
             for e in entries:
                 by_buffer.setdefault(str(e.get("buffer", "")), set()).add(str(e["name"]))
             self.buffer_sources = by_buffer
-            unknown = sorted(set(self.sources) - set(names.values()))
-            if unknown:
-                raise UnknownSourceError(f"relay {relay} has no source(s) {', '.join(unknown)}")
+            self._check_sources(relay, self.sources, names)
             self._catalogs[relay] = names
         return names
 
@@ -183,10 +124,7 @@ class RelayPuller:
             async with self.session.get(
                 f"{relay}/v1/stream", params=params, timeout=timeout
             ) as resp:
-                if resp.status >= 500:
-                    raise ConnectionLostError(f"relay {relay}: HTTP {resp.status}")
-                if resp.status != 200:
-                    raise _json_error(resp.status, await resp.json(content_type=None))
+                await self._check(resp)
                 body = await resp.read()
                 headers = resp.headers
             pending = headers.get("X-Databus-Pending-Event-Size")
@@ -215,16 +153,3 @@ class RelayPuller:
 
         return await self._retrying(attempt)
 
-
-def _json_error(status: int, body: object) -> DatabusError:
-    doc = body if isinstance(body, dict) else {}
-    code = str(doc.get("error", "http_error"))
-    message = str(doc.get("message", json.dumps(body)[:200]))
-    if code == "scn_not_found" or status == 410:
-        min_scn = doc.get("min_scn")
-        return ScnNotFoundError(message, min_scn=int(min_scn) if min_scn is not None else None)
-    if code == "unknown_source":
-        return UnknownSourceError(message)
-    if code == "unknown_schema":
-        return UnknownSchemaError(message)
-    return RelayError(f"relay answered {status} {code}: {message}")

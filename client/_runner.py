@@ -24,9 +24,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 
+from databus.checkpoint import Checkpoint
 from databus.client._consumer import CallbackResult, Consumer
-from databus.client._decode import Item
 from databus.client._dispatcher import Call, CallKind, Dispatcher, Step
+from databus.client._events import Item
 from databus.errors import DatabusError
 
 log = logging.getLogger("databus.client")
@@ -51,12 +52,12 @@ class Outcome:
 
     kind: str  # "commit", "window", "rollback", "fatal", "batch_done"
     scn: int | None = None
+    checkpoint: Checkpoint | None = None  # what a "commit" persists
     error: BaseException | None = None
     generation: int = 0
     nbytes: int = 0
     timestamp_ns: int = 0
     events: int = 0
-
 
 
 # (generation, items, bytes they came in); None tells the thread to stop.
@@ -69,7 +70,10 @@ _METHODS = {
     CallKind.END_SOURCE: "on_end_source",
     CallKind.END_WINDOW: "on_end_data_event_sequence",
     CallKind.CHECKPOINT: "on_checkpoint",
+    CallKind.START_BOOTSTRAP: "on_start_bootstrap",
+    CallKind.END_BOOTSTRAP: "on_end_bootstrap",
 }
+_NO_ARGS = (CallKind.START_BOOTSTRAP, CallKind.END_BOOTSTRAP)
 
 
 def _args(call: Call) -> tuple[object, ...]:
@@ -79,6 +83,8 @@ def _args(call: Call) -> tuple[object, ...]:
         return (call.source, call.schema)
     if call.kind is CallKind.END_SOURCE:
         return (call.source,)
+    if call.kind in _NO_ARGS:
+        return ()
     return (call.scn,)
 
 
@@ -157,10 +163,21 @@ class Runner:
         for pool in self._workers:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def rollback_dispatcher(self) -> int | None:
-        """Reset the dispatcher for a replay; returns the committed SCN to replay after."""
+    def abandon(self) -> None:
+        """End the current generation where it is and wait for its thread, so that no
+        late ``feed`` races the rollback that follows (blocking: call it off the loop)."""
+        with self._lock:
+            self.generation += 1
+        self._queue.put(None)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.callback_timeout)
+
+    def rollback_dispatcher(self) -> tuple[int | None, Checkpoint | None]:
+        """Reset the dispatcher for a replay; returns the committed SCN (for
+        ``on_rollback``) and checkpoint (to replay from)."""
         with self._lock:  # the runner thread applies results under the same lock
-            return self.dispatcher.rollback()
+            return self.dispatcher.rollback(), self.dispatcher.committed
 
     def check_timeouts(self) -> bool:
         """Abandon the generation if a callback has run past its budget (watchdog)."""
@@ -267,7 +284,8 @@ class Runner:
                 return None
             step, follow = self.dispatcher.result(call, result)
         if step is Step.COMMIT:
-            self._report(Outcome("commit", scn=call.scn, generation=gen))
+            self._report(Outcome("commit", scn=call.scn, checkpoint=call.checkpoint,
+                                 generation=gen))
         elif step is Step.ROLLBACK:
             self._report(Outcome("rollback", scn=call.scn, error=self.last_error,
                                  generation=gen))

@@ -2,9 +2,12 @@
 
 A SQLite database with trigger capture (the TxLog) is the source; a writer thread runs
 random shop transactions against it; a relay (in this process, on 127.0.0.1) pulls them
-with the trigger fetcher; a ``DatabusClient`` keeps a replica. At the end the writer
-stops, the consumer catches up, and the replica is compared with the source row by
-row. Nothing needs a server or root.
+with the trigger fetcher; a bootstrap service (SQLite store: producer, applier, server)
+keeps the long log and the snapshot; a ``DatabusClient`` keeps a replica from the
+start, and a second, late one joins half-way with no checkpoint: it starts from a
+snapshot of the bootstrap service, then follows the relay. At the end the writer stops,
+both consumers catch up, and both replicas are compared with the source row by row.
+Nothing needs a server or root.
 
 This module composes every part, so it imports them inside functions: the core
 package itself never depends on the relay or the client.
@@ -172,8 +175,9 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
     from rich.table import Table
 
     from databus import cli
+    from databus.bootstrap._service import build_app, open_configured_storage
     from databus.client import DatabusClient, FileCheckpointStore
-    from databus.config import BufferConfig, RelayConfig
+    from databus.config import BootstrapConfig, BufferConfig, RelayConfig
     from databus.relay._relay import Relay
     from databus.relay._server import create_app
 
@@ -212,12 +216,31 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
             return 1
         await asyncio.sleep(0.05)
 
+    boot_config = BootstrapConfig(storage=f"sqlite:///{base / 'bootstrap.db'}", port=0,
+                                  producer=_producer_config(url))
+    boot_storage = open_configured_storage(boot_config)
+    boot_runner = web.AppRunner(build_app(boot_config, boot_storage), access_log=None)
+    await boot_runner.setup()
+    boot_site = web.TCPSite(boot_runner, "127.0.0.1", 0)
+    await boot_site.start()
+    boot_url = f"http://127.0.0.1:{boot_runner.addresses[0][1]}"
+    console.print(f"bootstrap: {boot_url} (log writer, log applier, snapshot server;"
+                  f" {base / 'bootstrap.db'})")
+
+    sources = [f"shop.{t}" for t in TABLES]
     replica = Replica()
-    client = DatabusClient([url], sources=[f"shop.{t}" for t in TABLES],
+    client = DatabusClient([url], sources=sources, bootstrap=[boot_url],
                            checkpoint_store=FileCheckpointStore(base / "checkpoints"),
                            poll_wait_ms=500)
     client.register(make_consumer(replica))
     consumer_task = asyncio.create_task(client.run_async())
+    # Joins half-way with no checkpoint: a snapshot first, then the relay.
+    late_replica = Replica()
+    late = DatabusClient([url], sources=sources, bootstrap=[boot_url],
+                         checkpoint_store=FileCheckpointStore(base / "late-checkpoints"),
+                         poll_wait_ms=500)
+    late.register(make_consumer(late_replica))
+    late_task: asyncio.Task[None] | None = None
 
     workload = Workload(db, args.seed)
     stop_writing = threading.Event()
@@ -248,10 +271,22 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
         table.add_row("relay", f"{status['min_scn']}..{status['max_scn']}",
                       f"{status['windows']} windows, {status['used_bytes']:,} bytes, "
                       f"fetcher {fetcher.get('state')}")
+        boot = boot_storage.state()
+        table.add_row("bootstrap", f"{boot.applied_scn}/{boot.producer_scn}",
+                      f"applied/logged; {boot.log_windows} windows in the log, "
+                      f"{sum(boot.snapshot_rows.values())} rows in the snapshot")
         table.add_row("consumer", str(metrics.consumer_scn),
                       f"lag {metrics.lag_scn} SCN / {metrics.lag_ms or 0:.0f} ms, "
                       f"{metrics.events_per_second:.0f} events/s, "
                       f"{sum(len(t) for t in replica.tables.values())} rows in the replica")
+        if late_task is None:
+            table.add_row("late consumer", "-", "joins half-way")
+        else:
+            late_metrics = late.metrics
+            phase = "bootstrapping" if late_metrics.bootstrapping else "following the relay"
+            table.add_row("late consumer", str(late_metrics.consumer_scn),
+                          f"{phase}, {late_replica.events} events, "
+                          f"{sum(len(t) for t in late_replica.tables.values())} rows")
         return table
 
     ok = False
@@ -259,39 +294,62 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
         with Live(view("writing"), console=console, refresh_per_second=4) as live:
             while time.monotonic() - started < args.seconds:
                 await asyncio.sleep(0.25)
+                if late_task is None and time.monotonic() - started >= args.seconds / 2:
+                    late_task = asyncio.create_task(late.run_async())
                 live.update(view("writing"))
-                if consumer_task.done():
+                if consumer_task.done() or (late_task is not None and late_task.done()):
                     break
+            if late_task is None:
+                late_task = asyncio.create_task(late.run_async())
             stop_writing.set()
             writer.join()
             # Caught up when the replica equals the source (compared a few times a second).
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not consumer_task.done():
+            tasks = (consumer_task, late_task)
+            while time.monotonic() < deadline and not any(t.done() for t in tasks):
                 live.update(view("catching up"))
-                if not compare(source_rows(db), replica):
+                final = source_rows(db)
+                if not compare(final, replica) and not compare(final, late_replica):
                     break
                 await asyncio.sleep(0.25)
             live.update(view("done"))
-        if consumer_task.done():
-            consumer_task.result()  # raises what stopped the consumer
-        problems = compare(source_rows(db), replica)
-        rows = sum(len(t) for t in replica.tables.values())
-        if problems:
-            console.print(f"[red]replica differs from the source[/] ({len(problems)}):")
-            for line in problems[:10]:
-                console.print(f"  {line}")
-        else:
-            ok = True
-            console.print(
-                f"[green]replica equals source[/]: {rows} rows in {len(TABLES)} tables, "
-                f"{workload.transactions} transactions, {replica.events} events, "
-                f"consumer at SCN {client.metrics.consumer_scn}"
-            )
+        for task in (consumer_task, late_task):
+            if task.done():
+                task.result()  # raises what stopped the consumer
+        final = source_rows(db)
+        ok = True
+        for name, copy, scn in (("replica", replica, client.metrics.consumer_scn),
+                                ("late replica", late_replica, late.metrics.consumer_scn)):
+            problems = compare(final, copy)
+            rows = sum(len(t) for t in copy.tables.values())
+            if problems:
+                ok = False
+                console.print(f"[red]{name} differs from the source[/] ({len(problems)}):")
+                for line in problems[:10]:
+                    console.print(f"  {line}")
+            else:
+                console.print(
+                    f"[green]{name} equals source[/]: {rows} rows in {len(TABLES)} tables, "
+                    f"{copy.events} events, consumer at SCN {scn}"
+                )
+        if ok:
+            console.print(f"{workload.transactions} transactions written; the late consumer "
+                          f"started from a bootstrap snapshot "
+                          f"({late.metrics.bootstraps} bootstrap(s))")
     finally:
         stop_writing.set()
         client.stop()
-        if not consumer_task.done():
-            await asyncio.wait([consumer_task], timeout=10)
+        late.stop()
+        for running in (consumer_task, late_task):
+            if running is not None and not running.done():
+                await asyncio.wait([running], timeout=10)
+        await boot_runner.cleanup()
         await runner.cleanup()
         conn.close()
     return 0 if ok else 1
+
+
+def _producer_config(relay_url: str) -> Any:
+    from databus.config import ProducerConfig
+
+    return ProducerConfig(relays=(relay_url,), poll_wait_ms=200)

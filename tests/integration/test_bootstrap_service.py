@@ -212,22 +212,21 @@ async def test_full_snapshot_and_both_delta_strategies_give_the_source_state(
 async def test_a_bootstrap_during_writes_ends_consistent_at_its_target(
         store_url: str, tmp_path: Path) -> None:
     async with running_relay(relay_config(tmp_path, {"shop": synthetic(3000, rate=1500)})
-                             ) as relay:
-        async with bootstrap_service(store_url, relay) as service:
-            await service.wait_applied(300)
-            state: State = {}
-            # Small responses: the bootstrap takes many requests while writes go on.
-            final, phases, _ = await bootstrap_into(service, state, {"window_scn": -1},
-                                                    max_bytes=3000)
-            target = final["window_scn"]
-            assert target > 300
-            await relay.wait_for_scn("shop", target)
-            assert state == await relay_state(relay, target)
-            # A consumer with state, later: delta since that target.
-            await service.wait_applied(3000)
-            final, _, _ = await bootstrap_into(service, state, {"window_scn": target})
-            assert final["window_scn"] == 3000
-            assert state == await relay_state(relay, 3000)
+                             ) as relay, bootstrap_service(store_url, relay) as service:
+        await service.wait_applied(300)
+        state: State = {}
+        # Small responses: the bootstrap takes many requests while writes go on.
+        final, _phases, _ = await bootstrap_into(service, state, {"window_scn": -1},
+                                                max_bytes=3000)
+        target = final["window_scn"]
+        assert target > 300
+        await relay.wait_for_scn("shop", target)
+        assert state == await relay_state(relay, target)
+        # A consumer with state, later: delta since that target.
+        await service.wait_applied(3000)
+        final, _, _ = await bootstrap_into(service, state, {"window_scn": target})
+        assert final["window_scn"] == 3000
+        assert state == await relay_state(relay, 3000)
 
 
 @sync
@@ -253,7 +252,7 @@ async def test_pushed_down_filters_select_what_the_relay_filter_selects(
                 if not body:
                     break
                 apply_body(relay_filtered, body, names, spec)
-            assert state == relay_filtered and 0 < len(state)
+            assert state == relay_filtered and len(state) > 0
             full: State = {}
             await bootstrap_into(service, full, {"window_scn": -1})
             assert len(state) < len(full)

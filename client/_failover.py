@@ -1,0 +1,139 @@
+"""What relay and bootstrap pullers share: failover among replicas, backoff, JSON errors.
+
+Both services are stateless towards the consumer (the checkpoint travels with every
+request), so any replica can answer the next request. A puller starts at a random URL
+and, on a connection error, a 5xx or a bad answer, moves to the next one round-robin,
+sleeping with exponential backoff once every URL has failed in a row. Source ids are per
+server: each server's own id -> name map is kept, and dropped when that server fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import ClassVar, TypeVar
+
+import aiohttp
+
+from databus.errors import (
+    ConnectionLostError,
+    DatabusError,
+    ScnNotFoundError,
+    UnknownSchemaError,
+    UnknownSourceError,
+)
+
+log = logging.getLogger("databus.client")
+T = TypeVar("T")
+
+
+class FailoverPuller:
+    """Round-robin failover with backoff among the URLs of one service."""
+
+    # How messages name the service, and the error for answers the client cannot retry.
+    service: ClassVar[str] = "server"
+    error_class: ClassVar[type[DatabusError]] = DatabusError
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        session: aiohttp.ClientSession,
+        *,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        request_timeout: float = 30.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not urls:
+            raise ValueError(f"at least one {self.service} URL is needed")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.session = session
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.request_timeout = request_timeout
+        self._index = (rng or random.Random()).randrange(len(self.urls))
+        self._failures = 0
+        self._catalogs: dict[str, dict[int, str]] = {}
+        self.failovers = 0
+        self.last_error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return self.urls[self._index]
+
+    async def failed(self, error: BaseException) -> None:
+        """The current server failed: move on, and back off after a full round."""
+        self.last_error = error
+        self._failures += 1
+        log.warning("%s %s failed (%s); trying the next one", self.service, self.url, error)
+        self._catalogs.pop(self.url, None)
+        self._index = (self._index + 1) % len(self.urls)
+        self.failovers += 1
+        rounds = self._failures // len(self.urls)
+        if rounds:
+            delay = min(self.backoff_max, self.backoff_initial * 2 ** (rounds - 1))
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+
+    async def _retrying(self, attempt: Callable[[str], Awaitable[T]]) -> T:
+        """Run ``attempt(url)`` until one server answers; retriable failures move on to
+        the next server (with backoff after a full round), others are raised."""
+        while True:
+            try:
+                result = await attempt(self.url)
+            except DatabusError as exc:
+                if not exc.retriable:
+                    raise
+                await self.failed(exc)
+                continue
+            except (aiohttp.ClientError, TimeoutError, OSError, KeyError, ValueError) as exc:
+                await self.failed(exc)  # connection trouble, or an answer not as expected
+                continue
+            self._failures = 0
+            return result
+
+    async def _get_json(self, url: str) -> object:
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout)
+        async with self.session.get(url, timeout=timeout) as resp:
+            await self._check(resp)
+            return await resp.json(content_type=None)
+
+    async def _check(self, resp: aiohttp.ClientResponse) -> None:
+        """Raise for anything but 200: 5xx is retriable (a server restarting, its
+        database down), any other status is the JSON error the server sent."""
+        if resp.status >= 500:
+            raise ConnectionLostError(f"{self.service} {resp.url.origin()}: HTTP {resp.status}")
+        if resp.status != 200:
+            text = await resp.text()
+            try:
+                body: object = json.loads(text)
+            except ValueError:
+                body = text
+            raise self.json_error(resp.status, body)
+
+    def json_error(self, status: int, body: object) -> DatabusError:
+        """The error for a non-2xx JSON answer ``{"error": code, "message": ...}``."""
+        doc = body if isinstance(body, dict) else {}
+        code = str(doc.get("error", "http_error"))
+        if "message" in doc:
+            message = str(doc["message"])
+        else:  # not our JSON error (a proxy's page, say): show its start
+            message = (body if isinstance(body, str) else json.dumps(body))[:200]
+        if code == "scn_not_found":
+            min_scn = doc.get("min_scn")
+            return ScnNotFoundError(message, min_scn=int(min_scn) if min_scn is not None
+                                    else None)
+        if code == "unknown_source":
+            return UnknownSourceError(message)
+        if code == "unknown_schema":
+            return UnknownSchemaError(message)
+        return self.error_class(f"{self.service} answered {status} {code}: {message}")
+
+    def _check_sources(self, url: str, wanted: Sequence[str], names: dict[int, str],
+                       *, retriable: bool = False, hint: str = "") -> None:
+        unknown = sorted(set(wanted) - set(names.values()))
+        if unknown:
+            raise UnknownSourceError(f"{self.service} {url} has no source(s) "
+                                     f"{', '.join(unknown)}{hint}", retriable=retriable)
