@@ -23,6 +23,7 @@ from databus._http import (
     BadRequest,
     HttpStats,
     NotFound,
+    PrometheusText,
     check_bearer,
     checkpoint_param,
     fp_text,
@@ -143,13 +144,8 @@ async def metrics(request: web.Request) -> web.Response:
     doc = await status_doc(request.app)
     boot = request.app[BOOTSTRAPPER]
     stats = request.app[STATS]
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP databus_bootstrap_{name} {help_text}")
-        lines.append(f"# TYPE databus_bootstrap_{name} {kind}")
-        for labels, value in samples:
-            lines.append(f"databus_bootstrap_{name}{labels} {value}")
+    page = PrometheusText("databus_bootstrap")
+    metric = page.metric
 
     for field, text in [
         ("producer_scn", "Newest window in the log"),
@@ -174,7 +170,7 @@ async def metrics(request: web.Request) -> web.Response:
     metric("http_requests_total", "counter", "HTTP requests by route and status",
            [(f'{{route="{r}",status="{c}"}}', float(n))
             for (r, c), n in sorted(stats.requests.items())])
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+    return page.response()
 
 
 async def admin_retain(request: web.Request) -> web.Response:

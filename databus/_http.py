@@ -87,6 +87,24 @@ def parse_fingerprint(text: str) -> int:
     return value
 
 
+class PrometheusText:
+    """Builds a /metrics page: ``metric()`` per family, ``response()`` at the end."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.lines: list[str] = []
+
+    def metric(self, name: str, kind: str, help_text: str,
+               samples: list[tuple[str, float]]) -> None:
+        full = f"{self.prefix}_{name}"
+        self.lines.append(f"# HELP {full} {help_text}")
+        self.lines.append(f"# TYPE {full} {kind}")
+        self.lines.extend(f"{full}{labels} {value}" for labels, value in samples)
+
+    def response(self) -> web.Response:
+        return web.Response(text="\n".join(self.lines) + "\n", content_type="text/plain")
+
+
 def check_bearer(request: web.Request, token: Secret | None, setting: str) -> None:
     """Admin endpoints: 403 when no token is configured, 401 without the right one."""
     if token is None:

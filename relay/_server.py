@@ -31,6 +31,7 @@ from databus._http import (
     STATS,
     BadRequest,
     HttpStats,
+    PrometheusText,
     check_bearer,
     checkpoint_param,
     fp_text,
@@ -231,13 +232,8 @@ async def healthz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     relay = request.app[RELAY]
     stats = request.app[STATS]
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP databus_relay_{name} {help_text}")
-        lines.append(f"# TYPE databus_relay_{name} {kind}")
-        for labels, value in samples:
-            lines.append(f"databus_relay_{name}{labels} {value}")
+    page = PrometheusText("databus_relay")
+    metric = page.metric
 
     status_doc = relay.status()["buffers"]
     per = {n: f'{{buffer="{n}"}}' for n in status_doc}
@@ -263,7 +259,7 @@ async def metrics(request: web.Request) -> web.Response:
     metric("stream_bytes_total", "counter", "Event bytes served", [("", stats.bytes_served)])
     metric("stream_events_total", "counter", "Data events served", [("", stats.events_served)])
     metric("long_polls", "gauge", "Long polls waiting now", [("", stats.long_polls)])
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+    return page.response()
 
 
 async def admin_flush(request: web.Request) -> web.Response:

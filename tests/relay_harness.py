@@ -128,6 +128,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_databus(args: list[str], port: int, log_path: Path,
+                  timeout: float = 30) -> subprocess.Popen[bytes]:
+    """``databus ARGS`` as a child process; returns once it listens on ``port``."""
+    exe = Path(sys.executable).with_name("databus")
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen([str(exe), *args], stdout=log, stderr=log,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"databus {args[0]} exited: {log_path.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise TimeoutError(f"databus {args[0]} did not listen: {log_path.read_text()}")
+
+
 class RelayProcess:
     """``databus relay --config FILE`` as a child process (for kill -9 tests)."""
 
@@ -151,22 +171,8 @@ class RelayProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        exe = Path(sys.executable).with_name("databus")
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(
-            [str(exe), "relay", "--config", str(self.config_path)], stdout=log, stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"relay exited: {self.log_path.read_text()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"relay did not listen: {self.log_path.read_text()}")
+        self.proc = start_databus(["relay", "--config", str(self.config_path)], self.port,
+                                  self.log_path)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Sequence
@@ -21,7 +17,7 @@ import pytest
 from databus.bootstrap._storage import LogWindow, stored_event
 from databus.event import Op, encode_event
 from tests.fixtures.servers import PostgresServer
-from tests.relay_harness import free_port
+from tests.relay_harness import free_port, start_databus
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -76,22 +72,8 @@ class BootstrapProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        exe = Path(sys.executable).with_name("databus")
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(
-            [str(exe), "bootstrap", "--config", str(self.config_path), "--run", self.run],
-            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"bootstrap exited: {self.log_path.read_text()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"bootstrap did not listen: {self.log_path.read_text()}")
+        self.proc = start_databus(["bootstrap", "--config", str(self.config_path), "--run",
+                                   self.run], self.port, self.log_path)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:
