@@ -10,7 +10,7 @@ DEB_PACKAGES := mariadb-server postgresql zookeeper openjdk-17-jre-headless \
 # The import packages, mapped from top-level folders (pyproject's package-dir).
 SUBPACKAGES := relay bootstrap client fetchers spark_jobs
 
-.PHONY: test demo deps venv lint typecheck unit integration bench clean
+.PHONY: test demo deps venv lint typecheck unit integration bench bench-deps clean
 
 test: deps venv lint typecheck
 	$(BIN)/pytest
@@ -57,7 +57,14 @@ typecheck: venv
 	@for p in $(SUBPACKAGES); do ln -s "../../$$p" ".typecheck/databus/$$p"; done
 	$(BIN)/mypy -p databus
 
-bench: venv
+# The benchmarks' optional extras (matplotlib for the plots).
+bench-deps: $(BIN)/.bench-installed
+
+$(BIN)/.bench-installed: $(BIN)/.installed
+	$(BIN)/pip install -q -e '.[dev,spark,bench]'
+	touch $@
+
+bench: venv bench-deps
 	$(BIN)/python benchmarks/codec.py
 
 clean:

@@ -1,1 +1,15 @@
-"""PySpark jobs: snapshot compaction, seeding and Parquet export."""
+"""PySpark jobs on the PostgreSQL bootstrap store: snapshot compaction, snapshot seeding
+from a table dump, and export of a snapshot to Parquet (docs/spark.md).
+
+One module per job (``compact``, ``seed``, ``export``), each with pure DataFrame ->
+DataFrame functions (``latest_per_key``, ``encode_mysql_dump``, ``encode_parquet_dump``,
+``decode_snapshot``), a runner that does the I/O around them (``compact.compact``,
+``seed.seed``, ``export.export``) and a ``main(argv)`` for ``spark-submit``;
+``databus spark compact|seed|export`` is the command line. The runners are not
+re-exported here, where their names would hide their modules. PySpark is imported
+lazily: importing this package does not need it.
+"""
+
+from databus.spark_jobs._common import JobRefused, JobSummary, SparkJobError
+
+__all__ = ["JobRefused", "JobSummary", "SparkJobError"]
