@@ -52,15 +52,15 @@ def loadavg() -> str:
     return f"load average {one} {five} {fifteen}"
 
 
-def code_version() -> str:
-    """The commit measured, and whether the relay's code differs from it."""
+def code_version(paths: tuple[str, ...] = ("relay", "databus", "fetchers")) -> str:
+    """The commit measured, and whether the code under ``paths`` differs from it."""
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--", "relay", "databus",
-             "fetchers"], capture_output=True, text=True, check=True).stdout.split("\n")
+            ["git", "-C", str(root), "status", "--porcelain", "--", *paths],
+            capture_output=True, text=True, check=True).stdout.split("\n")
     except (OSError, subprocess.CalledProcessError):
         return "commit unknown"
     changed = [line[3:] for line in dirty if line.strip()]

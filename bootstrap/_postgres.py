@@ -36,6 +36,8 @@ _COPY_TRAILER = struct.pack(">h", -1)
 # 8 fields: scn, seq, op, pkey, key_hash (fixed width), then key and event (bytea).
 _COPY_FIXED = struct.Struct(">h iq ii ih iq iq")
 _LEN = struct.Struct(">i")
+# dbus_windows: scn, timestamp_ns (bigint), events (integer), bytes (bigint).
+_COPY_WINDOW = struct.Struct(">h iq iq ii iq")
 
 
 class PostgresStorage(SqlStorage):
@@ -84,7 +86,11 @@ class PostgresStorage(SqlStorage):
             conn = psycopg2.connect(
                 self._dsn, connect_timeout=self._connect_timeout,
                 application_name="databus-bootstrap",
-                options=f"-c search_path={self.schema_name}",
+                # synchronous_commit on whatever the server's default: a reader may be
+                # served rows the moment they commit, so a commit a crash could still
+                # take back (off: up to 3 x wal_writer_delay) would leave that reader
+                # with a snapshot newer than the store it resumes from.
+                options=f"-c search_path={self.schema_name} -c synchronous_commit=on",
                 keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
             )
         except psycopg2.Error as exc:
@@ -179,6 +185,11 @@ class PostgresStorage(SqlStorage):
                     rows: list[tuple[int, int, StoredEvent]]) -> None:
         copy_into(cur, log_table(source_id), rows)
 
+    def _insert_windows(self, cur: Cursor, rows: list[tuple[int, int, int, int]]) -> None:
+        # COPY too: executemany is one round trip per window, which bounded a producer
+        # that was behind to a few thousand one-event windows per second.
+        copy_windows(cur, rows)
+
     def _log_cut(self, cut_scn: int) -> int:
         """Whole partitions only: the top of the highest partition lying at or below
         ``cut_scn`` (-1 when none does)."""
@@ -220,3 +231,16 @@ def encode_copy(rows: Sequence[tuple[int, int, StoredEvent]]) -> io.BytesIO:
 def copy_into(cur: Any, table: str, rows: Sequence[tuple[int, int, StoredEvent]]) -> None:
     cur.copy_expert(f"COPY {table} (scn, seq, op, pkey, key_hash, key, event)"
                     " FROM STDIN WITH (FORMAT binary)", encode_copy(rows))
+
+
+def copy_windows(cur: Any, rows: Sequence[tuple[int, int, int, int]]) -> None:
+    """(scn, timestamp_ns, events, bytes) rows into ``dbus_windows`` by binary COPY."""
+    out = io.BytesIO()
+    out.write(_COPY_HEADER)
+    pack = _COPY_WINDOW.pack
+    for scn, timestamp_ns, events, size in rows:
+        out.write(pack(4, 8, scn, 8, timestamp_ns, 4, events, 8, size))
+    out.write(_COPY_TRAILER)
+    out.seek(0)
+    cur.copy_expert("COPY dbus_windows (scn, timestamp_ns, events, bytes)"
+                    " FROM STDIN WITH (FORMAT binary)", out)

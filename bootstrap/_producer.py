@@ -24,11 +24,12 @@ from typing import Any
 
 import aiohttp
 
-from databus.bootstrap._storage import BootstrapStorage, LogWindow, StoredEvent, stored_event
+from databus._hashing import stable_key_hash
+from databus.bootstrap._storage import BootstrapStorage, LogWindow, StoredEvent
 from databus.checkpoint import Checkpoint
 from databus.client._relay_puller import FellOffRelay, RelayPuller
 from databus.errors import DatabusError, EventFormatError, SourceError
-from databus.event import EOW_SOURCE_ID, iter_events, restamp_source_id
+from databus.event import EOW_SOURCE_ID, HEADER_SIZE, iter_events, restamp_source_id
 
 log = logging.getLogger("databus.bootstrap.producer")
 
@@ -59,6 +60,8 @@ class _Assembler:
         self.key_hash = key_hash
         self._events: list[StoredEvent] = []
         self._scn: int | None = None
+        # Schema fingerprint -> source name of the data events of the last ``feed``.
+        self.fingerprints: dict[int, str] = {}
 
     def reset(self) -> None:
         self._events, self._scn = [], None
@@ -66,6 +69,8 @@ class _Assembler:
     def feed(self, body: bytes, names: dict[int, str], ids: dict[str, int]
              ) -> list[LogWindow]:
         windows: list[LogWindow] = []
+        self.fingerprints = fingerprints = {}
+        key_hash = self.key_hash
         for offset, header in iter_events(body):
             end = offset + header.total_length
             if header.source_id == EOW_SOURCE_ID:
@@ -89,7 +94,14 @@ class _Assembler:
             own = ids[name]
             if own != header.source_id:
                 event = restamp_source_id(event, own)
-            self._events.append(stored_event(name, event, key_hash=self.key_hash))
+            if header.schema_fingerprint:
+                fingerprints[header.schema_fingerprint] = name
+            # The columns come from the header already decoded (a restamp changes only
+            # the source id and the header CRC): what ``stored_event`` gives, unparsed.
+            key = body[offset + HEADER_SIZE:offset + HEADER_SIZE + header.key_length]
+            self._events.append(StoredEvent(name, int(header.op), header.partition_key,
+                                            stable_key_hash(key) if key_hash else 0, key,
+                                            event))
         return windows
 
 
@@ -207,8 +219,8 @@ class LogProducer:
             wanted = set(names.values())
             if not wanted <= ids.keys():
                 ids = await asyncio.to_thread(storage.ensure_sources, sorted(wanted))
-            await self._store_schemas(puller, batch.body, names)
             windows = assembler.feed(batch.body, names, ids)
+            await self._store_schemas(puller, assembler.fingerprints)
             position = batch.checkpoint
             if not windows:
                 continue
@@ -222,15 +234,15 @@ class LogProducer:
             self.status.events += sum(len(w.events) for w in windows)
             self.status.batches += 1
 
-    async def _store_schemas(self, puller: RelayPuller, body: bytes,
-                             names: dict[int, str]) -> None:
-        for _, header in iter_events(body, verify_body=False):
-            fp = header.schema_fingerprint
-            if header.source_id < 0 or not fp or fp in self._known_fingerprints:
+    async def _store_schemas(self, puller: RelayPuller, fingerprints: dict[int, str]
+                             ) -> None:
+        """Store the schemas of a batch's data events not stored yet (before the
+        batch's append, so the log never holds an event whose schema is missing)."""
+        for fp, name in fingerprints.items():
+            if fp in self._known_fingerprints:
                 continue
             schema = await puller.schema(fp)
-            await asyncio.to_thread(self.storage.add_schema, fp, names[header.source_id],
-                                    schema.to_json())
+            await asyncio.to_thread(self.storage.add_schema, fp, name, schema.to_json())
             self._known_fingerprints.add(fp)
 
     async def _relay_prev_scn(self, puller: RelayPuller) -> int:

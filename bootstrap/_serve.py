@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from databus.bootstrap import _plan
 from databus.bootstrap._plan import StoreFacts, Strategy
+from databus.bootstrap._sql import SqlStorage
 from databus.bootstrap._storage import BootstrapStorage, LogRow
 from databus.checkpoint import Checkpoint, Mode
 from databus.errors import UnknownSourceError
@@ -72,6 +73,8 @@ class Bootstrapper:
         self.stats = ServeStats()
 
     def facts(self) -> StoreFacts:
+        if isinstance(self.storage, SqlStorage):  # both backends: the positions alone
+            return StoreFacts(*self.storage.positions())
         state = self.storage.state()
         return StoreFacts(state.applied_scn, state.producer_scn, state.log_floor_scn)
 
@@ -106,6 +109,16 @@ class Bootstrapper:
 
     # -- steps --------------------------------------------------------------------------
 
+    def _read_limit(self, out: Served, max_bytes: int) -> int:
+        """Rows to read for the next step: ``batch_rows``, or once this response has
+        events, about as many as its remaining room holds (a read of ``batch_rows`` rows
+        of which only a few fit would be thrown away and read again next request)."""
+        limit = self.policy.batch_rows
+        if out.events:
+            per_event = len(out.body) / out.events  # EOWs included: errs towards fewer
+            limit = min(limit, int((max_bytes - len(out.body)) / per_event) + 1)
+        return max(1, limit)
+
     def _start(self, checkpoint: Checkpoint, names: list[str]) -> Checkpoint:
         policy = self.policy
         replay = False
@@ -129,7 +142,7 @@ class Bootstrapper:
         cp = out.checkpoint
         assert cp.bootstrap_source_index is not None and cp.bootstrap_start_scn is not None
         source = names[cp.bootstrap_source_index]
-        limit = self.policy.batch_rows
+        limit = self._read_limit(out, max_bytes)
         rows = self.storage.snapshot_batch(
             source, after_key=_plan.snapshot_after_key(cp),
             since_scn=cp.bootstrap_since_scn, limit=limit, filter=spec)
@@ -161,7 +174,7 @@ class Bootstrapper:
         index, target = cp.bootstrap_source_index, cp.bootstrap_target_scn
         assert index is not None and target is not None
         rows = self.storage.log_batch(names[: index + 1], after_scn=cp.window_scn,
-                                      upto_scn=target, limit=self.policy.batch_rows,
+                                      upto_scn=target, limit=self._read_limit(out, max_bytes),
                                       filter=spec)
         if not rows:
             out.checkpoint = _plan.after_catchup_batch(cp, last_scn=None, exhausted=True,
