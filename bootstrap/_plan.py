@@ -98,7 +98,8 @@ def _first_defined(*values: int | None) -> int:
 
 
 def after_snapshot_batch(checkpoint: Checkpoint, *, last_key: bytes | None, exhausted: bool,
-                         facts: StoreFacts | None, n_sources: int) -> Checkpoint:
+                         facts: StoreFacts | None, n_sources: int,
+                         last_scn: int | None = None) -> Checkpoint:
     """After serving a snapshot batch: more of this source, or its catch-up.
 
     ``facts`` must be read after the batch. The rows served reflect changes applied up
@@ -114,7 +115,12 @@ def after_snapshot_batch(checkpoint: Checkpoint, *, last_key: bytes | None, exha
     if not exhausted:
         if last_key is None:
             raise ValueError("a snapshot batch that is not the last must have a last key")
-        return _replace(checkpoint, bootstrap_last_key=last_key.hex())
+        if checkpoint.bootstrap_since_scn is None:
+            return _replace(checkpoint, bootstrap_last_key=last_key.hex())
+        # A delta is read in (scn, key) order: its position is the pair.
+        if last_scn is None:
+            raise ValueError("a delta batch that is not the last must have a last SCN")
+        return _replace(checkpoint, bootstrap_last_key=f"{last_scn}:{last_key.hex()}")
     if facts is None:
         raise ValueError("the end of a source's snapshot needs the store's positions")
     last = index + 1 >= n_sources
@@ -145,14 +151,21 @@ def after_catchup_batch(checkpoint: Checkpoint, *, last_scn: int | None, exhaust
     return Checkpoint(target)
 
 
-def snapshot_after_key(checkpoint: Checkpoint) -> bytes | None:
-    key = checkpoint.bootstrap_last_key
-    if key is None:
-        return None
+def snapshot_after_key(checkpoint: Checkpoint) -> tuple[int | None, bytes | None]:
+    """Where the snapshot read resumes: (None, key) for a full snapshot, (scn, key) for
+    a delta, (None, None) at the start of a source."""
+    text = checkpoint.bootstrap_last_key
+    if text is None:
+        return None, None
+    scn_text, sep, key_hex = text.rpartition(":")
     try:
-        return bytes.fromhex(key)
+        key = bytes.fromhex(key_hex)
+        scn = int(scn_text) if sep else None
     except ValueError:
-        raise CheckpointError("bootstrap_last_key is not the hex the server sent") from None
+        raise CheckpointError("bootstrap_last_key is not what the server sent") from None
+    if (scn is None) != (checkpoint.bootstrap_since_scn is None):
+        raise CheckpointError("bootstrap_last_key does not match the kind of snapshot read")
+    return scn, key
 
 
 def check_sources(checkpoint: Checkpoint, n_sources: int) -> None:

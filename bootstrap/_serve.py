@@ -33,7 +33,7 @@ _MAX_STEPS = 16
 @dataclass(frozen=True, slots=True)
 class ServePolicy:
     strategy: Strategy = "auto"
-    breakeven_ratio: float = 0.5
+    breakeven_ratio: float = 0.15
     ratio_sample_rows: int = 20_000
     batch_rows: int = 2000
 
@@ -143,8 +143,9 @@ class Bootstrapper:
         assert cp.bootstrap_source_index is not None and cp.bootstrap_start_scn is not None
         source = names[cp.bootstrap_source_index]
         limit = self._read_limit(out, max_bytes)
+        after_scn, after_key = _plan.snapshot_after_key(cp)
         rows = self.storage.snapshot_batch(
-            source, after_key=_plan.snapshot_after_key(cp),
+            source, after_key=after_key, after_scn=after_scn,
             since_scn=cp.bootstrap_since_scn, limit=limit, filter=spec)
         # Read after the rows: catch-up must reach every change those rows may reflect.
         facts = self.facts() if len(rows) < limit else None
@@ -166,6 +167,7 @@ class Bootstrapper:
             self.stats.snapshot_rows_served += taken
         out.checkpoint = _plan.after_snapshot_batch(
             cp, last_key=rows[taken - 1].key if taken else None, exhausted=exhausted,
+            last_scn=rows[taken - 1].scn if taken else None,
             facts=facts, n_sources=len(names))
 
     def _catchup_step(self, out: Served, names: list[str], spec: FilterSpec,

@@ -147,8 +147,9 @@ class SqlStorage(BootstrapStorage):
             " scn bigint NOT NULL, op smallint NOT NULL, pkey bigint NOT NULL,"
             f" key_hash bigint NOT NULL, event {self.blob_type} NOT NULL)"
         )
-        # The delta query (rows changed after T) and tombstone purging go by SCN.
-        cur.execute(f"CREATE INDEX IF NOT EXISTS {table}_scn ON {table} (scn)")
+        # The delta query (rows changed after T, read in (scn, key) order) and tombstone
+        # purging go by SCN.
+        cur.execute(f"CREATE INDEX IF NOT EXISTS {table}_scn ON {table} (scn, key)")
 
     # -- state helpers ----------------------------------------------------------------
 
@@ -382,26 +383,34 @@ class SqlStorage(BootstrapStorage):
         since_scn: int | None,
         limit: int,
         filter: FilterSpec,
+        after_scn: int | None = None,
     ) -> list[SnapshotRow]:
         fragment, fparams = self._filter_sql(filter, source)
         with self._transaction(write=False) as cur:
             table = snapshot_table(self._source_id(cur, source))
             where: list[str] = []
             params: list[object] = []
-            if after_key is not None:
-                where.append(self._q("key > %s"))
-                params.append(after_key)
             if since_scn is None:
                 where.append(self._q("op = %s"))
                 params.append(LIVE)
+                if after_key is not None:
+                    where.append(self._q("key > %s"))
+                    params.append(after_key)
+                order = "key"
             else:
                 where.append(self._q("scn > %s"))
                 params.append(since_scn)
+                if after_key is not None:
+                    if after_scn is None:
+                        raise ValueError("a delta resumes after an (scn, key) pair")
+                    where.append(self._q("(scn, key) > (%s, %s)"))
+                    params += [after_scn, after_key]
+                order = "scn, key"
             where.append(fragment)
             params.extend(fparams)
             cur.execute(
                 f"SELECT key, scn, op, event FROM {table} WHERE {' AND '.join(where)}"
-                + self._q(" ORDER BY key LIMIT %s"),
+                + self._q(f" ORDER BY {order} LIMIT %s"),
                 (*params, limit),
             )
             return [SnapshotRow(self._blob(k), int(s), int(o), self._blob(e))

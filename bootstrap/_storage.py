@@ -171,10 +171,13 @@ class BootstrapStorage(ABC):
         since_scn: int | None,
         limit: int,
         filter: FilterSpec,
+        after_scn: int | None = None,
     ) -> list[SnapshotRow]:
-        """Snapshot rows of ``source`` by key after ``after_key``. Without ``since_scn``
-        live rows only (a full snapshot); with it, rows and tombstones changed after
-        ``since_scn`` (a consolidated delta)."""
+        """Snapshot rows of ``source``. Without ``since_scn``: live rows only (a full
+        snapshot), by key after ``after_key``. With it: rows and tombstones changed
+        after ``since_scn`` (a consolidated delta), by (scn, key) after (``after_scn``,
+        ``after_key``): a sparse delta then reads the SCN index instead of walking every
+        key, and nothing is skipped because the applier only moves a key's SCN up."""
 
     @abstractmethod
     def log_batch(

@@ -229,7 +229,7 @@ class PgStore:
                         f"the staged snapshot of source id {source_id} has a key twice "
                         f"({_first_line(exc)}); the old snapshot is untouched"
                     ) from None
-                cur.execute(f"CREATE INDEX {table}_scn ON {table} (scn)")
+                cur.execute(f"CREATE INDEX {table}_scn ON {table} (scn, key)")
                 cur.execute(f"ANALYZE {table}")
                 cur.execute(f"SELECT count(*), count(*) FILTER (WHERE op = 2) FROM {table}")
                 rows, tombstones = _one(cur)

@@ -77,9 +77,21 @@ def test_snapshot_is_read_in_batches_by_key_and_delta_keeps_tombstones(
     rest = store.snapshot_batch(A, after_key=first[-1].key, since_scn=None, limit=2,
                                 filter=FilterSpec())
     assert keys_of(first) + keys_of(rest) == [1, 3, 4]
+    # A delta comes in (scn, key) order and resumes after an (scn, key) pair.
     delta = store.snapshot_batch(A, after_key=None, since_scn=30, limit=100, filter=FilterSpec())
-    assert [(decode_event(r.event).key, r.op) for r in delta] == [
-        (1, int(Op.UPSERT)), (2, int(Op.DELETE)), (4, int(Op.UPSERT))]
+    assert [(decode_event(r.event).key, r.scn, r.op) for r in delta] == [
+        (2, 40, int(Op.DELETE)), (4, 50, int(Op.UPSERT)), (1, 60, int(Op.UPSERT))]
+    head = store.snapshot_batch(A, after_key=None, since_scn=30, limit=1, filter=FilterSpec())
+    tail = store.snapshot_batch(A, after_key=head[-1].key, after_scn=head[-1].scn,
+                                since_scn=30, limit=100, filter=FilterSpec())
+    assert keys_of(head) + keys_of(tail) == [2, 4, 1]
+    # A key whose SCN moved up after it was read comes again, never is skipped.
+    store.append([window(70, [change(70, A, 2, b"again")])], Checkpoint(70))
+    while store.apply(max_rows=100):
+        pass
+    tail = store.snapshot_batch(A, after_key=head[-1].key, after_scn=head[-1].scn,
+                                since_scn=30, limit=100, filter=FilterSpec())
+    assert keys_of(tail) == [4, 1, 2]
 
 
 def test_log_batches_are_whole_windows_in_commit_order(store: BootstrapStorage) -> None:

@@ -51,9 +51,10 @@ def test_too_old_and_empty_store_errors() -> None:
 def test_algorithm_1_walks_every_source_then_hands_over_at_the_last_target() -> None:
     cp = _plan.start(Checkpoint(300), FACTS, 2, replay=False)
     cp = _plan.after_snapshot_batch(cp, last_key=b"\x00k", exhausted=False, facts=None,
-                                    n_sources=2)
-    assert cp.bootstrap_last_key == "006b"
-    assert _plan.snapshot_after_key(cp) == b"\x00k"
+                                    n_sources=2, last_scn=420)
+    # A delta resumes after an (scn, key) pair.
+    assert cp.bootstrap_last_key == "420:006b"
+    assert _plan.snapshot_after_key(cp) == (420, b"\x00k")
     # The end of source 0's snapshot: catch-up to the applied SCN (not the producer's,
     # which the next snapshot may not reflect yet).
     cp = _plan.after_snapshot_batch(cp, last_key=None, exhausted=True,
@@ -86,10 +87,24 @@ def test_the_update_ratio_picks_the_strategy() -> None:
     assert choose("snapshot", rows=100, distinct_keys=100, breakeven_ratio=0.5) is False
 
 
+def test_a_full_snapshot_resumes_by_key_alone() -> None:
+    cp = _plan.start(Checkpoint.flexible(), FACTS, 1, replay=True)
+    cp = _plan.after_snapshot_batch(cp, last_key=b"ab", exhausted=False, facts=None,
+                                    n_sources=1, last_scn=7)
+    assert cp.bootstrap_last_key == "6162"
+    assert _plan.snapshot_after_key(cp) == (None, b"ab")
+    assert _plan.snapshot_after_key(_plan.start(Checkpoint.flexible(), FACTS, 1,
+                                                replay=True)) == (None, None)
+    mixed = Checkpoint(-1, mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=5,
+                       bootstrap_source_index=0, bootstrap_last_key="9:6162")
+    with pytest.raises(CheckpointError, match="kind"):
+        _plan.snapshot_after_key(mixed)
+
+
 def test_a_checkpoint_for_other_sources_or_with_a_bad_key_is_refused() -> None:
     cp = Checkpoint(-1, mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=5,
                     bootstrap_source_index=2, bootstrap_last_key="zz")
     with pytest.raises(CheckpointError, match="beyond"):
         _plan.check_sources(cp, 2)
-    with pytest.raises(CheckpointError, match="hex"):
+    with pytest.raises(CheckpointError, match="what the server sent"):
         _plan.snapshot_after_key(cp)
