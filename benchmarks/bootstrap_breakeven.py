@@ -41,7 +41,8 @@ auto chose / the faster path's (1.00 when it chose the faster one). The break-ev
 where snapshot / log crosses 1, interpolated, for each B (read in (scn, key) order, the
 delta costs what it returns, whatever the snapshot's size; read in key order, as at
 first, it walked the whole primary key and the break-even moved with B). The plot shows
-both paths' times against r, one pair of lines per B. ``--quick``: 20,000 changes, B = 20,000 and 200,000, 1 repeat.
+both paths' times against r, one pair of lines per B. ``--quick``: 20,000 changes,
+B = 20,000 and 200,000, 1 repeat.
 """
 
 from __future__ import annotations
