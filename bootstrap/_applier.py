@@ -10,12 +10,12 @@ knows how far the snapshot has absorbed the log.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from databus.bootstrap._component import BackgroundComponent
 from databus.bootstrap._storage import BootstrapStorage
 from databus.errors import DatabusError
 
@@ -42,8 +42,10 @@ class ApplierStatus:
                 "retention_runs": self.retention_runs, "log_floor_scn": self.log_floor_scn}
 
 
-class LogApplier:
+class LogApplier(BackgroundComponent):
     """Owns one background task (``start``/``close``)."""
+
+    task_name = "databus-bootstrap-applier"
 
     def __init__(
         self,
@@ -63,23 +65,11 @@ class LogApplier:
         self.retention_max_log_bytes = retention_max_log_bytes
         self.retention_interval = retention_interval
         self.backoff_max = backoff_max
+        super().__init__()
         self.status = ApplierStatus()
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="databus-bootstrap-applier")
-
-    async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    def _closed(self) -> None:
         self.status.state = "stopped"
-
-    async def wait(self) -> None:
-        if self._task is not None:
-            await self._task
 
     def apply_available(self) -> int:
         """Apply until caught up (blocking); the number of rows applied."""

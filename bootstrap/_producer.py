@@ -14,7 +14,6 @@ from ``/v1/status``), which becomes the log floor: everything after it is in the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from databus._hashing import stable_key_hash
+from databus.bootstrap._component import BackgroundComponent
 from databus.bootstrap._storage import BootstrapStorage, LogWindow, StoredEvent
 from databus.checkpoint import Checkpoint
 from databus.client._relay_puller import FellOffRelay, RelayPuller
@@ -105,8 +105,10 @@ class _Assembler:
         return windows
 
 
-class LogProducer:
+class LogProducer(BackgroundComponent):
     """Owns one background task (``start``/``close``) that pulls and appends."""
+
+    task_name = "databus-bootstrap-producer"
 
     def __init__(
         self,
@@ -128,25 +130,12 @@ class LogProducer:
         self.poll_wait_ms = poll_wait_ms
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        super().__init__()
         self.status = ProducerStatus()
-        self._task: asyncio.Task[None] | None = None
         self._known_fingerprints: set[int] = set()
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="databus-bootstrap-producer")
-
-    async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    def _closed(self) -> None:
         self.status.state = "stopped"
-
-    async def wait(self) -> None:
-        """Until the task ends (it only ends by ``close`` or a fatal error, raised here)."""
-        if self._task is not None:
-            await self._task
 
     async def _run(self) -> None:
         delay = self.backoff_initial
