@@ -14,6 +14,7 @@ from ``/v1/status``), which becomes the log floor: everything after it is in the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -186,42 +187,56 @@ class LogProducer(BackgroundComponent):
         ids = await asyncio.to_thread(storage.source_ids)
         self.status.state = "running"
         self.status.scn = position.window_scn if position.window_scn >= 0 else None
-        while True:
-            try:
-                batch = await puller.fetch(position, max_bytes=self.max_bytes,
-                                           wait_ms=self.poll_wait_ms)
-            except FellOffRelay as exc:
-                raise SourceError(
-                    f"the relay no longer holds SCN {position.window_scn} (its oldest window "
-                    f"is {exc.min_scn}): the bootstrap log would have a gap. Seed the "
-                    "snapshot again (databus spark seed) and restart with producer.start_scn",
-                    retriable=False,
-                ) from None
-            if batch.pending_event_size is not None:
+        # One append may run (in a thread, mostly waiting on the database) while the
+        # next response is fetched and split; appends still happen one after the other.
+        appending: asyncio.Task[None] | None = None
+        try:
+            while True:
+                try:
+                    batch = await puller.fetch(position, max_bytes=self.max_bytes,
+                                               wait_ms=self.poll_wait_ms)
+                except FellOffRelay as exc:
+                    raise SourceError(
+                        f"the relay no longer holds SCN {position.window_scn} (its oldest "
+                        f"window is {exc.min_scn}): the bootstrap log would have a gap. Seed "
+                        "the snapshot again (databus spark seed) and restart with "
+                        "producer.start_scn", retriable=False,
+                    ) from None
+                if batch.pending_event_size is not None:
+                    position = batch.checkpoint
+                    self.max_bytes = max(self.max_bytes, batch.pending_event_size)
+                    continue
+                if not batch.body:
+                    position = batch.checkpoint
+                    continue
+                names = batch.source_names
+                wanted = set(names.values())
+                if not wanted <= ids.keys():
+                    ids = await asyncio.to_thread(storage.ensure_sources, sorted(wanted))
+                windows = assembler.feed(batch.body, names, ids)
+                await self._store_schemas(puller, assembler.fingerprints)
                 position = batch.checkpoint
-                self.max_bytes = max(self.max_bytes, batch.pending_event_size)
-                continue
-            if not batch.body:
-                position = batch.checkpoint
-                continue
-            names = batch.source_names
-            wanted = set(names.values())
-            if not wanted <= ids.keys():
-                ids = await asyncio.to_thread(storage.ensure_sources, sorted(wanted))
-            windows = assembler.feed(batch.body, names, ids)
-            await self._store_schemas(puller, assembler.fingerprints)
-            position = batch.checkpoint
-            if not windows:
-                continue
-            committed = Checkpoint.after(windows[-1].scn)
-            stored_windows = [w for w in windows if w.events]
-            await asyncio.to_thread(storage.append, stored_windows, committed,
-                                    log_floor_scn=floor)
-            floor = None
-            self.status.scn = committed.window_scn
-            self.status.windows += len(windows)
-            self.status.events += sum(len(w.events) for w in windows)
-            self.status.batches += 1
+                if not windows:
+                    continue
+                if appending is not None:
+                    await appending  # raises what the previous append raised
+                appending = asyncio.create_task(self._append(windows, floor))
+                floor = None
+        finally:
+            if appending is not None and not appending.done():
+                # A thread cannot be cancelled: let the append finish (or fail) first.
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(appending)
+
+    async def _append(self, windows: list[LogWindow], floor: int | None) -> None:
+        committed = Checkpoint.after(windows[-1].scn)
+        stored_windows = [w for w in windows if w.events]
+        await asyncio.to_thread(self.storage.append, stored_windows, committed,
+                                log_floor_scn=floor)
+        self.status.scn = committed.window_scn
+        self.status.windows += len(windows)
+        self.status.events += sum(len(w.events) for w in windows)
+        self.status.batches += 1
 
     async def _store_schemas(self, puller: RelayPuller, fingerprints: dict[int, str]
                              ) -> None:
