@@ -100,7 +100,6 @@ class Reader:
     _pending: list[bytes] = field(default_factory=list)
     _last: int | None = None  # last whole window
     _restart_at: int | None = None  # after a fall-off: the window that must come next
-    _span: int = 0  # max_scn - min_scn of the buffer, as the last answer said
 
     @property
     def filter(self) -> str:
@@ -121,9 +120,6 @@ class Reader:
                 body = await resp.read()
                 status = resp.status
                 header_cp = resp.headers.get("X-Databus-Checkpoint")
-                if status == 200:
-                    self._span = (int(resp.headers["X-Databus-Max-Scn"])
-                                  - int(resp.headers["X-Databus-Min-Scn"]))
             self.requests += 1
             if status == 410:
                 doc = json.loads(body)
@@ -140,10 +136,14 @@ class Reader:
                 self._open, self._pending = None, []  # that window is gone: drop it
                 # Restart from the min SCN the relay named: that window must come next.
                 # If it was evicted again before we got there (the writer laps the ring
-                # in a fraction of a second), start half a buffer further in.
-                lead = 0 if self._restart_at is None else self._span // 2
-                self._restart_at = low + lead
-                cp = json.dumps({"window_scn": low + lead - 1, "window_offset": -1})
+                # in a fraction of a second; a slow reader may never catch the oldest
+                # window), start next to the newest window the relay holds instead.
+                restart = low
+                if self._restart_at is not None:
+                    newest = (await r.json("/v1/status"))["buffers"]["load"]["max_scn"]
+                    restart = max(low, int(newest) - 20)
+                self._restart_at = restart
+                cp = json.dumps({"window_scn": restart - 1, "window_offset": -1})
                 continue
             assert status == 200, (status, body[:200])
             self.consume(body, source)
