@@ -20,7 +20,6 @@ import aiohttp
 from databus.checkpoint import Checkpoint, Mode
 from databus.client._failover import FailoverPuller
 from databus.errors import DatabusError, UnknownSourceError
-from databus.schemas import Schema
 
 Phase = Literal["snapshot", "catchup", "done"]
 _PHASES: tuple[Phase, ...] = ("snapshot", "catchup", "done")
@@ -67,6 +66,7 @@ class BootstrapBatch:
 class BootstrapPuller(FailoverPuller):
     service = "bootstrap service"
     error_class = BootstrapError
+    schemas_path = "/v1/bootstrap/schemas"
 
     def __init__(
         self,
@@ -80,10 +80,9 @@ class BootstrapPuller(FailoverPuller):
         request_timeout: float = 60.0,
         rng: random.Random | None = None,
     ) -> None:
-        super().__init__(urls, session, backoff_initial=backoff_initial,
-                         backoff_max=backoff_max, request_timeout=request_timeout, rng=rng)
-        self.sources = list(sources)
-        self.filter_json = filter_json
+        super().__init__(urls, sources, session, filter_json=filter_json,
+                         backoff_initial=backoff_initial, backoff_max=backoff_max,
+                         request_timeout=request_timeout, rng=rng)
 
     def json_error(self, status: int, body: object) -> DatabusError:
         doc = body if isinstance(body, dict) else {}
@@ -113,11 +112,7 @@ class BootstrapPuller(FailoverPuller):
 
     async def fetch(self, position: Checkpoint, *, max_bytes: int) -> BootstrapBatch:
         """One stream request, retried across servers until one answers."""
-        params = {"checkpoint": position.dumps(), "max_bytes": str(max_bytes)}
-        if self.sources:
-            params["sources"] = ",".join(self.sources)
-        if self.filter_json:
-            params["filter"] = self.filter_json
+        params = self.stream_params(position, max_bytes)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
 
         async def attempt(url: str) -> BootstrapBatch:
@@ -154,17 +149,3 @@ class BootstrapPuller(FailoverPuller):
         except BootstrapTooOld as exc:
             # The answer does not say which SCN was asked for; the request does.
             raise BootstrapTooOld(position.window_scn, exc.log_floor_scn, exc.detail) from None
-
-    async def schema(self, fingerprint: int) -> Schema:
-        """A writer schema by fingerprint, from whichever server answers."""
-
-        async def attempt(url: str) -> Schema:
-            doc = await self._get_json(f"{url}/v1/bootstrap/schemas/{fingerprint:016x}")
-            # The schema itself, or wrapped as the relay does ({"schema": ...}).
-            if isinstance(doc, dict) and "schema" in doc:
-                doc = doc["schema"]
-            if not isinstance(doc, dict | str | list):
-                raise ValueError(f"schema {fingerprint:016x} from {url} is not a schema")
-            return Schema(doc)
-
-        return await self._retrying(attempt)

@@ -18,6 +18,7 @@ from typing import ClassVar, TypeVar
 
 import aiohttp
 
+from databus.checkpoint import Checkpoint
 from databus.errors import (
     ConnectionLostError,
     DatabusError,
@@ -25,6 +26,7 @@ from databus.errors import (
     UnknownSchemaError,
     UnknownSourceError,
 )
+from databus.schemas import Schema
 
 log = logging.getLogger("databus.client")
 T = TypeVar("T")
@@ -36,12 +38,16 @@ class FailoverPuller:
     # How messages name the service, and the error for answers the client cannot retry.
     service: ClassVar[str] = "server"
     error_class: ClassVar[type[DatabusError]] = DatabusError
+    # Where the service answers GET <schemas_path>/<16 hex digits>.
+    schemas_path: ClassVar[str] = "/v1/schemas"
 
     def __init__(
         self,
         urls: Sequence[str],
+        sources: Sequence[str],
         session: aiohttp.ClientSession,
         *,
+        filter_json: str | None = None,
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         request_timeout: float = 30.0,
@@ -50,6 +56,8 @@ class FailoverPuller:
         if not urls:
             raise ValueError(f"at least one {self.service} URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
+        self.sources = list(sources)
+        self.filter_json = filter_json
         self.session = session
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
@@ -59,6 +67,29 @@ class FailoverPuller:
         self._catalogs: dict[str, dict[int, str]] = {}
         self.failovers = 0
         self.last_error: BaseException | None = None
+
+    def stream_params(self, position: Checkpoint, max_bytes: int) -> dict[str, str]:
+        """The query of a stream request: checkpoint, size, sources and filter."""
+        params = {"checkpoint": position.dumps(), "max_bytes": str(max_bytes)}
+        if self.sources:
+            params["sources"] = ",".join(self.sources)
+        if self.filter_json:
+            params["filter"] = self.filter_json
+        return params
+
+    async def schema(self, fingerprint: int) -> Schema:
+        """A writer schema by fingerprint, from whichever server answers."""
+
+        async def attempt(url: str) -> Schema:
+            doc = await self._get_json(f"{url}{self.schemas_path}/{fingerprint:016x}")
+            # {"fingerprint", "name", "schema"} as relays and bootstrap services answer.
+            if isinstance(doc, dict) and "schema" in doc:
+                doc = doc["schema"]
+            if not isinstance(doc, dict | str | list):
+                raise ValueError(f"schema {fingerprint:016x} from {url} is not a schema")
+            return Schema(doc)
+
+        return await self._retrying(attempt)
 
     @property
     def url(self) -> str:

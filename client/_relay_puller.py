@@ -18,7 +18,6 @@ import aiohttp
 from databus.checkpoint import Checkpoint
 from databus.client._failover import FailoverPuller
 from databus.errors import DatabusError, ScnNotFoundError
-from databus.schemas import Schema
 
 
 class FellOffRelay(DatabusError):
@@ -72,10 +71,9 @@ class RelayPuller(FailoverPuller):
         request_timeout: float = 30.0,
         rng: random.Random | None = None,
     ) -> None:
-        super().__init__(relays, session, backoff_initial=backoff_initial,
-                         backoff_max=backoff_max, request_timeout=request_timeout, rng=rng)
-        self.sources = list(sources)
-        self.filter_json = filter_json
+        super().__init__(relays, sources, session, filter_json=filter_json,
+                         backoff_initial=backoff_initial, backoff_max=backoff_max,
+                         request_timeout=request_timeout, rng=rng)
         self.buffer_sources: dict[str, set[str]] = {}
 
     @property
@@ -108,15 +106,7 @@ class RelayPuller(FailoverPuller):
 
     async def fetch(self, position: Checkpoint, *, max_bytes: int, wait_ms: int) -> Batch:
         """One stream request, retried across relays until one answers."""
-        params = {
-            "checkpoint": position.dumps(),
-            "max_bytes": str(max_bytes),
-            "wait_ms": str(wait_ms),
-        }
-        if self.sources:
-            params["sources"] = ",".join(self.sources)
-        if self.filter_json:
-            params["filter"] = self.filter_json
+        params = {**self.stream_params(position, max_bytes), "wait_ms": str(wait_ms)}
         timeout = aiohttp.ClientTimeout(total=self.request_timeout + wait_ms / 1000)
 
         async def attempt(relay: str) -> Batch:
@@ -142,14 +132,4 @@ class RelayPuller(FailoverPuller):
             return await self._retrying(attempt)
         except ScnNotFoundError as exc:
             raise FellOffRelay(position.window_scn, exc.min_scn) from None
-
-    async def schema(self, fingerprint: int) -> Schema:
-        """A writer schema by fingerprint, from whichever relay answers."""
-
-        async def attempt(relay: str) -> Schema:
-            doc = await self._get_json(f"{relay}/v1/schemas/{fingerprint:016x}")
-            assert isinstance(doc, dict)
-            return Schema(doc["schema"])
-
-        return await self._retrying(attempt)
 
