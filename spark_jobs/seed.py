@@ -145,16 +145,17 @@ class MysqlDump:
         return self.shape.avro_schema()
 
 
-def _encode_mysql_batches(batches: Iterator[pa.RecordBatch], *, shape: TableShape,
-                          converters: Sequence[Callable[[Any], Any]], stamp: EventStamp,
-                          counter: Any) -> Iterator[pa.RecordBatch]:
+def _encode_shaped_batches(batches: Iterator[pa.RecordBatch], columns: Sequence[int | str],
+                           *, shape: TableShape, converters: Sequence[Callable[[Any], Any]],
+                           stamp: EventStamp, counter: Any) -> Iterator[pa.RecordBatch]:
+    """Arrow batches whose ``columns`` (by position or name) follow ``shape`` -> snapshot
+    rows, encoded with the binlog fetcher's own writers and key function."""
     writers = row_writers(shape.columns)
     key_of = row_key_function(shape.columns, shape.primary_key)
-    width = len(converters)
     for batch in batches:
-        columns = [batch.column(i).to_pylist() for i in range(width)]
+        values_by_column = [batch.column(c).to_pylist() for c in columns]
         keys, values = [], []
-        for raw in zip(*columns, strict=True):
+        for raw in zip(*values_by_column, strict=True):
             native = [None if v is None else convert(v)
                       for convert, v in zip(converters, raw, strict=True)]
             value = encode_row(writers, native)
@@ -163,6 +164,13 @@ def _encode_mysql_batches(batches: Iterator[pa.RecordBatch], *, shape: TableShap
         if counter is not None:
             counter.add(len(keys))
         yield _snapshot_batch(keys, values, stamp)
+
+
+def _encode_mysql_batches(batches: Iterator[pa.RecordBatch], *, shape: TableShape,
+                          converters: Sequence[Callable[[Any], Any]], stamp: EventStamp,
+                          counter: Any) -> Iterator[pa.RecordBatch]:
+    yield from _encode_shaped_batches(batches, range(len(converters)), shape=shape,
+                                      converters=converters, stamp=stamp, counter=counter)
 
 
 def encode_mysql_dump(dump_frame: DataFrame, dump: MysqlDump, stamp: EventStamp, *,
@@ -327,22 +335,9 @@ def _table_batches(batches: Iterator[pa.RecordBatch], *, dump: ParquetDump,
                    stamp: EventStamp, counter: Any) -> Iterator[pa.RecordBatch]:
     assert dump.shape is not None
     shape = dump.shape
-    converters = [_native(c) for c in shape.columns]
-    names = [c.name for c in shape.columns]
-    writers = row_writers(shape.columns)
-    key_of = row_key_function(shape.columns, shape.primary_key)
-    for batch in batches:
-        columns = [batch.column(name).to_pylist() for name in names]
-        keys, values = [], []
-        for raw in zip(*columns, strict=True):
-            native = [None if v is None else convert(v)
-                      for convert, v in zip(converters, raw, strict=True)]
-            value = encode_row(writers, native)
-            keys.append(key_of(native, value))
-            values.append(value)
-        if counter is not None:
-            counter.add(len(keys))
-        yield _snapshot_batch(keys, values, stamp)
+    yield from _encode_shaped_batches(
+        batches, [c.name for c in shape.columns], shape=shape,
+        converters=[_native(c) for c in shape.columns], stamp=stamp, counter=counter)
 
 
 def encode_parquet_dump(frame: DataFrame, dump: ParquetDump, stamp: EventStamp, *,
