@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from databus.bootstrap import _plan
 from databus.bootstrap._plan import StoreFacts, Strategy
-from databus.bootstrap._sql import SqlStorage
 from databus.bootstrap._storage import BootstrapStorage, LogRow
 from databus.checkpoint import Checkpoint, Mode
 from databus.errors import UnknownSourceError
@@ -73,10 +72,7 @@ class Bootstrapper:
         self.stats = ServeStats()
 
     def facts(self) -> StoreFacts:
-        if isinstance(self.storage, SqlStorage):  # both backends: the positions alone
-            return StoreFacts(*self.storage.positions())
-        state = self.storage.state()
-        return StoreFacts(state.applied_scn, state.producer_scn, state.log_floor_scn)
+        return StoreFacts(*self.storage.positions())
 
     def resolve_sources(self, requested: Sequence[str]) -> list[str]:
         known = self.storage.source_ids()

@@ -325,21 +325,18 @@ class SqlStorage(BootstrapStorage):
 
     def state(self) -> StorageState:
         with self._transaction(write=False) as cur:
-            cur.execute("SELECT max(scn), count(*), COALESCE(sum(bytes), 0) FROM dbus_windows")
-            producer_scn, windows, size = cur.fetchone()
+            applied_scn, producer_scn, log_floor_scn = self._positions(cur)
+            cur.execute("SELECT count(*), COALESCE(sum(bytes), 0) FROM dbus_windows")
+            windows, size = cur.fetchone()
             snapshot_rows = {}
             for name, source_id in sorted(self._source_ids(cur).items()):
                 cur.execute(self._q(f"SELECT count(*) FROM {snapshot_table(source_id)}"
                                     " WHERE op = %s"), (LIVE,))
                 snapshot_rows[name] = int(cur.fetchone()[0])
-            checkpoint = self._get_state(cur, PRODUCER_CHECKPOINT)
-            if producer_scn is None and checkpoint is not None:
-                # Retention may have emptied the log: the producer's position remains.
-                producer_scn = Checkpoint.loads(checkpoint).window_scn
             return StorageState(
-                producer_scn=None if producer_scn is None else int(producer_scn),
-                applied_scn=self._int_state(cur, APPLIED_SCN),
-                log_floor_scn=self._int_state(cur, LOG_FLOOR_SCN),
+                producer_scn=producer_scn,
+                applied_scn=applied_scn,
+                log_floor_scn=log_floor_scn,
                 log_windows=int(windows),
                 log_bytes=int(size),
                 snapshot_rows=snapshot_rows,
@@ -348,19 +345,20 @@ class SqlStorage(BootstrapStorage):
             )
 
     def positions(self) -> tuple[int | None, int | None, int | None]:
-        """(applied SCN, producer SCN, log floor SCN) as ``state`` reports them, without
-        its counts: those scan the snapshot and the window table (about half a second
-        per 3M snapshot rows), and the server needs the positions on every bootstrap."""
         with self._transaction(write=False) as cur:
-            cur.execute("SELECT max(scn) FROM dbus_windows")
-            producer_scn = cur.fetchone()[0]
-            if producer_scn is None:
-                checkpoint = self._get_state(cur, PRODUCER_CHECKPOINT)
-                if checkpoint is not None:
-                    producer_scn = Checkpoint.loads(checkpoint).window_scn
-            return (self._int_state(cur, APPLIED_SCN),
-                    None if producer_scn is None else int(producer_scn),
-                    self._int_state(cur, LOG_FLOOR_SCN))
+            return self._positions(cur)
+
+    def _positions(self, cur: Cursor) -> tuple[int | None, int | None, int | None]:
+        cur.execute("SELECT max(scn) FROM dbus_windows")
+        producer_scn = cur.fetchone()[0]
+        if producer_scn is None:
+            # Retention may have emptied the log: the producer's position remains.
+            checkpoint = self._get_state(cur, PRODUCER_CHECKPOINT)
+            if checkpoint is not None:
+                producer_scn = Checkpoint.loads(checkpoint).window_scn
+        return (self._int_state(cur, APPLIED_SCN),
+                None if producer_scn is None else int(producer_scn),
+                self._int_state(cur, LOG_FLOOR_SCN))
 
     def _source_id(self, cur: Cursor, source: str) -> int:
         ids = self._source_ids(cur)

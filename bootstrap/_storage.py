@@ -163,6 +163,12 @@ class BootstrapStorage(ABC):
     def state(self) -> StorageState: ...
 
     @abstractmethod
+    def positions(self) -> tuple[int | None, int | None, int | None]:
+        """(applied SCN, producer SCN, log floor SCN) as ``state`` reports them, without
+        its counts, which scan the snapshot (the server needs the positions on every
+        bootstrap; the counts are for /v1/status)."""
+
+    @abstractmethod
     def snapshot_batch(
         self,
         source: str,
