@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from databus.bootstrap._component import BackgroundComponent
+from databus.bootstrap._component import BackgroundComponent, ComponentStatus
 from databus.bootstrap._storage import BootstrapStorage
 from databus.errors import DatabusError
 
@@ -23,22 +23,17 @@ log = logging.getLogger("databus.bootstrap.applier")
 
 
 @dataclass
-class ApplierStatus:
-    state: str = "starting"
+class ApplierStatus(ComponentStatus):
     applied_scn: int | None = None
     batches: int = 0
     rows: int = 0
-    errors: int = 0
-    last_error: str | None = None
     retention_runs: int = 0
     log_floor_scn: int | None = None
-    started_at: float = field(default_factory=time.monotonic)
 
     def to_json(self) -> dict[str, Any]:
-        elapsed = max(1e-9, time.monotonic() - self.started_at)
-        return {"state": self.state, "applied_scn": self.applied_scn, "batches": self.batches,
-                "rows": self.rows, "rows_per_second": round(self.rows / elapsed, 1),
-                "errors": self.errors, "last_error": self.last_error,
+        return {**super().to_json(), "applied_scn": self.applied_scn,
+                "batches": self.batches, "rows": self.rows,
+                "rows_per_second": round(self.rows / self.elapsed, 1),
                 "retention_runs": self.retention_runs, "log_floor_scn": self.log_floor_scn}
 
 
@@ -46,6 +41,8 @@ class LogApplier(BackgroundComponent):
     """Owns one background task (``start``/``close``)."""
 
     task_name = "databus-bootstrap-applier"
+    log = log
+    status: ApplierStatus
 
     def __init__(
         self,
@@ -67,9 +64,6 @@ class LogApplier(BackgroundComponent):
         self.backoff_max = backoff_max
         super().__init__()
         self.status = ApplierStatus()
-
-    def _closed(self) -> None:
-        self.status.state = "stopped"
 
     def apply_available(self) -> int:
         """Apply until caught up (blocking); the number of rows applied."""
@@ -119,14 +113,10 @@ class LogApplier(BackgroundComponent):
                 raise
             except DatabusError as exc:
                 if not exc.retriable:
-                    self.status.state = "failed"
-                    self.status.last_error = str(exc)
+                    self._gave_up(exc)
                     raise
                 rows = 0
-                self.status.errors += 1
-                self.status.state = "retrying"
-                self.status.last_error = str(exc)
-                log.warning("bootstrap applier: %s; retrying", exc)
+                self._retrying(exc)
                 delay = min(self.backoff_max, max(delay * 2, self.poll_interval))
             if not rows:
                 await asyncio.sleep(delay)

@@ -17,15 +17,14 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from databus._hashing import stable_key_hash
-from databus.bootstrap._component import BackgroundComponent
+from databus.bootstrap._component import BackgroundComponent, ComponentStatus
 from databus.bootstrap._storage import BootstrapStorage, LogWindow, StoredEvent
 from databus.checkpoint import Checkpoint
 from databus.client._relay_puller import FellOffRelay, RelayPuller
@@ -36,22 +35,16 @@ log = logging.getLogger("databus.bootstrap.producer")
 
 
 @dataclass
-class ProducerStatus:
-    state: str = "starting"
+class ProducerStatus(ComponentStatus):
     scn: int | None = None
     windows: int = 0
     events: int = 0
     batches: int = 0
-    errors: int = 0
-    last_error: str | None = None
-    started_at: float = field(default_factory=time.monotonic)
 
     def to_json(self) -> dict[str, Any]:
-        elapsed = max(1e-9, time.monotonic() - self.started_at)
-        return {"state": self.state, "scn": self.scn, "windows": self.windows,
-                "events": self.events, "batches": self.batches, "errors": self.errors,
-                "events_per_second": round(self.events / elapsed, 1),
-                "last_error": self.last_error}
+        return {**super().to_json(), "scn": self.scn, "windows": self.windows,
+                "events": self.events, "batches": self.batches,
+                "events_per_second": round(self.events / self.elapsed, 1)}
 
 
 class _Assembler:
@@ -110,6 +103,8 @@ class LogProducer(BackgroundComponent):
     """Owns one background task (``start``/``close``) that pulls and appends."""
 
     task_name = "databus-bootstrap-producer"
+    log = log
+    status: ProducerStatus
 
     def __init__(
         self,
@@ -135,9 +130,6 @@ class LogProducer(BackgroundComponent):
         self.status = ProducerStatus()
         self._known_fingerprints: set[int] = set()
 
-    def _closed(self) -> None:
-        self.status.state = "stopped"
-
     async def _run(self) -> None:
         delay = self.backoff_initial
         while True:
@@ -148,23 +140,15 @@ class LogProducer(BackgroundComponent):
                 raise
             except DatabusError as exc:
                 if not exc.retriable:
-                    self.status.state = "failed"
-                    self.status.last_error = str(exc)
-                    log.error("bootstrap producer stopped: %s", exc)
+                    self._gave_up(exc)
                     raise
-                self._failed(exc)
+                self._retrying(exc)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                self._failed(exc)
+                self._retrying(exc)
             else:
                 return
             await asyncio.sleep(delay)
             delay = min(self.backoff_max, delay * 2)
-
-    def _failed(self, exc: BaseException) -> None:
-        self.status.errors += 1
-        self.status.state = "retrying"
-        self.status.last_error = str(exc)
-        log.warning("bootstrap producer: %s; retrying", exc)
 
     async def _pull(self, session: aiohttp.ClientSession) -> None:
         storage = self.storage
