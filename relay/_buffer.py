@@ -9,12 +9,29 @@ File layout::
     slot: magic "DBRB" | version u16 | pad u16 | seq u64 | capacity u64 | head u64 |
           tail u64 | prev_scn i64 | crc32 u32 (over the 52 bytes before it)
 
+    version 2: pad markers (below). Version 1 files marked padding with a bare 0x00
+    byte, which cannot be told from damage: they are refused, not guessed at.
+
 Positions are *absolute* byte counts that only grow (``head`` = oldest byte held,
 ``tail`` = end of the last complete window); the physical offset is ``pos % C``. An
-event never straddles the end of the ring: when it does not fit, the writer marks the
-rest with a 0x00 byte (or leaves fewer than a header's bytes) and continues at the next
-lap. ``prev_scn`` is the SCN of the last window evicted, or the SCN the buffer started
-after.
+event never straddles the end of the ring: when it does not fit, the rest of the lap is
+padding and the event goes to the start of the next lap. Padding must be *provable*,
+because a zeroed page (a torn write after a machine crash) looks just like it:
+
+- fewer than a header's bytes (56) left before the end of the ring: no event can start
+  there, so the rest of the lap is padding by geometry alone;
+- otherwise the writer puts a pad marker where the next event would have started::
+
+    pad marker (16 bytes): 0x00 | "PAD" | absolute position u64 | crc32 u32 (of the 12
+                           bytes before it)
+
+  An event starts with its magic 0xDB, so a 0x00 first byte is never an event; the
+  absolute position ties the marker to this lap (a stale marker from an older lap at
+  the same offset does not match), and the CRC tells it from a zeroed page.
+
+Anything else where an event should start is damage: recovery drops that window and
+everything after it, a reader refuses to skip it. ``prev_scn`` is the SCN of the last
+window evicted, or the SCN the buffer started after.
 
 Concurrency: one writer thread, many readers. The writer moves ``head`` past a window
 *before* it overwrites that window's bytes, and readers check ``head`` *after* they have
@@ -63,9 +80,11 @@ log = logging.getLogger("databus.relay.buffer")
 META_SIZE = 4096
 _SLOT = struct.Struct(">4sHHQQQQqI")
 _SLOT_MAGIC = b"DBRB"
-_SLOT_VERSION = 1
+_SLOT_VERSION = 2
 _SLOT_OFFSETS = (0, 64)
 _PAD = 0x00
+_PAD_MARKER = struct.Struct(">B3sQI")
+_PAD_MAGIC = b"PAD"
 _HDR_SCN = struct.Struct(">q")
 _HDR_SOURCE = struct.Struct(">h")
 _HDR_CRC = struct.Struct(">I")
@@ -73,6 +92,12 @@ _HDR_CRC = struct.Struct(">I")
 _SCAN = struct.Struct(">12xIq10xhq8xI")
 _U32 = struct.Struct(">I")
 _SEQ_SLOT_UNSET = -1
+
+
+def _pad_marker_fields(pos: int) -> tuple[int, bytes, int, int]:
+    """The fields of the pad marker at absolute position ``pos`` (its CRC included)."""
+    crc = zlib.crc32(struct.pack(">B3sQ", _PAD, _PAD_MAGIC, pos))
+    return _PAD, _PAD_MAGIC, pos, crc
 
 
 class _Overwritten(Exception):
@@ -86,6 +111,19 @@ class BufferError_(DatabusError):
     """Misuse of the buffer's window API (a bug in a fetcher)."""
 
     code = "buffer_error"
+
+
+class BufferCorruptedError(DatabusError):
+    """Bytes of the ring that should hold an event or a pad marker hold neither.
+
+    Recovery never raises it (it drops the damaged window and everything after it); a
+    reader raises it instead of skipping bytes it cannot prove are padding. Retriable:
+    a restart of the relay recovers the verified part of the buffer.
+    """
+
+    code = "buffer_corrupted"
+    http_status = 503
+    retriable = True
 
 
 class WindowTooLargeError(BufferError_):
@@ -174,6 +212,9 @@ class EventBuffer:
         self._write = 0
         self._win_check = WindowChecksum()
         self._win_last_ts = 0
+        # Source id -> schema fingerprints of the events recovery found in the file, so
+        # the relay can check them against its catalog before serving anything.
+        self.recovered_sources: dict[int, set[int]] = {}
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not self.path.exists()
@@ -211,15 +252,27 @@ class EventBuffer:
 
     def _read_meta(self) -> tuple[int, int, int, int] | None:
         best: tuple[int, int, int, int] | None = None
+        older_format = None
         for off in _SLOT_OFFSETS:
             raw = bytes(self._mm[off : off + _SLOT.size])
             magic, version, _, seq, cap, head, tail, prev, crc = _SLOT.unpack(raw)
-            if magic != _SLOT_MAGIC or version != _SLOT_VERSION or zlib.crc32(raw[:-4]) != crc:
+            if magic != _SLOT_MAGIC or zlib.crc32(raw[:-4]) != crc:
+                continue
+            if version != _SLOT_VERSION:
+                older_format = version
                 continue
             if cap != self.capacity or not head <= tail <= head + cap:
                 continue
             if best is None or seq > best[0]:
                 best = (seq, head, tail, prev)
+        if best is None and older_format is not None:
+            # Starting empty would throw away windows we could have served; guessing at
+            # the old format's padding is what this version exists to stop.
+            raise BufferError_(
+                f"buffer file {self.path} has format version {older_format}, this relay "
+                f"reads version {_SLOT_VERSION}: move the file away to start an empty "
+                "buffer (consumers behind it will bootstrap)"
+            )
         return best
 
     # -- recovery -------------------------------------------------------------------
@@ -255,6 +308,8 @@ class EventBuffer:
         check = WindowChecksum()
         scn: int | None = None
         while True:
+            if pos >= limit:
+                raise EventFormatError("window is cut off by the tail", reason="truncated")
             pos = self._skip_pad(pos)
             if pos >= limit:
                 raise EventFormatError("window is cut off by the tail", reason="truncated")
@@ -269,6 +324,10 @@ class EventBuffer:
             elif header.scn != scn:
                 raise EventFormatError("SCN changes inside a window", offset=phys, reason="bad scn")
             pos += header.total_length
+            if not header.is_control:
+                self.recovered_sources.setdefault(header.source_id, set()).add(
+                    header.schema_fingerprint
+                )
             if header.is_eow:
                 eow = decode_eow(event)
                 if eow.event_count != check.count or eow.checksum != check.crc:
@@ -381,10 +440,14 @@ class EventBuffer:
         phys = pos % cap
         if phys + n > cap:
             # It does not fit before the end of the ring: the rest of this lap is padding
-            # (a 0x00 where a magic byte would be), and the event goes to the next lap.
+            # and the event goes to the next lap. Where a header would fit, a pad marker
+            # proves it (see the module docstring); room is made first, because the
+            # marker overwrites bytes of the previous lap.
+            pad_at = pos
             pos += cap - phys
             self._make_room_until(pos + n)
-            self._ring[phys] = _PAD
+            if cap - phys >= HEADER_SIZE:
+                _PAD_MARKER.pack_into(self._ring, phys, *_pad_marker_fields(pad_at))
             phys = 0
         else:
             self._make_room_until(pos + n)
@@ -528,7 +591,23 @@ class EventBuffer:
         first_pos: int | None = None  # absolute position of the first byte served
         while pos < tail:
             phys = pos % cap
-            if cap - phys < HEADER_SIZE or ring[phys] == _PAD:
+            if cap - phys < HEADER_SIZE:
+                pos += cap - phys
+                continue
+            if ring[phys] == _PAD:
+                if not self._is_pad_marker(pos):
+                    if self._head > pos:
+                        raise _Overwritten
+                    if size:
+                        break  # serve what precedes the damage; the next read reports it
+                    log.error(
+                        "buffer %s: no event and no pad marker at position %d; refusing "
+                        "to skip bytes that may be damage (restart the relay to recover "
+                        "the verified windows)", self.path, pos,
+                    )
+                    raise BufferCorruptedError(
+                        f"buffer {self.path.stem} is damaged at position {pos}"
+                    )
                 pos += cap - phys
                 continue
             total, scn, source_id, pkey, key_len = unpack(ring, phys)
@@ -585,10 +664,25 @@ class EventBuffer:
         return ReadResult(data, cp, events, windows, pending, wait)
 
     def _skip_pad(self, pos: int) -> int:
+        """The position of the event at or after ``pos``: past the end-of-lap padding if
+        ``pos`` is provably padding. A 0x00 byte without a valid pad marker is damage
+        (``EventFormatError``), never skipped."""
         phys = pos % self.capacity
-        if self.capacity - phys < HEADER_SIZE or self._ring[phys] == _PAD:
+        if self.capacity - phys < HEADER_SIZE:
+            return pos + (self.capacity - phys)
+        if self._ring[phys] == _PAD:
+            if not self._is_pad_marker(pos):
+                raise EventFormatError(
+                    "a 0x00 byte where an event should start, without a valid pad marker",
+                    offset=phys, reason="damaged padding",
+                )
             return pos + (self.capacity - phys)
         return pos
+
+    def _is_pad_marker(self, pos: int) -> bool:
+        phys = pos % self.capacity
+        raw = bytes(self._ring[phys : phys + _PAD_MARKER.size])
+        return raw == _PAD_MARKER.pack(*_pad_marker_fields(pos))
 
     def _scn_at(self, pos: int) -> int:
         pos = self._skip_pad(pos)

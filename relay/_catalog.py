@@ -55,7 +55,9 @@ _VERSION = 1
 MAX_SOURCE_ID = (1 << 15) - 1
 _MAX_NAME = 255
 # What a malformed (hand-edited, truncated) file makes the loader raise.
-_LOAD_ERRORS = (AttributeError, KeyError, TypeError, ValueError, SchemaError, ConfigError)
+# RecursionError: a deeply nested (still valid) JSON document, in the file or a schema.
+_LOAD_ERRORS = (AttributeError, KeyError, TypeError, ValueError, RecursionError, SchemaError,
+                ConfigError)
 
 
 class CatalogError(DatabusError):
@@ -149,6 +151,40 @@ class RelayCatalog:
             raise UnknownSourceError(f"unknown source id {source_id}")
         return record.entry()
 
+    def check_buffer_events(self, buffer_name: str, found: dict[int, set[int]]) -> None:
+        """Check the source ids and schema fingerprints found in a buffer's file.
+
+        A hand-edited or swapped ``catalog.json`` that still parses would make the relay
+        serve events under the wrong name (a consumer naming the source gets nothing
+        while its checkpoint moves past them): refuse to start instead.
+        """
+        with self._lock:
+            problems = []
+            for source_id, fingerprints in sorted(found.items()):
+                record = self._by_id.get(source_id)
+                if record is None:
+                    problems.append(f"source id {source_id} is not in the catalog")
+                elif record.buffer != buffer_name:
+                    problems.append(
+                        f"source id {source_id} ({record.name}) belongs to buffer "
+                        f"{record.buffer!r} in the catalog"
+                    )
+                else:
+                    unknown = sorted(fp for fp in fingerprints if fp not in record.versions)
+                    if unknown:
+                        problems.append(
+                            f"source id {source_id} ({record.name}) has events with schema "
+                            f"{', '.join(_fp_text(fp) for fp in unknown[:3])} that the "
+                            "catalog does not list for it"
+                        )
+        if problems:
+            raise CatalogError(
+                f"relay catalog {self.path} does not match buffer {buffer_name!r}: "
+                f"{'; '.join(problems[:5])}. The buffer's events would be served under "
+                "the wrong source: restore the catalog, or move it away together with the "
+                "*.buf files"
+            )
+
     def for_buffer(self, buffer_name: str, partition_id: int) -> BufferCatalog:
         """The ``SourceCatalog`` a fetcher of buffer ``buffer_name`` gets."""
         return BufferCatalog(self, buffer_name, partition_id)
@@ -235,7 +271,7 @@ class RelayCatalog:
     def _load(self) -> None:
         try:
             doc = json.loads(self.path.read_bytes())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise self._corrupt(f"cannot read it: {exc}") from exc
         try:
             self._load_doc(doc)

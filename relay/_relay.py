@@ -34,6 +34,9 @@ class Relay:
                     index_every_bytes=buffer_config.index_every_bytes,
                     partition_id=partition_id,
                 )
+                self.catalog.check_buffer_events(
+                    buffer_config.name, self.buffers[buffer_config.name].recovered_sources
+                )
         except BaseException:
             for buffer in self.buffers.values():
                 buffer.close()
