@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from databus._redact import redact
+
 
 @dataclass
 class ComponentStatus:
@@ -60,11 +62,11 @@ class BackgroundComponent(ABC):
     def _gave_up(self, exc: BaseException) -> None:
         """A non-retriable error ends the task."""
         self.status.state = "failed"
-        self.status.last_error = str(exc)
+        self.status.last_error = redact(str(exc))
         self.log.error("%s stopped: %s", self.task_name, exc)
 
     def _retrying(self, exc: BaseException) -> None:
         self.status.errors += 1
         self.status.state = "retrying"
-        self.status.last_error = str(exc)
+        self.status.last_error = redact(str(exc))
         self.log.warning("%s: %s; retrying", self.task_name, exc)

@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg2
 import psycopg2.extensions
 
+from databus._redact import redact, register_uri, split_password
 from databus.bootstrap._sql import Cursor, SqlStorage, log_table
 from databus.bootstrap._storage import StoredEvent
 from databus.config import redact_uri
@@ -46,7 +47,12 @@ class PostgresStorage(SqlStorage):
 
     def __init__(self, url: str, *, log_partition_span: int | None = None,
                  connect_timeout: float = 5.0, key_hash: bool = True) -> None:
-        parts = urlsplit(url)
+        register_uri(url)
+        # libpq gets the password as its own argument, never inside the URL: a URL
+        # parser fails on an unencoded '%' (or splits at an '@' or '/') in a password
+        # and quotes it back in its error message.
+        url_without_password, self._password = split_password(url)
+        parts = urlsplit(url_without_password)
         query = dict(parse_qsl(parts.query))
         self.schema_name = query.pop("schema", "databus")
         if not _SCHEMA_RE.fullmatch(self.schema_name):
@@ -92,11 +98,11 @@ class PostgresStorage(SqlStorage):
                 # with a snapshot newer than the store it resumes from.
                 options=f"-c search_path={self.schema_name} -c synchronous_commit=on",
                 keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                **({} if self._password is None else {"password": self._password}),
             )
         except psycopg2.Error as exc:
             raise StorageUnavailableError(
-                f"cannot connect to the bootstrap database {self.where}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                f"cannot connect to the bootstrap database {self.where}: {_first_line(exc)}"
             ) from None
         self._local.conn = conn
         self._local.generation = self._generation
@@ -122,8 +128,7 @@ class PostgresStorage(SqlStorage):
             self._generation += 1
             self._drop_connection()
             raise StorageUnavailableError(
-                f"lost the bootstrap database {self.where}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                f"lost the bootstrap database {self.where}: {_first_line(exc)}"
             ) from None
         except psycopg2.Error:
             self._partitions.clear()
@@ -207,6 +212,12 @@ class PostgresStorage(SqlStorage):
                     with self._transaction(write=True) as cur:
                         cur.execute(f"DROP TABLE IF EXISTS {log_table(source_id)}_p{index}")
                     self._partitions.discard((source_id, index))
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of a driver's message, every configured secret cut out."""
+    text = str(exc).strip()
+    return redact(text.splitlines()[0]) if text else type(exc).__name__
 
 
 def encode_copy(rows: Sequence[tuple[int, int, StoredEvent]]) -> io.BytesIO:

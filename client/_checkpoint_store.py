@@ -52,6 +52,7 @@ from psycopg2 import sql
 from psycopg2.extensions import parse_dsn
 
 from databus._fileio import write_atomically
+from databus._redact import redact, register_secret, register_uri, split_password
 from databus.checkpoint import Checkpoint
 from databus.errors import CheckpointError, ConfigError, ConnectionLostError, DatabusError
 
@@ -474,6 +475,14 @@ class PostgresCheckpointStore(CheckpointStore):
         self.consumer = _require_consumer(consumer)
         self.table = table
         self._table = _table_identifier(table)
+        self._connect_kwargs: dict[str, Any] = {}
+        register_uri(dsn)
+        if dsn.startswith(("postgresql://", "postgres://")):
+            # libpq gets a URL's password as its own argument: its URL parser fails on
+            # an unencoded '%' (or splits at an '@' or '/') in a password and quotes it.
+            dsn, password = split_password(dsn)
+            if password is not None:
+                self._connect_kwargs["password"] = password
         try:
             params = parse_dsn(dsn)
         except psycopg2.ProgrammingError:
@@ -481,9 +490,10 @@ class PostgresCheckpointStore(CheckpointStore):
             raise ConfigError("invalid PostgreSQL DSN (details withheld: the DSN may hold a "
                               "password)") from None
         self._dsn = dsn
-        self._secrets = sorted({v for k, v in params.items() if "password" in k and v},
-                               key=len, reverse=True)
-        self._connect_kwargs: dict[str, Any] = {}
+        self._secrets = sorted({v for k, v in params.items() if "password" in k and v}
+                               | set(self._connect_kwargs.values()), key=len, reverse=True)
+        for secret in self._secrets:
+            register_secret(secret)
         if "connect_timeout" not in params:
             # libpq waits forever by default. A checkpoint store must fail instead.
             self._connect_kwargs["connect_timeout"] = _DEFAULT_CONNECT_TIMEOUT
@@ -509,7 +519,7 @@ class PostgresCheckpointStore(CheckpointStore):
         """``text`` with every password removed, even one only a server message echoes."""
         for secret in self._secrets:
             text = text.replace(secret, "***")
-        return _DSN_SECRET_RE.sub(lambda m: f"{m.group(1)}=***", text)
+        return redact(_DSN_SECRET_RE.sub(lambda m: f"{m.group(1)}=***", text))
 
     def _describe(self, exc: BaseException) -> str:
         return self._scrub(" ".join(str(exc).split()) or type(exc).__name__)
@@ -711,6 +721,10 @@ class ZooKeeperCheckpointStore(CheckpointStore):
         self.path = f"{self.root}/{self.consumer}"
         if not isinstance(timeout, int | float) or not timeout > 0:
             raise ConfigError(f"ZooKeeper timeout must be a positive number, got {timeout!r}")
+        if isinstance(hosts, str) and "@" in hosts:
+            # kazoo takes credentials through auth_data, not in hosts; one written as
+            # user:password@host must still never be printed.
+            register_uri(f"zookeeper://{hosts}")
         try:
             collect_hosts(hosts)
         except (ValueError, TypeError, AttributeError) as exc:

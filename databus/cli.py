@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from databus import __version__
+from databus._redact import install_log_redaction, redact
 from databus.errors import DatabusError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -74,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # No configured secret reaches a log line, whoever logs it (aiohttp quotes header
+    # values, drivers quote URLs): see databus._redact.
+    install_log_redaction()
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
@@ -81,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except DatabusError as exc:
-        print(f"databus {args.command}: error: {exc}", file=sys.stderr)
+        print(redact(f"databus {args.command}: error: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -41,6 +41,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
+from databus._redact import register_secret, register_uri
 from databus.errors import ConfigError
 
 __all__ = [
@@ -81,6 +82,9 @@ class Secret:
         if not isinstance(value, str):
             raise TypeError(f"Secret wraps a str, got {type(value).__name__}")
         self._value = value
+        # From now on the value is cut out of every log line and error message of the
+        # process, whoever prints it (databus._redact).
+        register_secret(value)
 
     def reveal(self) -> str:
         """The secret value. Call it only where the value is used, never to log it."""
@@ -101,8 +105,11 @@ class Secret:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Secret):
             return NotImplemented
-        # Constant time: tokens are compared against what clients send.
-        return hmac.compare_digest(self._value.encode(), other._value.encode())
+        # Constant time: tokens are compared against what clients send. surrogatepass:
+        # a header that was not UTF-8 reaches us with lone surrogates; it must compare
+        # unequal, not raise.
+        return hmac.compare_digest(self._value.encode("utf-8", "surrogatepass"),
+                                   other._value.encode("utf-8", "surrogatepass"))
 
     def __hash__(self) -> int:
         return hash((Secret, self._value))
@@ -200,6 +207,7 @@ class BufferConfig:
     index_every_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
+        register_uri(self.source)
         check_name(self.name, "name")
         check_range(self.capacity_mb, "capacity_mb", min=1, max=1 << 20)
         check_range(self.index_every_bytes, "index_every_bytes", min=1024)
@@ -363,6 +371,7 @@ class BootstrapConfig:
     retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
 
     def __post_init__(self) -> None:
+        register_uri(self.storage)
         if not self.storage.startswith(("postgresql://", "postgres://", "sqlite:///")):
             raise ConfigFieldError("storage", "must be a postgresql:// or sqlite:/// URL")
         if not self.host or any(c.isspace() for c in self.host):
@@ -601,6 +610,8 @@ class _Loader:
             value, interpolated = self.interpolate(value, path)
         if tp is str:
             if isinstance(value, str):
+                if _URI_RE.match(value):
+                    register_uri(value)  # any URI of any component may hold a password
                 return value
         elif tp is Secret:
             if isinstance(value, str):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from databus._redact import redact
+
 
 class DatabusError(Exception):
     """Root of every error raised by databus."""
@@ -22,6 +24,9 @@ class DatabusError(Exception):
     retriable: bool = False
 
     def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+        # Messages often quote a driver's text, which may echo a password or token:
+        # every configured secret is cut out here, once, for logs, HTTP bodies and status.
+        message = redact(message)
         super().__init__(message)
         self.message = message
         if retriable is not None:

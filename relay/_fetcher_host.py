@@ -35,8 +35,8 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import parse_qsl, unquote, urlsplit
 
+from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
 from databus.errors import ConfigError, DatabusError
 from databus.fetchers._api import Fetcher, FetcherContext, fetcher_class
@@ -49,9 +49,6 @@ log = logging.getLogger("databus.relay.fetchers")
 
 FetcherState = Literal["starting", "running", "backoff", "stopped", "failed"]
 
-_SECRET_QUERY_KEYS = frozenset(
-    {"password", "passwd", "pwd", "secret", "token", "access_token", "api_key", "apikey"}
-)
 
 
 # -- pure pieces ----------------------------------------------------------------------
@@ -89,30 +86,6 @@ class Backoff:
         delay = self._next
         self._next = min(self._next * 2, self.maximum)
         return delay
-
-
-def uri_secrets(uri: str) -> list[str]:
-    """The secret strings of ``uri`` (password, secret-looking query values) to scrub
-    from messages, longest first so a secret containing another is replaced whole."""
-    secrets: set[str] = set()
-    try:
-        parts = urlsplit(uri)
-        password = parts.password
-        query = parse_qsl(parts.query, keep_blank_values=True)
-    except ValueError:
-        return []
-    if password:
-        secrets |= {password, unquote(password)}
-    for key, value in query:
-        if key.lower() in _SECRET_QUERY_KEYS and value:
-            secrets.add(value)
-    return sorted(secrets, key=len, reverse=True)
-
-
-def scrub(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
 
 
 # -- status ---------------------------------------------------------------------------
@@ -188,7 +161,7 @@ class _Runner:
         self.catalog = catalog
         self.stop = stop
         self.backoff = backoff
-        self.secrets = uri_secrets(uri)
+        register_uri(uri)  # its password is cut out of every message from now on
         self.sink = _TrackingSink(buffer)
         self.lock = threading.Lock()
         self.state: FetcherState = "starting"
@@ -226,7 +199,7 @@ class _Runner:
         except BaseException:
             # A bug in the host itself: say so rather than leave a stale "running".
             log.error("fetcher host thread of buffer %s died: %s", self.name,
-                      scrub(traceback.format_exc().rstrip(), self.secrets))
+                      redact(traceback.format_exc().rstrip()))
             self.set_state("failed")
             raise
 
@@ -265,12 +238,12 @@ class _Runner:
 
     def failed(self, error: BaseException, ran_for: float) -> bool:
         """Record and log ``error``; wait out the backoff. False: give up for good."""
-        message = scrub(f"{type(error).__name__}: {error}", self.secrets)
+        message = redact(f"{type(error).__name__}: {error}")
         expected = isinstance(error, DatabusError)
         retriable = error.retriable if isinstance(error, DatabusError) else True
         # Our own errors explain themselves; anything else may be a bug: show where.
-        detail = message if expected else scrub(
-            "".join(traceback.format_exception(error)).rstrip(), self.secrets
+        detail = message if expected else redact(
+            "".join(traceback.format_exception(error)).rstrip()
         )
         with self.lock:
             self.last_error = message
@@ -301,7 +274,7 @@ class _Runner:
             fetcher.close()
         except Exception as exc:
             log.warning("closing the fetcher of buffer %s: %s", self.name,
-                        scrub(f"{type(exc).__name__}: {exc}", self.secrets))
+                        redact(f"{type(exc).__name__}: {exc}"))
 
     def status(self) -> FetcherStatus:
         buffer_state = self.buffer.state()

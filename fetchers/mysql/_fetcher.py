@@ -53,6 +53,7 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
+from databus._redact import register_uri
 from databus.errors import DatabusError, SourceError
 from databus.event import Key, Op, encode_event
 from databus.fetchers._api import Fetcher, FetcherContext, WindowSink
@@ -122,6 +123,8 @@ class BinlogFetcher(Fetcher):
     scheme: ClassVar[str] = "mysql"
 
     def __init__(self, uri: str, context: FetcherContext) -> None:
+        # Before anything can fail: the password is cut out of every message from here.
+        register_uri(uri)
         super().__init__(uri, context)
         self.config = BinlogSourceConfig.from_uri(uri)  # config errors surface at start-up
         self._lock = threading.Lock()

@@ -123,8 +123,11 @@ class BinlogSourceConfig:
         try:
             parts = urlsplit(uri)
             port = parts.port
-        except ValueError as exc:
-            raise ConfigError(f"mysql source {shown}: malformed URI ({exc})") from None
+        except ValueError:
+            # Not quoting the ValueError: urllib quotes the "port", which may be a piece of a
+            # password holding an unencoded '/'.
+            raise ConfigError(f"mysql source {shown}: malformed URI (bad port, or a password "
+                              "holding an unencoded / ? or # : percent-encode it)") from None
         if parts.scheme not in SCHEMES:
             raise ConfigError(f"not a mysql:// URI: {shown}")
         if parts.fragment:

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from databus._redact import register_uri
 from databus.event import Op, encode_event
 from databus.fetchers._api import Fetcher, FetcherContext, WindowSink
 from databus.fetchers.txlog._errors import TxlogPositionError
@@ -216,6 +217,8 @@ class TxlogFetcher(Fetcher):
     dialect: ClassVar[Dialect]
 
     def __init__(self, uri: str, context: FetcherContext) -> None:
+        # Before anything can fail: the password is cut out of every message from here.
+        register_uri(uri)
         super().__init__(uri, context)
         self.source = parse_source(uri, expect=self.dialect)  # config errors at start-up
         self._session: DbSession | None = None

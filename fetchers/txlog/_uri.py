@@ -180,8 +180,12 @@ def parse_source(
     try:
         parts = urlsplit(uri)
         port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"txlog source {redact_uri(uri)}: {exc}") from None
+    except ValueError:
+        # Not quoting the ValueError: urllib quotes the "port", which may be a piece of
+        # a password holding an unencoded '/'.
+        raise ConfigError(f"txlog source {redact_uri(uri)}: malformed URI (bad port, or a "
+                          "password holding an unencoded / ? or # : percent-encode it)"
+                          ) from None
     dialect = SCHEMES.get(parts.scheme)
     if dialect is None:
         raise ConfigError(
