@@ -57,6 +57,7 @@ __all__ = [
     "Secret",
     "check_name",
     "check_range",
+    "check_serving_limits",
     "from_mapping",
     "load_config",
     "load_toml",
@@ -184,6 +185,29 @@ def check_name(value: str, field: str) -> None:
         )
 
 
+class _ServingLimits(typing.Protocol):
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def header_timeout_s(self) -> float: ...
+    @property
+    def idle_timeout_s(self) -> float: ...
+    @property
+    def write_timeout_s(self) -> float: ...
+    @property
+    def max_stream_memory_mb(self) -> int: ...
+
+
+def check_serving_limits(cfg: _ServingLimits) -> None:
+    """The connection limits the relay and the bootstrap server share (databus._serving)."""
+    check_range(cfg.max_connections, "max_connections", min=1, max=1_000_000)
+    for name in ("header_timeout_s", "idle_timeout_s", "write_timeout_s"):
+        value = getattr(cfg, name)
+        if not 0 < value <= 3600:
+            raise ConfigFieldError(name, f"must be > 0 and at most 3600, got {value}")
+    check_range(cfg.max_stream_memory_mb, "max_stream_memory_mb", min=1, max=1 << 20)
+
+
 # --- the relay -------------------------------------------------------------------------
 
 _URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -247,8 +271,21 @@ class RelayConfig:
     max_bytes_cap: int = 8 * _MIB
     # Upper bound on a long poll's wait_ms.
     max_wait_ms: int = 60_000
+    # Connection limits (docs/relay.md, "Limits"): open connections served at once; a
+    # request head (line and headers) must arrive within header_timeout_s of its first
+    # byte (of the connection, for the first request); a keep-alive connection may idle
+    # idle_timeout_s between requests; a response that makes no progress for
+    # write_timeout_s (a client that stopped reading) is cut and its memory freed.
+    max_connections: int = 1000
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 75.0
+    write_timeout_s: float = 30.0
+    # All stream response bodies held at once beyond 64 KiB each; a request is served
+    # less than its max_bytes when this is used up (docs/relay.md, "Memory").
+    max_stream_memory_mb: int = 128
 
     def __post_init__(self) -> None:
+        check_serving_limits(self)
         if not str(self.data_dir):
             raise ConfigFieldError("data_dir", "must not be empty")
         if not self.host or any(c.isspace() for c in self.host):
@@ -340,8 +377,16 @@ class BootstrapServerConfig:
     # Rows read per query; a response also stops at the client's max_bytes.
     batch_rows: int = 2000
     max_bytes_cap: int = 8 * _MIB
+    # Connection limits of the bootstrap HTTP server, as in [relay] (docs/bootstrap.md).
+    # They apply whenever the process serves HTTP (its status endpoints too).
+    max_connections: int = 1000
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 75.0
+    write_timeout_s: float = 30.0
+    max_stream_memory_mb: int = 128
 
     def __post_init__(self) -> None:
+        check_serving_limits(self)
         if not 0.0 <= self.breakeven_ratio <= 1.0:
             raise ConfigFieldError("breakeven_ratio", "must be between 0 and 1")
         check_range(self.ratio_sample_rows, "ratio_sample_rows", min=1)
