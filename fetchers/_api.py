@@ -11,6 +11,12 @@ crashes, only for the errors it can handle better itself. The exception is a
 ``DatabusError`` with ``retriable=False`` (a wrong config, a window larger than the
 buffer): that fetcher is marked ``failed`` and not restarted, since retrying cannot help.
 
+A fetcher also says which logical sources its configuration names
+(``configured_sources``): the relay lists the ones named exactly in ``/v1/sources``
+from the start, with a stable id and state ``pending``, before the table exists at the
+source (a consumer deployed before the schema migration waits for them), and serves a
+stream naming a configured source with no events rather than ``unknown_source``.
+
 Fetchers are found by URI scheme through the ``databus.fetchers`` entry point group
 (``synthetic = "databus.fetchers.synthetic:SyntheticFetcher"``), so a third party adds
 one without touching the relay.
@@ -54,6 +60,34 @@ class SourceCatalog(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class ConfiguredSources:
+    """The logical sources a fetcher's configuration names, whether they exist yet or not.
+
+    ``names`` are named exactly (``tables=shop.orders``): the relay gives each an id at
+    start. ``databases`` are whole databases (``tables=shop.*``: every ``shop.<table>``),
+    and ``everything`` means every ``db.table`` outside ``excluded_databases``: their
+    tables are known only once they exist, so they get an id when the fetcher first
+    sees them (``SourceCatalog.source_id``), and until then only ``matches`` answers.
+    """
+
+    names: frozenset[str] = frozenset()
+    databases: frozenset[str] = frozenset()
+    everything: bool = False
+    excluded_databases: frozenset[str] = frozenset()
+
+    def matches(self, name: str) -> bool:
+        """True when ``name`` (``database.table``) is a source this configuration names."""
+        if name in self.names:
+            return True
+        database, dot, table = name.rpartition(".")
+        if not dot or not database or not table:
+            return False
+        if self.everything:
+            return database not in self.excluded_databases
+        return database in self.databases
+
+
 @dataclass
 class FetcherContext:
     """What the host gives a fetcher besides its URI."""
@@ -82,6 +116,12 @@ class Fetcher(ABC):
     def initial_scn(self) -> int | None:
         """The SCN an empty buffer starts after when ``run`` gets None (the source's
         current position), or None if the fetcher starts from the source's beginning."""
+        return None
+
+    def configured_sources(self) -> ConfiguredSources | None:
+        """The logical sources this fetcher's configuration names (see
+        ``ConfiguredSources``), or None when it cannot say: then only the sources it
+        has registered so far are known to the relay (a third-party fetcher's default)."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most fetchers have nothing to free

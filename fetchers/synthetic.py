@@ -64,7 +64,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from databus.errors import ConfigError
 from databus.event import HEADER_SIZE, Op, encode_event
-from databus.fetchers._api import Fetcher, FetcherContext, WindowSink
+from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
 from databus.schemas import Schema
 
 __all__ = [
@@ -370,6 +370,10 @@ class SyntheticFetcher(Fetcher):
     def __init__(self, uri: str, context: FetcherContext) -> None:
         super().__init__(uri, context)
         self.params = SyntheticParams.from_uri(uri)  # config errors surface at start-up
+
+    def configured_sources(self) -> ConfiguredSources:
+        """``source=``: its names are listed by the relay from the start."""
+        return ConfiguredSources(names=frozenset(self.params.sources))
 
     def _generator(self) -> SyntheticGenerator:
         catalog = self.context.catalog

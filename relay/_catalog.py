@@ -77,6 +77,13 @@ class SourceEntry:
     # The fingerprint of the current schema version, None before one is registered.
     fingerprint: int | None
 
+    @property
+    def state(self) -> str:
+        """``active`` once the fetcher has seen the table (its schema is registered);
+        ``pending`` for a source the configuration names whose table does not exist
+        yet: its id is reserved, consumers may subscribe and wait for it."""
+        return "pending" if self.fingerprint is None else "active"
+
 
 @dataclass(frozen=True, slots=True)
 class _Record:

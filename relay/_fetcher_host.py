@@ -39,7 +39,7 @@ from typing import Any, Literal
 from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
 from databus.errors import ConfigError, DatabusError
-from databus.fetchers._api import Fetcher, FetcherContext, fetcher_class
+from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, fetcher_class
 from databus.relay._buffer import BufferState, EventBuffer
 from databus.relay._catalog import RelayCatalog
 
@@ -171,6 +171,8 @@ class _Runner:
         # Written by the fetcher thread, read by status(): a single int, atomic.
         self.source_scn: int | None = None
         self.fetcher: Fetcher | None = None
+        # What its configuration names (set by FetcherHost.start; None: it cannot say).
+        self.configured: ConfiguredSources | None = None
         # The first instance is built by start(), so config errors reach the caller.
         self.first: Fetcher | None = self.new_fetcher()
         self.thread = threading.Thread(
@@ -358,6 +360,7 @@ class FetcherHost:
                     self._stop,
                     Backoff(self.backoff_initial, self.backoff_max, self.healthy_after),
                 )
+            self._declare(runners)
         except BaseException:
             for runner in runners.values():
                 if runner.first is not None:
@@ -369,6 +372,41 @@ class FetcherHost:
             runner.thread.start()
         log.info("started fetchers: %s", ", ".join(
             f"{n} ({redact_uri(r.uri)})" for n, r in runners.items()))
+
+    def _declare(self, runners: Mapping[str, _Runner]) -> None:
+        """Give every source a fetcher's configuration names exactly its id now, before
+        its table exists: ``/v1/sources`` lists it (state ``pending``) and a consumer
+        can subscribe to it. The id is persisted, so the events written once the table
+        exists carry it, across restarts too. A name configured for two buffers is a
+        config error, raised here (the relay does not come up)."""
+        owners: dict[str, str] = {}
+        for name, runner in runners.items():
+            assert runner.first is not None
+            configured = runner.first.configured_sources()
+            runner.configured = configured
+            if configured is None:
+                continue
+            for source in sorted(configured.names):
+                other = owners.setdefault(source, name)
+                if other != name:
+                    raise ConfigError(f"source {source!r} is configured for buffers {other!r} "
+                                      f"and {name!r}: a logical source feeds one buffer")
+                runner.catalog.for_buffer(name, runner.buffer.partition_id).source_id(source)
+
+    def configured_buffer(self, source: str) -> str | None:
+        """The buffer whose fetcher's configuration names ``source`` (exactly, or by a
+        ``db.*``/all-tables pattern), or None. Several buffers matching by pattern
+        (two ``mysql://`` sources without ``tables=``) is ambiguous: ``ConfigError``."""
+        exact = [n for n, r in self._runners.items()
+                 if r.configured is not None and source in r.configured.names]
+        if exact:
+            return exact[0]
+        matching = [n for n, r in self._runners.items()
+                    if r.configured is not None and r.configured.matches(source)]
+        if len(matching) > 1:
+            raise ConfigError(f"source {source!r} matches the tables of several buffers "
+                              f"({', '.join(matching)}); name it in one buffer's tables=")
+        return matching[0] if matching else None
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask every fetcher to stop, wait up to ``timeout`` seconds, close them."""

@@ -39,7 +39,8 @@ from databus._http import (
     json_errors,
     parse_fingerprint,
 )
-from databus.filters import FilterSpec
+from databus.errors import ConfigError, UnknownSourceError
+from databus.filters import FilterSpec, SourceFilter
 from databus.relay._buffer import EventPredicate
 from databus.relay._relay import Relay
 from databus.schemas import Schema
@@ -89,17 +90,42 @@ NOTIFIERS = web.AppKey("notifiers", dict[str, WindowNotifier])
 # -- parameters ---------------------------------------------------------------------
 
 
+def _source_buffer(relay: Relay, name: str) -> tuple[str, int | None]:
+    """The buffer of source ``name`` and its id; the id is None for a source the
+    configuration names by a pattern (``db.*``) whose table does not exist yet.
+    ``unknown_source`` (404) only for a name the configuration does not name at all."""
+    try:
+        entry = relay.catalog.source(name)
+    except UnknownSourceError:
+        try:
+            buffer = relay.fetchers.configured_buffer(name)
+        except ConfigError as exc:
+            raise BadRequest(exc.message) from None
+        if buffer is None:
+            raise UnknownSourceError(
+                f"unknown source {name!r}: this relay's configuration does not name it"
+            ) from None
+        return buffer, None
+    return entry.buffer, entry.id
+
+
 def _buffer_for(
     relay: Relay, request: web.Request
 ) -> tuple[str, EventPredicate | None, bool]:
     """The buffer a stream request reads, its per-event predicate, and whether the
-    predicate needs key bytes."""
-    names = [n for n in request.query.get("sources", "").split(",") if n.strip()]
+    predicate needs key bytes.
+
+    A configured source whose table does not exist yet is served like one with no
+    events (a long poll waits), not as ``unknown_source``: a consumer may start before
+    the schema migration. One named by a pattern has no id yet, so the predicate looks
+    ids it does not know up by name, once per id: the relay gives a source its id before
+    it writes an event with it, so events of the table created meanwhile pass."""
+    names = [n.strip() for n in request.query.get("sources", "").split(",") if n.strip()]
     spec = FilterSpec.parse(request.query.get("filter") or None)
     catalog = relay.catalog
     if names:
-        entries = [catalog.source(n.strip()) for n in names]
-        buffers = {e.buffer for e in entries}
+        located = {n: _source_buffer(relay, n) for n in names}
+        buffers = {b for b, _ in located.values()}
         if len(buffers) > 1:
             raise BadRequest(
                 f"sources {', '.join(names)} live in different buffers "
@@ -108,24 +134,53 @@ def _buffer_for(
         buffer_name = buffers.pop()
     elif len(relay.buffers) == 1:
         buffer_name = next(iter(relay.buffers))
-        entries = []
+        located = {}
     else:
         raise BadRequest("this relay has several buffers: name the sources to stream")
-    filters = {}
-    for name, source_filter in spec.filters.items():
-        filters[catalog.source(name).id] = source_filter
-    wanted = frozenset(e.id for e in entries) if entries else None
-    needs_key = any(f.needs_key for f in filters.values())
-    if wanted is None and not filters:
+    filters = {name: (_source_buffer(relay, name)[1], f) for name, f in spec.filters.items()}
+    needs_key = any(f.needs_key for _, f in filters.values())
+    if not located and not filters:
         return buffer_name, None, False
+    everything = not located
+    # Per source id: (subscribed, its filter or None); ids not in it are decided by name.
+    known: dict[int, tuple[bool, SourceFilter | None]] = {
+        source_id: (True, None) for source_id in (i for _, i in located.values())
+        if source_id is not None
+    }
+    for source_id, source_filter in filters.values():
+        if source_id is not None:
+            known[source_id] = (everything or source_id in known, source_filter)
+    late_names = {n for n, (_, i) in located.items() if i is None}
+    late_filters = {n: f for n, (i, f) in filters.items() if i is None}
+    wanted_ids = None if everything else frozenset(i for i, (w, _) in known.items() if w)
 
-    def predicate(source_id: int, pkey: int, key: bytes) -> bool:
-        if wanted is not None and source_id not in wanted:
-            return False
-        f = filters.get(source_id)
-        return f is None or f.passes(pkey, key)
+    def late(source_id: int) -> tuple[bool, SourceFilter | None]:
+        try:
+            name = catalog.by_id(source_id).name
+        except UnknownSourceError:
+            return everything, None
+        decision = (everything or name in late_names, late_filters.get(name))
+        known[source_id] = decision
+        return decision
 
-    return buffer_name, predicate, needs_key
+    if not late_names and not late_filters:
+        # Every source has an id: the plain form (no lookups on the per-event path).
+        plain = {i: f for i, (_, f) in known.items() if f is not None}
+
+        def predicate(source_id: int, pkey: int, key: bytes) -> bool:
+            if wanted_ids is not None and source_id not in wanted_ids:
+                return False
+            f = plain.get(source_id)
+            return f is None or f.passes(pkey, key)
+
+        return buffer_name, predicate, needs_key
+
+    def lazy_predicate(source_id: int, pkey: int, key: bytes) -> bool:
+        decision = known.get(source_id)
+        wanted, f = decision if decision is not None else late(source_id)
+        return wanted and (f is None or f.passes(pkey, key))
+
+    return buffer_name, lazy_predicate, needs_key
 
 
 # -- handlers -----------------------------------------------------------------------
@@ -186,6 +241,8 @@ async def sources(request: web.Request) -> web.Response:
             "buffer": e.buffer,
             "partition_id": e.partition_id,
             "schema_fingerprint": fp_text(e.fingerprint),
+            # Additive: "pending" = configured, its table not seen at the source yet.
+            "state": e.state,
         }
         for e in relay.catalog.sources()
     ]

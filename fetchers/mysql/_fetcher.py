@@ -56,7 +56,7 @@ from pymysqlreplication.row_event import (
 from databus._redact import register_uri
 from databus.errors import DatabusError, SourceError
 from databus.event import Key, Op, encode_event
-from databus.fetchers._api import Fetcher, FetcherContext, WindowSink
+from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
 from databus.fetchers.mysql._errors import SourceMisconfiguredError
 from databus.fetchers.mysql._schema import (
     QueryKind,
@@ -75,7 +75,7 @@ from databus.fetchers.mysql._server import (
     source_error,
 )
 from databus.fetchers.mysql._types import KeyOf, RowDecoder, encode_row, row_key_function
-from databus.fetchers.mysql._uri import BinlogSourceConfig
+from databus.fetchers.mysql._uri import SYSTEM_DATABASES, BinlogSourceConfig, TableSelector
 from databus.schemas import Schema
 
 __all__ = ["BinlogFetcher"]
@@ -161,6 +161,16 @@ class BinlogFetcher(Fetcher):
             # It may be broken already; closing is best effort.
             with contextlib.suppress(Exception):
                 conn.close()
+
+    def configured_sources(self) -> ConfiguredSources:
+        """``tables=``: exact names are listed by the relay before their tables exist."""
+        selector = self.config.selector
+        return ConfiguredSources(
+            names=frozenset(f"{db}.{table}" for db, table in selector.tables),
+            databases=selector.databases,
+            everything=selector.everything,
+            excluded_databases=SYSTEM_DATABASES,
+        )
 
     def initial_scn(self) -> int:
         """The server's current binlog end: a new relay starts there."""
@@ -251,6 +261,9 @@ class _Capture:
         self.by_table_id: dict[int, _Table | None] = {}
         self.schemas: dict[tuple[Any, ...], Schema] = {}
         self.source_ids: dict[str, int] = {}
+        # Sources whose schema this run registered: a DDL makes the fetcher look for
+        # captured tables not among them (created after the relay started).
+        self.registered: set[str] = set()
         self.next_poll = time.monotonic() + _POLL_INTERVAL_S
         self.table_map: dict[int, Any] | None = None
 
@@ -268,6 +281,7 @@ class _Capture:
         if schema is None:
             schema = self.context.catalog.register_schema(shape.source_name, shape.avro_schema())
             self.schemas[signature] = schema
+            self.registered.add(shape.source_name)
             log.info("source %s: schema version %016x (%d columns)", shape.source_name,
                      schema.fingerprint, len(shape.columns))
         return schema
@@ -285,6 +299,30 @@ class _Capture:
         for shape in shapes:
             self._source_id(shape.source_name)
             self._schema(shape)
+
+    def discover_new_tables(self) -> None:
+        """After DDL: register captured tables this run has not seen yet (a CREATE TABLE
+        or RENAME of a configured table), so the relay lists them as soon as they exist
+        rather than at their first row. Best effort, like ``register_current_schemas``:
+        the first row registers the table anyway."""
+        selector = self.config.selector
+        unseen = frozenset(t for t in selector.tables if f"{t[0]}.{t[1]}" not in self.registered)
+        if not unseen and not selector.databases and not selector.everything:
+            return  # every configured table is known: the common case costs nothing
+        narrowed = TableSelector(unseen, selector.databases, selector.everything)
+        try:
+            shapes = current_shapes(self.fetcher._connection(), self.config, narrowed)
+        except SourceError as exc:
+            if not exc.retriable:
+                raise
+            log.warning("could not read information_schema of %s after DDL: %s",
+                        self.config.address, exc)
+            return
+        for shape in shapes:
+            if shape.source_name not in self.registered:
+                self._source_id(shape.source_name)
+                self._schema(shape)
+                log.info("source %s: table created, now listed by the relay", shape.source_name)
 
     def _table(self, shape: TableShape) -> _Table:
         key = (shape.database, shape.table)
@@ -429,6 +467,7 @@ class _Capture:
         elif kind is QueryKind.OTHER:
             self._forget_layouts()
             log.info("DDL at %s:%d: %s", self.file, position, _shorten(event.query))
+            self.discover_new_tables()
             if self.txn is not None and self.txn.standalone:
                 self._commit(position, event.timestamp)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,12 +38,18 @@ from typing import Any, ClassVar
 
 from databus._redact import register_uri
 from databus.event import Op, encode_event
-from databus.fetchers._api import Fetcher, FetcherContext, WindowSink
+from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
 from databus.fetchers.txlog._errors import TxlogPositionError
-from databus.fetchers.txlog._model import TableShape
+from databus.fetchers.txlog._model import TableRef, TableShape
 from databus.fetchers.txlog._schema import TableCodec, normalize_key
-from databus.fetchers.txlog._session import DbSession, Position, load_shapes
-from databus.fetchers.txlog._uri import Dialect, TxlogSource, parse_source
+from databus.fetchers.txlog._session import (
+    DbSession,
+    Position,
+    check_table,
+    load_shapes,
+    missing_objects,
+)
+from databus.fetchers.txlog._uri import Dialect, TableSpec, TxlogSource, parse_source
 
 __all__ = [
     "CapturedTable",
@@ -56,6 +63,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("databus.fetchers.txlog")
+
+# How often an idle fetcher looks whether a pending table exists now.
+_PENDING_CHECK_S = 1.0
 
 Row = Sequence[Any]
 
@@ -124,22 +134,62 @@ def assemble_windows(
 
 
 class TxlogPuller:
-    """One run's view of the source: the captured tables and the poll step."""
+    """One run's view of the source: the captured tables and the poll step.
+
+    A configured table that does not exist yet (the relay deployed before the schema
+    migration) is *pending*: its source id is taken at once, so the relay lists it
+    and consumers can wait for it, and the other tables are captured meanwhile. Once it
+    exists with its capture installed (``databus txlog install``: the relay does not
+    install triggers itself), it is captured from then on. That check runs in the read
+    snapshot of every batch, before its rows are read: a transaction that wrote the new
+    table went through its triggers, so the table is captured before any of its rows
+    can be passed by. It also runs about once a second while idle, so the relay lists
+    the table as soon as it exists. A table that exists but lacks its capture stays
+    pending (logged once): only a table present at start without its capture is an
+    error, since the migration may be between its CREATE TABLE and its install.
+    """
 
     def __init__(self, session: DbSession, context: FetcherContext) -> None:
         self.session = session
         self.source = session.source
         self.context = context
         self.tables: list[CapturedTable] = []
+        self._specs: list[TableSpec] = []  # the spec of each of self.tables
+        self.pending: list[TableSpec] = []
+        # False while no captured table exists and the TxLog is not installed yet.
+        self.txlog_present = True
         self._token: object = None
+        self._next_check = 0.0
+        self._warned: set[TableRef] = set()
 
     def prepare(self) -> None:
-        """Check every configured table (exists, has a key, capture installed) and
-        register its schema: errors here are raised before anything is read."""
+        """Check every configured table that exists (has a key, capture installed) and
+        register its schema: errors here are raised before anything is read. Tables that
+        do not exist yet are pending (see the class docstring)."""
+        present: list[tuple[TableSpec, TableShape]] = []
+        pending: list[TableSpec] = []
+        txlog = False
         with self.session.transaction("read"):
-            self._token = self.session.ddl_token(self.source.refs)
-            shapes = load_shapes(self.session, self.source.tables, installed=True)
-        self.tables = [self._captured(shape) for shape in shapes]
+            for spec in self.source.tables:
+                info = self.session.describe(spec.ref)
+                txlog = txlog or info.installed.txlog
+                if info.shape is None:
+                    pending.append(spec)
+                else:
+                    present.append((spec, check_table(self.session, spec, info,
+                                                      installed=True)))
+            self._token = self.session.ddl_token([spec.ref for spec, _ in present])
+        self.txlog_present = txlog or bool(present)
+        self.tables = [self._captured(shape) for _, shape in present]
+        self._specs = [spec for spec, _ in present]
+        self.pending = pending
+        for spec in pending:
+            name = self.source.source_name(spec.ref)
+            self.context.catalog.source_id(name)  # listed (pending) with its final id
+            log.warning("%s: table %s does not exist yet: source %s is pending, captured once "
+                        "the table exists and `databus txlog install` has run for it",
+                        self.source.redacted, spec.ref, name)
+        self._next_check = time.monotonic() + _PENDING_CHECK_S
 
     def _captured(self, shape: TableShape) -> CapturedTable:
         name = self.source.source_name(shape.ref)
@@ -153,12 +203,42 @@ class TxlogPuller:
         return CapturedTable(name, source_id, codec, dialect.rows_sql(shape),
                              dialect.deletes_sql(shape))
 
+    def _adopt_pending(self) -> None:
+        """Inside the read snapshot: capture the pending tables that now exist with their
+        capture installed."""
+        self._next_check = time.monotonic() + _PENDING_CHECK_S
+        waiting: list[TableSpec] = []
+        for spec in self.pending:
+            info = self.session.describe(spec.ref)
+            self.txlog_present = self.txlog_present or info.installed.txlog
+            if info.shape is None:
+                waiting.append(spec)
+                continue
+            shape = check_table(self.session, spec, info, installed=False)  # a key?
+            missing = missing_objects(self.session, info)
+            if missing:
+                if spec.ref not in self._warned:
+                    self._warned.add(spec.ref)
+                    log.warning(
+                        "%s: table %s exists but is not set up for capture (missing %s): "
+                        "waiting for `databus txlog install --tables %s`; rows written "
+                        "before it are not captured", self.source.redacted, spec.ref,
+                        "; ".join(missing), spec.ref)
+                waiting.append(spec)
+                continue
+            self.tables.append(self._captured(shape))
+            self._specs.append(spec)
+            self._token = object()  # compare every table's shape again
+            log.info("%s: table %s exists now, capturing it as %s", self.source.redacted,
+                     spec.ref, self.tables[-1].source_name)
+        self.pending = waiting
+
     def _refresh_if_changed(self) -> None:
         """Inside the read snapshot: new shapes (schema versions) after a DDL change."""
-        token = self.session.ddl_token(self.source.refs)
+        token = self.session.ddl_token([spec.ref for spec in self._specs])
         if token == self._token:
             return
-        shapes = load_shapes(self.session, self.source.tables, installed=True)
+        shapes = load_shapes(self.session, self._specs, installed=True)
         for i, shape in enumerate(shapes):
             if shape != self.tables[i].shape:
                 self.tables[i] = self._captured(shape)
@@ -167,6 +247,8 @@ class TxlogPuller:
         self._token = token
 
     def position(self) -> Position:
+        if not self.txlog_present:
+            return Position(0, 0)  # nothing was ever logged
         with self.session.transaction("read"):
             return self.session.position()
 
@@ -174,13 +256,23 @@ class TxlogPuller:
         """Read the transactions after ``last`` (see the module docstring)."""
         session = self.session
         dialect = session.dialect
-        if session.query(dialect.pending_sql()):
+        due = bool(self.pending) and time.monotonic() >= self._next_check
+        if not self.txlog_present and not due:
+            return PollResult([], last, Position(last, 0), full=False)
+        if self.txlog_present and session.query(dialect.pending_sql()):
             session.assign()
         with session.transaction("read"):
+            if not self.txlog_present:
+                self._adopt_pending()
+                if not self.txlog_present:
+                    return PollResult([], last, Position(last, 0), full=False)
+                due = False
             position = session.position()
             check_resume_point(last, position, self.source)
             batch = [(int(scn), int(ts or 0)) for scn, ts in session.query(
                 dialect.batch_sql(), {"last": last, "limit": self.source.batch})]
+            if self.pending and (batch or due):
+                self._adopt_pending()
             if not batch:
                 return PollResult([], last, position, full=False)
             upto = batch[-1][0]
@@ -223,6 +315,11 @@ class TxlogFetcher(Fetcher):
         self.source = parse_source(uri, expect=self.dialect)  # config errors at start-up
         self._session: DbSession | None = None
         self._lock = threading.Lock()
+
+    def configured_sources(self) -> ConfiguredSources:
+        """``tables=``: listed by the relay from the start, also before they exist."""
+        return ConfiguredSources(names=frozenset(
+            self.source.source_name(spec.ref) for spec in self.source.tables))
 
     @abstractmethod
     def new_session(self) -> DbSession:

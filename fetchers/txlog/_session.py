@@ -31,6 +31,7 @@ __all__ = [
     "Installed",
     "Position",
     "TableInfo",
+    "check_table",
     "load_shapes",
     "missing_objects",
 ]
@@ -195,31 +196,38 @@ def load_shapes(
     with ``installed`` its capture objects are all there (else a non-retriable error)."""
     shapes = []
     for spec in specs:
-        ref = spec.ref
-        info = session.describe(ref)
-        shape = info.shape
-        if shape is None:
-            raise ConfigError(f"txlog source {session.source.redacted}: no table {ref}")
-        if not shape.key:
-            raise ConfigError(
-                f"table {ref} has no primary key: the TxLog fetcher needs one, because "
-                "deletes are recorded by key and consumers apply changes by key. Add a "
-                "primary key (or capture a view of it that has one in another table)"
-            )
-        if spec.key is not None and spec.key != shape.key:
-            raise ConfigError(f"table {ref}: the key given, {spec.key}, is not its primary "
-                              f"key {shape.key}")
-        if installed:
-            missing = missing_objects(session, info)
-            if missing:
-                scheme = FETCHER_SCHEMES[session.source.dialect]
-                raise TxlogNotInstalledError(
-                    f"table {ref} is not set up for capture: missing {'; '.join(missing)}. "
-                    f"Run: databus txlog install --source '{session.source.redacted}' "
-                    f"--tables {ref} (source scheme {scheme}://)"
-                )
-        shapes.append(shape)
+        info = session.describe(spec.ref)
+        if info.shape is None:
+            raise ConfigError(f"txlog source {session.source.redacted}: no table {spec.ref}")
+        shapes.append(check_table(session, spec, info, installed=installed))
     return shapes
+
+
+def check_table(session: DbSession, spec: TableSpec, info: TableInfo, *, installed: bool
+                ) -> TableShape:
+    """The shape of an existing table, checked as ``load_shapes`` describes."""
+    ref = spec.ref
+    shape = info.shape
+    assert shape is not None
+    if not shape.key:
+        raise ConfigError(
+            f"table {ref} has no primary key: the TxLog fetcher needs one, because "
+            "deletes are recorded by key and consumers apply changes by key. Add a "
+            "primary key (or capture a view of it that has one in another table)"
+        )
+    if spec.key is not None and spec.key != shape.key:
+        raise ConfigError(f"table {ref}: the key given, {spec.key}, is not its primary "
+                          f"key {shape.key}")
+    if installed:
+        missing = missing_objects(session, info)
+        if missing:
+            scheme = FETCHER_SCHEMES[session.source.dialect]
+            raise TxlogNotInstalledError(
+                f"table {ref} is not set up for capture: missing {'; '.join(missing)}. "
+                f"Run: databus txlog install --source '{session.source.redacted}' "
+                f"--tables {ref} (source scheme {scheme}://)"
+            )
+    return shape
 
 
 def shapes_from_specs(specs: Sequence[TableSpec]) -> list[TableShape]:
