@@ -15,13 +15,18 @@ from T: ``choose_replay`` decides from the measured ratio of updates to existing
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-from databus.checkpoint import FLEXIBLE_SCN, Checkpoint, Mode
+from databus.checkpoint import FLEXIBLE_SCN, INT64_MAX, Checkpoint, Mode
 from databus.errors import BootstrapTooOldError, CheckpointError, StorageUnavailableError
 
 Strategy = Literal["auto", "snapshot", "log"]
+
+# What after_snapshot_batch writes: hex of a key, or "scn:hex" for a delta. Strict, so
+# that int() never sees thousands of digits, signs, spaces or non-ASCII digits.
+_LAST_KEY = re.compile(r"(?:(0|[1-9][0-9]{0,18}):)?((?:[0-9a-f]{2})*)", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +162,15 @@ def snapshot_after_key(checkpoint: Checkpoint) -> tuple[int | None, bytes | None
     text = checkpoint.bootstrap_last_key
     if text is None:
         return None, None
-    scn_text, sep, key_hex = text.rpartition(":")
-    try:
-        key = bytes.fromhex(key_hex)
-        scn = int(scn_text) if sep else None
-    except ValueError:
-        raise CheckpointError("bootstrap_last_key is not what the server sent") from None
+    match = _LAST_KEY.fullmatch(text)
+    if match is None:
+        raise CheckpointError("bootstrap_last_key is not what the server sent")
+    scn_text, key_hex = match.groups()
+    key = bytes.fromhex(key_hex)
+    scn = int(scn_text) if scn_text is not None else None
+    if scn is not None and scn > INT64_MAX:
+        # It goes into SQL next, where it would overflow the BIGINT column.
+        raise CheckpointError("bootstrap_last_key: its SCN is beyond the signed 64-bit range")
     if (scn is None) != (checkpoint.bootstrap_since_scn is None):
         raise CheckpointError("bootstrap_last_key does not match the kind of snapshot read")
     return scn, key

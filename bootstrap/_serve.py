@@ -74,8 +74,18 @@ class Bootstrapper:
     def facts(self) -> StoreFacts:
         return StoreFacts(*self.storage.positions())
 
-    def resolve_sources(self, requested: Sequence[str]) -> list[str]:
+    def resolve_sources(self, requested: Sequence[str], spec: FilterSpec | None = None
+                        ) -> list[str]:
+        """The sources to serve, in order; ``unknown_source`` for a requested source, or
+        a source a filter names, that the store does not have (the relay's rule: a
+        filter on an unknown source is a mistake, not a filter that passes all)."""
         known = self.storage.source_ids()
+        if spec is not None:
+            strangers = [s for s in spec.filters if s not in known]
+            if strangers:
+                raise UnknownSourceError(
+                    f"the filter names source(s) the bootstrap store does not have: "
+                    f"{', '.join(strangers)}")
         if not requested:
             return sorted(known, key=known.__getitem__)
         unknown = [s for s in requested if s not in known]
@@ -86,7 +96,7 @@ class Bootstrapper:
 
     def serve(self, checkpoint: Checkpoint, sources: Sequence[str], spec: FilterSpec,
               max_bytes: int) -> Served:
-        names = self.resolve_sources(sources)
+        names = self.resolve_sources(sources, spec)
         out = Served(checkpoint=checkpoint)
         if checkpoint.mode is Mode.ONLINE:
             out.checkpoint = self._start(checkpoint, names)

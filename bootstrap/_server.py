@@ -24,16 +24,18 @@ from databus._http import (
     HttpStats,
     NotFound,
     PrometheusText,
+    admin_body,
     check_bearer,
     checkpoint_param,
+    filter_param,
     fp_text,
     int_param,
     json_errors,
     parse_fingerprint,
+    sources_param,
 )
 from databus.bootstrap._serve import Bootstrapper
 from databus.config import Secret
-from databus.filters import FilterSpec
 from databus.schemas import Schema
 
 EVENTS_CONTENT_TYPE = "application/x-databus-events"
@@ -66,8 +68,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
     boot = request.app[BOOTSTRAPPER]
     info = request.app[INFO]
     checkpoint = checkpoint_param(request)
-    names = [n.strip() for n in request.query.get("sources", "").split(",") if n.strip()]
-    spec = FilterSpec.parse(request.query.get("filter") or None)
+    names = sources_param(request)
+    spec = filter_param(request)
     max_bytes = min(int_param(request, "max_bytes", DEFAULT_MAX_BYTES, 1, 1 << 31),
                     info.max_bytes_cap)
     served = await _blocking(boot.serve, checkpoint, names, spec, max_bytes)
@@ -176,6 +178,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def admin_retain(request: web.Request) -> web.Response:
     info = request.app[INFO]
     check_bearer(request, info.admin_token, "bootstrap.admin_token")
+    await admin_body(request)  # no fields; a body, if any, must be a JSON object
     if info.retain is None:
         raise BadRequest("retention runs with the applier, which this process does not run")
     return web.json_response(await _blocking(info.retain))

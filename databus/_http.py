@@ -3,15 +3,19 @@ parsing, request counters and the admin bearer-token check."""
 
 from __future__ import annotations
 
+import hmac
 import logging
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from databus._json import loads_bounded
 from databus.checkpoint import Checkpoint
 from databus.config import Secret
 from databus.errors import DatabusError
+from databus.filters import FilterSpec
 
 log = logging.getLogger("databus.http")
 
@@ -47,41 +51,136 @@ class HttpStats:
 STATS = web.AppKey("stats", HttpStats)
 
 
+# -- request parameters ---------------------------------------------------------------
+#
+# Every query parameter a handler reads goes through one of these, so the same rules hold
+# on every endpoint of relay and bootstrap: a parameter given twice is a 400 (which one
+# was meant?), integers are plain ASCII decimal within int64, JSON is parsed with a size,
+# nesting and number-length limit (databus._json), and a client can cause a 4xx at worst.
+# Parameters a handler does not know are ignored, as HTTP APIs usually do (a newer client
+# may send more).
+
+# int() also takes full-width digits, "1_000", " 12 " and 5,000-digit strings.
+_INT_RE = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+# Logical source names are database.table; identifiers are at most 64 characters.
+MAX_SOURCE_NAME = 256
+MAX_SOURCES = 1024
+
+
+def query_param(request: web.Request, name: str) -> str | None:
+    """The single value of query parameter ``name``, or None when absent."""
+    values = request.query.getall(name, [])
+    if len(values) > 1:
+        raise BadRequest(f"query parameter {name!r} is given {len(values)} times; give it once")
+    return values[0] if values else None
+
+
 def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
+    raw = query_param(request, name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"{name} must be an integer, got {raw[:40]!r}") from None
+    if not _INT_RE.fullmatch(raw):
+        raise BadRequest(f"{name} must be a decimal integer, got {_short(raw)}")
+    value = int(raw)
     if not lo <= value <= hi:
         raise BadRequest(f"{name} must be between {lo} and {hi}, got {value}")
     return value
 
 
 def checkpoint_param(request: web.Request) -> Checkpoint:
-    raw = request.query.get("checkpoint")
+    """``checkpoint=JSON`` (absent or empty: from the oldest window held). Malformed,
+    too large, too deeply nested, out of the int64 range: ``bad_request``."""
+    raw = query_param(request, "checkpoint")
     if raw is None or raw == "":
         return Checkpoint.flexible()
-    return Checkpoint.loads(raw)
+    return Checkpoint.loads(raw)  # bounded JSON; CheckpointError is a 400
+
+
+def filter_param(request: web.Request) -> FilterSpec:
+    """``filter=JSON`` (absent or empty: no filter), with the same JSON limits."""
+    raw = query_param(request, "filter")
+    return FilterSpec.parse(raw or None)  # bounded JSON; FilterError is a 400
+
+
+def sources_param(request: web.Request, name: str = "sources") -> list[str]:
+    """``sources=a,b``: names in the order given, blanks and repeats dropped."""
+    raw = query_param(request, name) or ""
+    names = list(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    if len(names) > MAX_SOURCES:
+        raise BadRequest(f"{name}: more than {MAX_SOURCES} sources")
+    for source in names:
+        _check_source_name(name, source)
+    return names
+
+
+def source_param(request: web.Request, name: str = "source") -> str | None:
+    """One logical source name (``source=db.table``), or None when absent or empty."""
+    raw = (query_param(request, name) or "").strip()
+    if not raw:
+        return None
+    _check_source_name(name, raw)
+    return raw
+
+
+def _check_source_name(param: str, source: str) -> None:
+    if len(source) > MAX_SOURCE_NAME or not source.isprintable():
+        raise BadRequest(f"{param}: not a source name: {_short(source)}")
+
+
+def _short(text: str) -> str:
+    """``repr`` for a message, cut short: parameters come from anyone."""
+    shown = repr(text)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+# Admin bodies are small JSON objects (or nothing); the limit is checked while reading.
+MAX_BODY_BYTES = 64 * 1024
+
+
+async def admin_body(request: web.Request, fields: frozenset[str] = frozenset()
+                     ) -> dict[str, object]:
+    """The JSON object body of an admin request: empty means ``{}``; anything else
+    must be a JSON object (bounded as above) with only ``fields``; else 400."""
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")
+    data = bytearray()
+    async for chunk in request.content.iter_any():
+        data += chunk
+        if len(data) > MAX_BODY_BYTES:
+            raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")
+    if not data.strip():
+        return {}
+    try:
+        body = loads_bounded(bytes(data), max_chars=MAX_BODY_BYTES)
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise BadRequest(f"unknown field(s) in request body: {_short(', '.join(unknown))}")
+    return body
 
 
 def fp_text(fp: int | None) -> str | None:
     return None if fp is None else f"{fp:016x}"
 
 
+_FP_HEX16 = re.compile(r"[0-9a-fA-F]{16}", re.ASCII)
+_FP_0X = re.compile(r"0[xX]([0-9a-fA-F]{1,16})", re.ASCII)
+_FP_DECIMAL = re.compile(r"[0-9]{1,20}", re.ASCII)
+
+
 def parse_fingerprint(text: str) -> int:
     """16 hex digits (as /v1/sources gives them), ``0x``-prefixed hex, or decimal."""
-    try:
-        if text.lower().startswith("0x"):
-            value = int(text[2:], 16)
-        elif len(text) == 16:
-            value = int(text, 16)
-        else:
-            value = int(text)
-    except ValueError:
-        raise BadRequest(f"not a schema fingerprint: {text[:40]!r}") from None
+    if _FP_HEX16.fullmatch(text):
+        value = int(text, 16)
+    elif match := _FP_0X.fullmatch(text):
+        value = int(match.group(1), 16)
+    elif _FP_DECIMAL.fullmatch(text):
+        value = int(text)
+    else:
+        raise BadRequest(f"not a schema fingerprint: {_short(text)}")
     if not 0 <= value < 1 << 64:
         raise BadRequest("a fingerprint is an unsigned 64-bit number")
     return value
@@ -106,12 +205,25 @@ class PrometheusText:
 
 
 def check_bearer(request: web.Request, token: Secret | None, setting: str) -> None:
-    """Admin endpoints: 403 when no token is configured, 401 without the right one."""
+    """Admin endpoints: 403 when no token is configured, 401 without the right one.
+
+    Compared as bytes, from the raw header: aiohttp decodes header values as UTF-8 with
+    surrogate escapes, and such a string cannot be encoded again (a 500 before). The
+    comparison is constant-time over whatever the client sent, and a missing, repeated
+    or non-bearer header is compared too (against nothing), so timing tells nothing.
+    """
     if token is None:
         raise Forbidden(f"admin endpoints are disabled: set {setting}")
-    auth = request.headers.get("Authorization", "")
-    scheme, _, given = auth.partition(" ")
-    if scheme.lower() != "bearer" or not given or token != Secret(given.strip()):
+    values = [v for k, v in request.raw_headers if k.lower() == b"authorization"]
+    given = b""
+    if len(values) == 1:
+        scheme, _, rest = values[0].strip().partition(b" ")
+        if scheme.lower() == b"bearer":
+            given = rest.strip()
+    # surrogateescape: a token read from the environment may hold undecodable bytes,
+    # which are exactly the bytes a client must send.
+    expected = token.reveal().encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(given, expected) or not given:
         raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin_token>'")
 
 

@@ -27,11 +27,15 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+from databus._json import loads_bounded
 from databus.errors import CheckpointError, ScnNotFoundError
 
 FLEXIBLE_SCN = -1
 LATEST_SCN = -2
 WHOLE_WINDOW = -1
+# SCNs are signed 64-bit (DESIGN section 2); so are the stores' columns, and SQLite and
+# PostgreSQL refuse larger ints with an OverflowError or a DataError.
+INT64_MAX = (1 << 63) - 1
 
 
 class Mode(StrEnum):
@@ -48,6 +52,9 @@ _BOOTSTRAP_FIELDS = (
     "bootstrap_since_scn",
 )
 _FIELDS = ("mode", "window_scn", "window_offset", *_BOOTSTRAP_FIELDS)
+# A checkpoint is a few hundred characters; the last key of a snapshot read is the only
+# long field (hex of a key), and keys that long do not make sense as primary keys.
+_MAX_TEXT_CHARS = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +82,15 @@ class Checkpoint:
                 object.__setattr__(self, "mode", Mode(self.mode))
             except ValueError:
                 raise CheckpointError(
-                    f"checkpoint mode must be one of {[m.value for m in Mode]}, got {self.mode!r}"
+                    f"checkpoint mode must be one of {[m.value for m in Mode]}, "
+                    f"got {str(self.mode)[:40]!r}"
                 ) from None
         if self.window_scn < LATEST_SCN:
             raise CheckpointError(f"window_scn {self.window_scn} is negative")
         if self.window_offset < WHOLE_WINDOW:
             raise CheckpointError(f"window_offset {self.window_offset} is below -1")
+        for name in ("window_scn", "window_offset"):
+            _require_int64(name, getattr(self, name))
         if self.window_offset >= 0 and self.window_scn < 0:
             raise CheckpointError("a partial window (window_offset >= 0) needs a real window_scn")
         for name in ("bootstrap_start_scn", "bootstrap_target_scn", "bootstrap_source_index",
@@ -90,6 +100,7 @@ class Checkpoint:
                 _require_int(name, value)
                 if value < 0:
                     raise CheckpointError(f"{name} {value} is negative")
+                _require_int64(name, value)
         if self.bootstrap_last_key is not None and not isinstance(self.bootstrap_last_key, str):
             raise CheckpointError("bootstrap_last_key must be a string")
         if self.mode is Mode.ONLINE:
@@ -154,9 +165,11 @@ class Checkpoint:
 
     @classmethod
     def loads(cls, text: str | bytes) -> Checkpoint:
+        """From JSON text that may come from anyone: size, nesting and number length
+        are bounded (``databus._json``), so bad text is a ``CheckpointError``."""
         try:
-            data = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
+            data = loads_bounded(text, max_chars=_MAX_TEXT_CHARS)
+        except ValueError as exc:
             raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from None
         return cls.from_json(data)
 
@@ -165,6 +178,12 @@ def _require_int(name: str, value: object) -> None:
     # bool is an int in Python but never a valid SCN.
     if not isinstance(value, int) or isinstance(value, bool):
         raise CheckpointError(f"{name} must be an integer, got {type(value).__name__}")
+
+
+def _require_int64(name: str, value: int) -> None:
+    if value > INT64_MAX:
+        # Not the value itself: it may have thousands of digits.
+        raise CheckpointError(f"{name} is beyond the signed 64-bit range (at most 2**63-1)")
 
 
 # -- serving rules ------------------------------------------------------------------

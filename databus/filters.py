@@ -61,6 +61,7 @@ from types import MappingProxyType
 from typing import ClassVar, Literal
 
 from databus._hashing import stable_key_hash
+from databus._json import loads_bounded
 from databus.errors import FilterError
 
 __all__ = [
@@ -85,6 +86,9 @@ Paramstyle = Literal["format", "qmark"]
 # saves (the relay parses a spec per poll); bisect over the ranges instead.
 _FROZENSET_LIMIT = 4096
 
+# A spec with a few thousand single bucket ids is still well under this.
+_MAX_TEXT_CHARS = 256 * 1024
+
 _ITEM_RE = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?")
 # Plain or qualified identifiers, or a double-quoted one: column names go into SQL text.
 _COLUMN_RE = re.compile(
@@ -100,6 +104,12 @@ def _type_name(value: object) -> str:
     if isinstance(value, list):
         return "array"
     return type(value).__name__
+
+
+def _short(value: object) -> str:
+    """``repr`` for an error message, cut short: specs come from clients."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _as_int(value: object, field_name: str) -> int:
@@ -187,11 +197,11 @@ class BucketSet:
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("[") != text.endswith("]") or text in ("[", "]"):
-                raise FilterError(f"field {field_name!r}: unbalanced brackets in {value!r}")
+                raise FilterError(f"field {field_name!r}: unbalanced brackets in {_short(value)}")
             if text.startswith("["):
                 text = text[1:-1]
             if not text.strip():
-                raise FilterError(f"field {field_name!r}: no ids in {value!r}")
+                raise FilterError(f"field {field_name!r}: no ids in {_short(value)}")
             for part in text.split(","):
                 items.append(_parse_item(part, value, field_name))
         elif isinstance(value, list):
@@ -235,12 +245,19 @@ def _parse_item(part: str, whole: object, field_name: str) -> tuple[int, int]:
     match = _ITEM_RE.fullmatch(part)
     if match is None:
         raise FilterError(
-            f"field {field_name!r}: malformed id or range {part.strip()!r} in {whole!r}"
+            f"field {field_name!r}: malformed id or range {_short(part.strip())} in {_short(whole)}"
         )
+    for digits in match.groups():
+        # int() of thousands of digits is slow and, past the interpreter's digit limit,
+        # a ValueError; no id beyond int64 is ever valid (ids < n <= 2**63-1).
+        if digits is not None and len(digits.lstrip("0")) > 19:
+            raise FilterError(
+                f"field {field_name!r}: id {digits[:20]}... is beyond the int64 range"
+            )
     lo = int(match.group(1))
     hi = lo if match.group(2) is None else int(match.group(2))
     if hi < lo:
-        raise FilterError(f"field {field_name!r}: reversed range {lo}-{hi} in {whole!r}")
+        raise FilterError(f"field {field_name!r}: reversed range {lo}-{hi} in {_short(whole)}")
     return lo, hi
 
 
@@ -553,7 +570,9 @@ def _parse_canonical(obj: Mapping[str, object]) -> SourceFilter:
             return RangeFilter(_as_int(obj["size"], "size"), BucketSet.parse(obj["ids"], "ids"))
         _check_fields(obj, ("type", "lo", "hi"), ("lo", "hi"))
         return IntervalFilter(_as_int(obj["lo"], "lo"), _as_int(obj["hi"], "hi"))
-    raise FilterError(f"field 'type': unknown filter type {kind!r} (one of 'mod', 'range', 'hash')")
+    raise FilterError(
+        f"field 'type': unknown filter type {_short(kind)} (one of 'mod', 'range', 'hash')"
+    )
 
 
 _DATABUS_TYPES = {"MOD": "mod", "RANGE": "range", "HASH": "hash"}
@@ -569,7 +588,7 @@ def _parse_databus(obj: Mapping[str, object]) -> SourceFilter | None:
     sub_name = _DATABUS_TYPES.get(kind) if isinstance(kind, str) else None
     if sub_name is None:
         raise FilterError(
-            f"field 'partitionType': unknown partition type {kind!r} "
+            f"field 'partitionType': unknown partition type {_short(kind)} "
             "(one of 'MOD', 'RANGE', 'HASH', 'NONE')"
         )
     _check_fields(obj, ("partitionType", sub_name), (sub_name,))
@@ -685,8 +704,9 @@ def _parse_text(text: str | bytes) -> FilterSpec:
     if not text.strip():
         return FilterSpec()
     try:
-        decoded: object = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+        # Bounded: the text comes from clients (size, nesting and number length).
+        decoded: object = loads_bounded(text, max_chars=_MAX_TEXT_CHARS)
+    except ValueError as exc:
         raise FilterError(f"filter spec is not valid JSON: {exc}") from None
     return _parse_decoded(decoded)
 

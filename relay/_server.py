@@ -32,15 +32,20 @@ from databus._http import (
     BadRequest,
     HttpStats,
     PrometheusText,
+    admin_body,
     check_bearer,
     checkpoint_param,
+    filter_param,
     fp_text,
     int_param,
     json_errors,
     parse_fingerprint,
+    source_param,
+    sources_param,
 )
+from databus.checkpoint import Mode
 from databus.errors import ConfigError, UnknownSourceError
-from databus.filters import FilterSpec, SourceFilter
+from databus.filters import SourceFilter
 from databus.relay._buffer import EventPredicate
 from databus.relay._relay import Relay
 from databus.schemas import Schema
@@ -120,8 +125,8 @@ def _buffer_for(
     the schema migration. One named by a pattern has no id yet, so the predicate looks
     ids it does not know up by name, once per id: the relay gives a source its id before
     it writes an event with it, so events of the table created meanwhile pass."""
-    names = [n.strip() for n in request.query.get("sources", "").split(",") if n.strip()]
-    spec = FilterSpec.parse(request.query.get("filter") or None)
+    names = sources_param(request)
+    spec = filter_param(request)
     catalog = relay.catalog
     if names:
         located = {n: _source_buffer(relay, n) for n in names}
@@ -190,6 +195,13 @@ async def stream(request: web.Request) -> web.Response:
     relay = request.app[RELAY]
     cfg = relay.config
     checkpoint = checkpoint_param(request)
+    if checkpoint.mode is not Mode.ONLINE:
+        # A bootstrap checkpoint's window_scn is where the consumer's bootstrap began,
+        # not what it has consumed: serving from it would skip the rest of the bootstrap.
+        raise BadRequest(
+            f"a {checkpoint.mode.value} checkpoint is for the bootstrap service; "
+            "the relay takes online checkpoints"
+        )
     max_bytes = min(
         int_param(request, "max_bytes", DEFAULT_MAX_BYTES, 1, ABSURD_MAX_BYTES),
         cfg.max_bytes_cap,
@@ -268,8 +280,8 @@ async def schema_by_fingerprint(request: web.Request) -> web.Response:
 
 async def schemas_of_source(request: web.Request) -> web.Response:
     relay = request.app[RELAY]
-    name = request.query.get("source")
-    if not name:
+    name = source_param(request)
+    if name is None:
         raise BadRequest("give ?source=NAME, or GET /v1/schemas/{fingerprint}")
     relay.catalog.source(name)  # 404 for an unknown source
     versions = relay.catalog.registry.versions(name)
@@ -321,6 +333,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def admin_flush(request: web.Request) -> web.Response:
     check_bearer(request, request.app[RELAY].config.admin_token, "relay.admin_token")
+    await admin_body(request)  # no fields; a body, if any, must be a JSON object
     relay = request.app[RELAY]
     for buffer in relay.buffers.values():
         await asyncio.to_thread(buffer.flush)
