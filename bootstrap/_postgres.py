@@ -98,7 +98,7 @@ class PostgresStorage(SqlStorage):
                 # with a snapshot newer than the store it resumes from.
                 options=f"-c search_path={self.schema_name} -c synchronous_commit=on",
                 keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                **({} if self._password is None else {"password": self._password}),
+                **self._password_kwargs(),
             )
         except psycopg2.Error as exc:
             raise StorageUnavailableError(
@@ -109,6 +109,9 @@ class PostgresStorage(SqlStorage):
         with self._lock:
             self._all.append(conn)
         return conn
+
+    def _password_kwargs(self) -> dict[str, Any]:
+        return {} if self._password is None else {"password": self._password}
 
     def _drop_connection(self) -> None:
         conn = getattr(self._local, "conn", None)

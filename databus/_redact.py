@@ -29,6 +29,7 @@ fields and CLI errors are covered as well.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -79,10 +80,13 @@ _URL_DELIMITERS_RE = re.compile(r"[@:/?#]")
 
 def _spellings(value: str) -> set[str]:
     """``value`` as drivers, reprs and encoders may print it."""
-    forms = {value, unquote(value), quote(value, safe=""), quote(value), quote_plus(value)}
+    forms = {value, unquote(value)}
+    with contextlib.suppress(UnicodeError):  # lone surrogates cannot be percent-encoded
+        forms |= {quote(value, safe=""), quote(value), quote_plus(value)}
     for form in list(forms):
         encoded = form.encode("utf-8", "surrogatepass")
         forms.add(repr(encoded)[2:-1])  # b'...' without the quotes
+        forms.add(repr(form)[1:-1])  # str repr: printable non-ASCII kept, \x7f escaped
         forms.add(ascii(form)[1:-1])
         forms.add(form.encode("unicode_escape").decode("ascii"))
         forms.add(json.dumps(form)[1:-1])
