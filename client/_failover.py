@@ -65,6 +65,10 @@ class FailoverPuller:
         self._index = (rng or random.Random()).randrange(len(self.urls))
         self._failures = 0
         self._catalogs: dict[str, dict[int, str]] = {}
+        # Per wanted source: "active", or "pending" while the server is configured for
+        # it but its table does not exist yet (the client waits; see note_source_states).
+        self.source_states: dict[str, str] = {}
+        self._logged_pending: set[str] = set()
         self.failovers = 0
         self.last_error: BaseException | None = None
 
@@ -161,6 +165,27 @@ class FailoverPuller:
         if code == "unknown_schema":
             return UnknownSchemaError(message)
         return self.error_class(f"{self.service} answered {status} {code}: {message}")
+
+    @property
+    def pending_sources(self) -> list[str]:
+        """The wanted sources the current server does not have yet but waits for."""
+        return sorted(n for n, state in self.source_states.items() if state == "pending")
+
+    def note_source_states(self, url: str, states: dict[str, str]) -> None:
+        """Record what ``url`` says of each wanted source: a source configured there but
+        not yet existing (a consumer deployed before the schema migration) is waited
+        for, logged once; the change to active is logged too. A source the server is
+        not configured for at all never gets here: that stays a fatal
+        ``UnknownSourceError``."""
+        for name, state in states.items():
+            before = self.source_states.get(name)
+            if state == "pending" and name not in self._logged_pending:
+                self._logged_pending.add(name)
+                log.warning("source %s: %s %s is configured for it but its table does not "
+                            "exist yet; waiting for it", name, self.service, url)
+            elif state == "active" and before == "pending":
+                log.info("source %s: its table exists now (%s %s)", name, self.service, url)
+            self.source_states[name] = state
 
     def _check_sources(self, url: str, wanted: Sequence[str], names: dict[int, str],
                        *, retriable: bool = False, hint: str = "") -> None:

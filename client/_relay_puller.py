@@ -93,16 +93,41 @@ class RelayPuller(FailoverPuller):
     async def _catalog(self, relay: str) -> dict[int, str]:
         names = self._catalogs.get(relay)
         if names is None:
-            doc = await self._get_json(f"{relay}/v1/sources")
-            entries = doc["sources"] if isinstance(doc, dict) else []
-            names = {int(e["id"]): str(e["name"]) for e in entries}
-            by_buffer: dict[str, set[str]] = {}
-            for e in entries:
-                by_buffer.setdefault(str(e.get("buffer", "")), set()).add(str(e["name"]))
-            self.buffer_sources = by_buffer
-            self._check_sources(relay, self.sources, names)
-            self._catalogs[relay] = names
+            names = await self._load_catalog(relay)
         return names
+
+    async def _load_catalog(self, relay: str) -> dict[int, str]:
+        doc = await self._get_json(f"{relay}/v1/sources")
+        entries = doc["sources"] if isinstance(doc, dict) else []
+        names = {int(e["id"]): str(e["name"]) for e in entries}
+        by_buffer: dict[str, set[str]] = {}
+        for e in entries:
+            by_buffer.setdefault(str(e.get("buffer", "")), set()).add(str(e["name"]))
+        self.buffer_sources = by_buffer
+        # A relay lists a configured source before its table exists, as "pending"
+        # (relays without the field list only existing ones).
+        listed = {str(e["name"]): str(e.get("state", "active")) for e in entries}
+        states = {}
+        for name in self.sources:
+            if name not in listed:
+                # Not listed: configured by a pattern (tables=db.*) and not created yet,
+                # or not configured at all: the relay's stream answer tells which.
+                await self._probe(relay, name)
+            states[name] = "active" if listed.get(name) == "active" else "pending"
+        self.note_source_states(relay, states)
+        self._catalogs[relay] = names
+        return names
+
+    async def _probe(self, relay: str, name: str) -> None:
+        """An empty stream request for ``name``: 200 when the relay's configuration names
+        it, ``UnknownSourceError`` (fatal) when it does not."""
+        params = {"sources": name, "checkpoint": Checkpoint.latest().dumps(),
+                  "max_bytes": "1", "wait_ms": "0"}
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout)
+        async with self.session.get(f"{relay}/v1/stream", params=params,
+                                    timeout=timeout) as resp:
+            await self._check(resp)
+            await resp.read()
 
     async def fetch(self, position: Checkpoint, *, max_bytes: int, wait_ms: int) -> Batch:
         """One stream request, retried across relays until one answers."""
@@ -117,6 +142,10 @@ class RelayPuller(FailoverPuller):
                 await self._check(resp)
                 body = await resp.read()
                 headers = resp.headers
+            if self.pending_sources:
+                # Read after the body, so the names cover the ids of every event in it
+                # (a table created meanwhile may have got its id just now).
+                names = await self._load_catalog(relay)
             pending = headers.get("X-Databus-Pending-Event-Size")
             max_scn = headers.get("X-Databus-Max-Scn")
             return Batch(

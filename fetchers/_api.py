@@ -27,9 +27,9 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
 from databus.errors import ConfigError
@@ -97,6 +97,10 @@ class FetcherContext:
     catalog: SourceCatalog
     # Set by the fetcher: the newest SCN the source has (for lag), and when it was read.
     report_source_scn: Callable[[int], None] = lambda scn: None
+    # Kept by the host across restarts of this buffer's fetcher (a new instance gets the
+    # same dict): what a fetcher learnt that must outlive one run, e.g. which configured
+    # tables it has seen absent (their later appearance is a migration in progress).
+    memory: dict[str, Any] = field(default_factory=dict)
 
 
 class Fetcher(ABC):

@@ -173,6 +173,7 @@ class _Runner:
         self.fetcher: Fetcher | None = None
         # What its configuration names (set by FetcherHost.start; None: it cannot say).
         self.configured: ConfiguredSources | None = None
+        self.memory: dict[str, Any] = {}  # FetcherContext.memory, the same for every attempt
         # The first instance is built by start(), so config errors reach the caller.
         self.first: Fetcher | None = self.new_fetcher()
         self.thread = threading.Thread(
@@ -185,6 +186,7 @@ class _Runner:
             partition_id=self.buffer.partition_id,
             catalog=self.catalog.for_buffer(self.name, self.buffer.partition_id),
             report_source_scn=self.report_source_scn,
+            memory=self.memory,
         )
         return self.cls(self.uri, context)
 

@@ -144,12 +144,16 @@ class TxlogPuller:
     snapshot of every batch, before its rows are read: a transaction that wrote the new
     table went through its triggers, so the table is captured before any of its rows
     can be passed by. It also runs about once a second while idle, so the relay lists
-    the table as soon as it exists. A table that exists but lacks its capture stays
-    pending (logged once): only a table present at start without its capture is an
-    error, since the migration may be between its CREATE TABLE and its install.
+    the table as soon as it exists. A table this buffer's fetcher has seen absent that
+    exists now without its capture stays pending (logged once), also across fetcher
+    restarts: the migration is between its CREATE TABLE and its install. A table that
+    exists without its capture the first time the fetcher looks is an error, as before:
+    its install was forgotten, and the rows it gets meanwhile would be lost.
     """
 
-    def __init__(self, session: DbSession, context: FetcherContext) -> None:
+    def __init__(self, session: DbSession, context: FetcherContext, *,
+                 announce: bool = True) -> None:
+        self.announce = announce  # log the pending tables (once per fetcher, not per look)
         self.session = session
         self.source = session.source
         self.context = context
@@ -160,7 +164,13 @@ class TxlogPuller:
         self.txlog_present = True
         self._token: object = None
         self._next_check = 0.0
-        self._warned: set[TableRef] = set()
+        # Across restarts of this buffer's fetcher: tables seen absent (if one exists now
+        # without its capture, the migration is between CREATE TABLE and install: wait),
+        # and tables already warned about.
+        self._seen_absent: set[TableRef] = context.memory.setdefault("txlog_absent", set())
+        self._warned: set[TableRef] = context.memory.setdefault("txlog_warned", set())
+        self._warned_install: set[TableRef] = context.memory.setdefault(
+            "txlog_warned_install", set())
 
     def prepare(self) -> None:
         """Check every configured table that exists (has a key, capture installed) and
@@ -175,6 +185,10 @@ class TxlogPuller:
                 txlog = txlog or info.installed.txlog
                 if info.shape is None:
                     pending.append(spec)
+                    self._seen_absent.add(spec.ref)
+                elif spec.ref in self._seen_absent and missing_objects(self.session, info):
+                    check_table(self.session, spec, info, installed=False)  # a key?
+                    pending.append(spec)  # created meanwhile, not installed yet: wait
                 else:
                     present.append((spec, check_table(self.session, spec, info,
                                                       installed=True)))
@@ -186,9 +200,11 @@ class TxlogPuller:
         for spec in pending:
             name = self.source.source_name(spec.ref)
             self.context.catalog.source_id(name)  # listed (pending) with its final id
-            log.warning("%s: table %s does not exist yet: source %s is pending, captured once "
-                        "the table exists and `databus txlog install` has run for it",
-                        self.source.redacted, spec.ref, name)
+            if self.announce and spec.ref not in self._warned:
+                self._warned.add(spec.ref)
+                log.warning("%s: table %s does not exist yet: source %s is pending, captured once "
+                            "the table exists and `databus txlog install` has run for it",
+                            self.source.redacted, spec.ref, name)
         self._next_check = time.monotonic() + _PENDING_CHECK_S
 
     def _captured(self, shape: TableShape) -> CapturedTable:
@@ -212,13 +228,14 @@ class TxlogPuller:
             info = self.session.describe(spec.ref)
             self.txlog_present = self.txlog_present or info.installed.txlog
             if info.shape is None:
+                self._seen_absent.add(spec.ref)
                 waiting.append(spec)
                 continue
             shape = check_table(self.session, spec, info, installed=False)  # a key?
             missing = missing_objects(self.session, info)
             if missing:
-                if spec.ref not in self._warned:
-                    self._warned.add(spec.ref)
+                if spec.ref not in self._warned_install:
+                    self._warned_install.add(spec.ref)
                     log.warning(
                         "%s: table %s exists but is not set up for capture (missing %s): "
                         "waiting for `databus txlog install --tables %s`; rows written "
@@ -338,7 +355,7 @@ class TxlogFetcher(Fetcher):
     def initial_scn(self) -> int | None:
         session = self._open()
         with session.guard():
-            puller = TxlogPuller(session, self.context)
+            puller = TxlogPuller(session, self.context, announce=False)
             puller.prepare()  # a clear error now if the capture is not installed
             position = puller.position()
         return position.earliest if self.source.start == "earliest" else position.newest
