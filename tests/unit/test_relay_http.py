@@ -246,3 +246,128 @@ def test_admin_needs_the_token(tmp_path: Path) -> None:
                 assert resp.status == 200 and (await resp.json())["flushed"] == ["load"]
 
     run(main())
+
+
+# -- issue 12: parameters a client can send never make a 5xx ------------------------------
+
+DEEP = "[" * 1500
+HUGE_INT = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    "params,status,code",
+    [
+        # Defect 3: RecursionError and the int digit limit were 500s.
+        ({"checkpoint": DEEP}, 400, "bad_request"),
+        ({"filter": DEEP}, 400, "bad_request"),
+        ({"filter": '{"a": ' * 40 + "1" + "}" * 40}, 400, "bad_request"),
+        ({"filter": json.dumps({"synthetic.events": {"type": "mod", "n": 3,
+                                                     "buckets": f"[{HUGE_INT}]"}})},
+         400, "bad_request"),
+        ({"filter": json.dumps({"synthetic.events": {"type": "mod", "n": 3,
+                                                     "buckets": f"[0-{HUGE_INT}]"}})},
+         400, "bad_request"),
+        ({"filter": '{"synthetic.events": {"type": "mod", "n": 3, "buckets": [' + HUGE_INT
+                    + "]}}"}, 400, "bad_request"),
+        ({"checkpoint": '{"window_scn": ' + HUGE_INT + "}"}, 400, "bad_request"),
+        # Defect 6: an impossible checkpoint (beyond int64) was a 200 and a long poll.
+        ({"checkpoint": json.dumps({"window_scn": 2**64})}, 400, "bad_request"),
+        ({"checkpoint": json.dumps({"window_scn": 2**63})}, 400, "bad_request"),
+        ({"checkpoint": json.dumps({"window_scn": 10**30})}, 400, "bad_request"),
+        ({"checkpoint": json.dumps({"window_scn": 5, "window_offset": 2**64})}, 400,
+         "bad_request"),
+        # A bootstrap checkpoint's window_scn is not a position on the relay.
+        ({"checkpoint": json.dumps({"mode": "bootstrap_snapshot", "window_scn": -1,
+                                    "bootstrap_start_scn": 3, "bootstrap_source_index": 0})},
+         400, "bad_request"),
+        # Odd spellings: duplicate keys, NaN, repeated parameters, non-ASCII digits.
+        ({"checkpoint": '{"window_scn": 1, "window_scn": 30}'}, 400, "bad_request"),
+        ({"checkpoint": '{"window_scn": NaN}'}, 400, "bad_request"),
+        ({"max_bytes": "\uff11\uff12"}, 400, "bad_request"),
+        ({"max_bytes": "1_000"}, 400, "bad_request"),
+        ({"wait_ms": " 5"}, 400, "bad_request"),
+        ({"max_bytes": HUGE_INT}, 400, "bad_request"),
+        ({"sources": "x" * 1000}, 400, "bad_request"),
+        ({"sources": "synthetic.events\x00"}, 400, "bad_request"),
+    ],
+)
+def test_hostile_parameters_get_4xx_json(
+    tmp_path: Path, params: dict[str, str], status: int, code: str
+) -> None:
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": LOAD})) as r:
+            await r.wait_for_scn("load", 40)
+            async with await r.get("/v1/stream", **{"wait_ms": "5000", **params}) as resp:
+                body = await resp.json()
+                assert (resp.status, body["error"]) == (status, code), body
+                assert len(body["message"]) < 400  # never the whole hostile value back
+
+    run(main())
+
+
+def test_repeated_parameters_and_odd_encodings(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": LOAD})) as r:
+            await r.wait_for_scn("load", 40)
+            for query in ("checkpoint=%7B%22window_scn%22%3A1%7D&checkpoint=%7B%7D",
+                          "max_bytes=1&max_bytes=2", "checkpoint=%ff%fe", "checkpoint=%",
+                          "filter=%zz", "checkpoint=%00", "sources=a&sources=b"):
+                async with r.session.get(f"{r.url}/v1/stream?{query}") as resp:
+                    body = await resp.json()
+                    assert resp.status == 400 and body["error"] == "bad_request", query
+            for path in ("/v1/schemas/" + "9" * 500, "/v1/schemas/\uff11\uff12",
+                         "/v1/schemas/0x" + "f" * 17, "/v1/schemas/-1"):
+                async with r.session.get(r.url + path) as resp:
+                    assert resp.status == 400, path
+                    assert (await resp.json())["error"] == "bad_request"
+            async with await r.get("/v1/schemas", source="s" * 5000) as resp:
+                assert resp.status == 400
+
+    run(main())
+
+
+async def _raw_post(url: str, path: str, headers: bytes, body: bytes = b"") -> tuple[int, bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 + b"Content-Length: " + str(len(body)).encode() + b"\r\n" + headers
+                 + b"\r\n" + body)
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), payload
+
+
+def test_admin_token_header_that_is_not_utf8_is_401(tmp_path: Path) -> None:
+    """Defect 3: Secret.__eq__ encoded a surrogate-escaped header and raised (500)."""
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": LOAD})) as r:
+            token = ADMIN_TOKEN.encode()
+            for value in (b"Bearer \xed\xa0\x80", b"Bearer " + token + b"\x80",
+                          b"Bearer \xff\xfe", b"\xff", b"Bearer " + token[:-1] + b"\xc3\xa9",
+                          b"bearer", b"Basic " + token):
+                status, payload = await _raw_post(r.url, "/v1/admin/flush",
+                                                  b"Authorization: " + value + b"\r\n")
+                assert status == 401, value
+                assert json.loads(payload)["error"] == "unauthorized"
+            # Two Authorization headers: ambiguous, refused even if one is right.
+            two = b"Authorization: Bearer " + token + b"\r\nAuthorization: Bearer x\r\n"
+            assert (await _raw_post(r.url, "/v1/admin/flush", two))[0] == 401
+            good = b"Authorization: Bearer " + token + b"\r\n"
+            assert (await _raw_post(r.url, "/v1/admin/flush", good))[0] == 200
+            assert (await _raw_post(r.url, "/v1/admin/flush", good, b"{}"))[0] == 200
+            for body in (b"[" * 1500, b"nope", b"[1]", b'{"x": 1}', b"\xff" * 10,
+                         b" " * 70_000):
+                status, payload = await _raw_post(r.url, "/v1/admin/flush", good, body)
+                assert status == 400 and json.loads(payload)["error"] == "bad_request"
+
+    run(main())
+
+
+def test_error_table_in_the_docs_lists_every_code_with_its_status() -> None:
+    from tests.http_support import RELAY_ERRORS
+
+    doc = (Path(__file__).parents[2] / "docs" / "relay.md").read_text()
+    for code, status in RELAY_ERRORS.items():
+        assert f"| `{code}` | {status} |" in doc, code
