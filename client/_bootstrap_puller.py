@@ -19,6 +19,7 @@ import aiohttp
 
 from databus.checkpoint import Checkpoint, Mode
 from databus.client._failover import FailoverPuller
+from databus.client._headers import bad_answer, parse_stream_headers
 from databus.errors import DatabusError, UnknownSourceError
 
 Phase = Literal["snapshot", "catchup", "done"]
@@ -123,25 +124,27 @@ class BootstrapPuller(FailoverPuller):
                 await self._check(resp)
                 body = await resp.read()
                 headers = resp.headers
-            phase = headers["X-Databus-Bootstrap-Phase"]
+            phase = headers.get("X-Databus-Bootstrap-Phase")
             if phase not in _PHASES:
-                raise ValueError(f"unknown bootstrap phase {phase!r}")
-            checkpoint = Checkpoint.loads(headers["X-Databus-Checkpoint"])
+                raise bad_answer(f"{url} sent an unknown bootstrap phase {phase!r}")
+            checkpoint, target, pending = parse_stream_headers(
+                {"X-Databus-Checkpoint": headers.get("X-Databus-Checkpoint", ""),
+                 "X-Databus-Max-Scn": headers.get("X-Databus-Target-Scn", ""),
+                 "X-Databus-Pending-Event-Size":
+                     headers.get("X-Databus-Pending-Event-Size", "")}, url)
             if phase == "done" and checkpoint.mode is not Mode.ONLINE:
-                raise BootstrapError(
+                raise bad_answer(
                     f"bootstrap service {url} ended the bootstrap with a "
                     f"{checkpoint.mode.value} checkpoint instead of an online one"
                 )
-            target = headers.get("X-Databus-Target-Scn")
-            pending = headers.get("X-Databus-Pending-Event-Size")
             return BootstrapBatch(
                 body=body,
                 checkpoint=checkpoint,
                 phase=phase,
-                target_scn=int(target) if target else None,
+                target_scn=target,
                 server=url,
                 source_names=names,
-                pending_event_size=int(pending) if pending else None,
+                pending_event_size=pending,
             )
 
         try:

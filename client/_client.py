@@ -36,12 +36,12 @@ from databus.checkpoint import FLEXIBLE_SCN, Checkpoint, Mode
 from databus.client._bootstrap_puller import BootstrapError, BootstrapPuller
 from databus.client._checkpoint_store import CheckpointStore
 from databus.client._consumer import CallbackResult, Consumer
-from databus.client._decode import Framing, ResponseDecoder
+from databus.client._decode import WINDOW_FAILURES, Framing, ResponseDecoder
 from databus.client._dispatcher import Dispatcher, checkpoint_scn
 from databus.client._events import BootstrapMark, DataEvent, EndOfWindow, Item, Window
 from databus.client._relay_puller import FellOffRelay, RelayPuller
 from databus.client._runner import Outcome, Runner
-from databus.errors import DatabusError, EventFormatError
+from databus.errors import DatabusError, EventFormatError, UnknownSchemaError
 from databus.filters import FilterSpec
 from databus.schemas import AvroCodec, Schema
 
@@ -234,8 +234,10 @@ class _ByteBudget:
         self.used = 0
         self._freed.set()
 
-    async def wait_for(self, n: int) -> None:
-        while self.free < n and self.used > 0:
+    async def wait_for(self, n: int, pinned: int = 0) -> None:
+        """Until ``n`` bytes are free, or all but ``pinned`` bytes (what the decoder
+        holds, released by no one but the caller) have been dispatched."""
+        while self.free < n and self.used > pinned:
             self._freed.clear()
             await self._freed.wait()
 
@@ -487,49 +489,110 @@ class DatabusClient:
 
     async def _pull_relay(self, p: _Pullers, gen: int, position: Checkpoint) -> Checkpoint:
         """Pull from the relays until the position falls off them; then return it
-        (whole windows) for a bootstrap, or raise ``FellOffRelay`` if there is none."""
+        (whole windows) for a bootstrap, or raise ``FellOffRelay`` if there is none.
+
+        A window split over responses is held by the decoder until its EOW checks out
+        (docs/client.md, "Windows split over responses"); its bytes count against the
+        buffer. A held window that fills the buffer alone is released unverified, and
+        if its check then fails the consumer is rolled back to the last checkpoint."""
         metrics = self.metrics
         puller, decoder, codec, budget = p.relay, p.decoder, p.codec, p.budget
         decoder.reset(at_window_start=position.window_offset < 0)
         decoder.verify_windows = await self._can_verify_windows(puller)
         min_request = 64 * 1024
         want = self.max_request_bytes
+        oversize = False  # ``want`` is one event bigger than a request would be
+        # Where the window the decoder holds began: asked for again from there when the
+        # window's check fails (nothing of it was delivered).
+        window_start = position
         while True:
-            await budget.wait_for(min(min_request, want))
-            max_bytes = max(min(want, budget.free), 1)
+            need = want if oversize else min(min_request, want)
+            await budget.wait_for(need, pinned=decoder.held_bytes)
+            if budget.free < need and decoder.held_bytes:
+                # Only the held window is left in the buffer and it still does not
+                # fit: deliver it unverified (progress over holding it forever).
+                held = decoder.held_bytes
+                log.warning("window of SCN %s is larger than the buffer "
+                            "(max_buffered_bytes=%d): delivering it before its check",
+                            position.window_scn, budget.limit)
+                self._submit(p, gen, decoder.release_held(), held, taken=True)
+                continue
+            # Alone in an empty buffer, one event may be bigger than the buffer.
+            max_bytes = max(min(want, budget.free), 1) if budget.free >= need else want
             try:
                 batch = await puller.fetch(position, max_bytes=max_bytes,
                                            wait_ms=self.poll_wait_ms)
             except FellOffRelay as exc:
                 if p.bootstrap is None:
                     raise
-                if position.window_offset >= 0:
+                if decoder.spilled or window_start.window_offset >= 0:
                     # Part of that window was delivered already: undo it with a
                     # rollback, and bootstrap from the last committed window instead.
                     raise _ReplayFromCommitted(str(exc)) from exc
+                # A held window was never delivered: bootstrap from before it.
+                budget.release(decoder.held_bytes)
+                position = window_start
                 log.warning("fell off the relay at SCN %d (its oldest window is %s): "
                             "bootstrapping", position.window_scn, exc.min_scn)
                 return position
             if batch.max_scn is not None:
                 metrics.relay_max_scn = batch.max_scn
             if batch.pending_event_size is not None:
+                if batch.pending_event_size <= max_bytes:
+                    # It would fit in what was asked for: asking again cannot help.
+                    await puller.failed(EventFormatError(
+                        f"pending event of {batch.pending_event_size} bytes within "
+                        f"max_bytes={max_bytes}", reason="bad header"))
+                    continue
                 # One event larger than the request: ask for exactly that much once.
-                want = batch.pending_event_size
+                want, oversize = batch.pending_event_size, True
                 continue
-            want = self.max_request_bytes
+            want, oversize = self.max_request_bytes, False
             metrics.caught_up = not batch.body and budget.used == 0
             if not batch.body:
+                if batch.checkpoint != position and position.window_scn >= 0:
+                    # An empty answer moves nothing; a checkpoint that moves would
+                    # skip (or repeat) events nobody has seen.
+                    await puller.failed(EventFormatError(
+                        f"empty body with checkpoint {batch.checkpoint.dumps()} for "
+                        f"{position.dumps()}", reason="bad checkpoint"))
+                    continue
                 position = batch.checkpoint
                 continue
+            held_before = decoder.held_bytes
+            was_in_window = decoder.in_window
             try:
                 for fp in decoder.missing_fingerprints(batch.body):
-                    codec.add(await puller.schema(fp))
-                items = decoder.decode(batch.body, batch.source_names)
+                    try:
+                        codec.add(await puller.schema(fp))
+                    except UnknownSchemaError as exc:  # a fingerprint no relay knows
+                        raise EventFormatError(str(exc), reason="unknown schema") from exc
+                items = decoder.decode(batch.body, batch.source_names, batch.checkpoint)
             except EventFormatError as exc:
                 log.warning("relay %s sent a bad body (%s); asking again", batch.relay, exc)
                 await puller.failed(exc)
+                if exc.reason in WINDOW_FAILURES and decoder.in_window:
+                    # The window's earlier part, from an earlier response, may be the
+                    # bad one: ask for the whole window again, from its start.
+                    if decoder.spilled or window_start.window_offset >= 0:
+                        raise _ReplayFromCommitted(
+                            f"window {position.window_scn} failed its check: {exc}") from exc
+                    budget.release(decoder.held_bytes)
+                    decoder.discard_window()
+                    position = window_start
                 continue
-            self._submit(p, gen, items, len(batch.body))
+            nbytes = len(batch.body)
+            budget.take(nbytes)
+            # What the decoder holds stays counted until it is handed over.
+            handed = nbytes + held_before - decoder.held_bytes
+            if items or handed:
+                self._submit(p, gen, items, handed, taken=True)
+            if not decoder.in_window:
+                window_start = batch.checkpoint
+            elif not was_in_window:
+                ends = [i.scn for i in items if isinstance(i, EndOfWindow)]
+                if ends:
+                    window_start = Checkpoint(ends[-1])
             position = batch.checkpoint
 
     async def _pull_bootstrap(
@@ -564,7 +627,10 @@ class DatabusClient:
             try:
                 if batch.body:
                     for fp in decoder.missing_fingerprints(batch.body):
-                        codec.add(await puller.schema(fp))
+                        try:
+                            codec.add(await puller.schema(fp))
+                        except UnknownSchemaError as exc:  # a fingerprint no server knows
+                            raise EventFormatError(str(exc), reason="unknown schema") from exc
                     items = decoder.decode(batch.body, batch.source_names)
             except EventFormatError as exc:
                 log.warning("bootstrap service %s sent a bad body (%s); asking again",
@@ -599,14 +665,18 @@ class DatabusClient:
                 log.info("bootstrap done at %s; back to the relay", position.dumps())
                 return position
 
-    def _submit(self, p: _Pullers, gen: int, items: list[Item], nbytes: int) -> None:
+    def _submit(self, p: _Pullers, gen: int, items: list[Item], nbytes: int,
+                *, taken: bool = False) -> None:
+        """Hand ``items`` to the runner; ``nbytes`` are released once dispatched
+        (``taken``: already counted in the buffer)."""
         metrics = self.metrics
         metrics.events += sum(1 for i in items if isinstance(i, DataEvent))
         for item in reversed(items):
             if isinstance(item, EndOfWindow) and item.timestamp_ns:
                 metrics.last_window_timestamp_ns = item.timestamp_ns
                 break
-        p.budget.take(nbytes)
+        if not taken:
+            p.budget.take(nbytes)
         p.runner.submit(items, gen, nbytes)
 
     async def _can_verify_windows(self, puller: RelayPuller) -> bool:

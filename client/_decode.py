@@ -1,9 +1,16 @@
 """Relay response bodies -> ``DataEvent``/``EndOfWindow`` items (pure, no I/O).
 
-Every event's CRCs are checked. When a window arrives whole and unfiltered, its EOW
-count and checksum are checked too: a relay that serves a window with an event missing
-or reordered is caught here. A body that fails any check is rejected whole, and the
-caller asks again (from the same checkpoint, possibly from another relay).
+Every event's CRCs are checked, and then every field a relay could have forged with
+CRCs recomputed: keys (UTF-8, canonical composite JSON, the partition key derived from
+them), control-event fields, and the Avro value against its writer schema. Any failure
+is an ``EventFormatError``; nothing else escapes. When a window arrives whole and
+unfiltered, its EOW count and checksum are checked too: a relay that serves a window
+with an event missing or reordered is caught here. A body that fails any check is
+rejected whole, and the caller asks again (from the same checkpoint, possibly from
+another relay); a failed window check condemns the whole window (``WINDOW_FAILURES``),
+which is then asked for again from its start.
+
+A window's events are held until its EOW (see ``ResponseDecoder``).
 
 Bootstrap bodies use the same format but another framing (``Framing``): in a snapshot
 batch the rows keep their own SCNs and only the EOW (carrying the snapshot's SCN) ends a
@@ -17,23 +24,27 @@ import struct
 from collections.abc import Iterable, Mapping
 from enum import Enum
 
+from databus.checkpoint import Checkpoint, Mode
 from databus.client._events import DataEvent, EndOfWindow, Item, StartOfWindow
-from databus.errors import EventFormatError
+from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
 from databus.event import (
     EOW_SOURCE_ID,
     FLAG_FROM_SNAPSHOT,
     HEADER_SIZE,
-    KEY_KIND_MASK,
-    KeyKind,
+    EventHeader,
     WindowChecksum,
-    decode_key,
+    check_control_fields,
+    decode_data_key,
     iter_events,
 )
 from databus.schemas import AvroCodec, Schema
 
 _EOW = struct.Struct(">II")
-# An int key's bytes are the partition key itself (event.py), so no decode is needed.
-_INT_KEY = int(KeyKind.INT)
+# The ``reason`` of failures that condemn a whole window, not just one response: the
+# window must be fetched again from its start (its earlier part may be the bad one).
+WINDOW_CHECK = "window checksum"
+MISSING_EOW = "missing eow"
+WINDOW_FAILURES = frozenset({WINDOW_CHECK, MISSING_EOW})
 
 
 class Framing(Enum):
@@ -43,7 +54,15 @@ class Framing(Enum):
 
 
 class ResponseDecoder:
-    """Decodes bodies of one stream; keeps the window state that spans responses."""
+    """Decodes bodies of one stream; keeps the window state that spans responses.
+
+    A window's data events are *held* until its EOW has arrived and checked out, so a
+    window split over several responses (``max_bytes`` smaller than the window) never
+    reaches the consumer before its count and checksum are verified (docs/client.md,
+    "Windows split over responses"). The caller bounds what is held: ``held_bytes``
+    says how much, and ``release_held`` hands the held events over to be delivered
+    unverified (``spilled``) when a window does not fit in the client's buffer.
+    """
 
     def __init__(
         self,
@@ -59,7 +78,11 @@ class ResponseDecoder:
         self._window: int | None = None
         self._check = WindowChecksum()
         self._whole = False
-        self._pending: list[DataEvent] = []  # a snapshot window's events before its EOW
+        # The open window's events, held until its EOW (every framing; for a snapshot
+        # window that EOW also gives its SCN).
+        self._pending: list[DataEvent] = []
+        self._held_bytes = 0
+        self._spilled = False  # the open window's events go out as they arrive
 
     def reset(self, *, at_window_start: bool = True, framing: Framing = Framing.RELAY) -> None:
         """A new pull position: a window in progress is abandoned. ``at_window_start``
@@ -69,6 +92,8 @@ class ResponseDecoder:
         self._check = WindowChecksum()
         self._whole = at_window_start
         self._pending = []
+        self._held_bytes = 0
+        self._spilled = False
 
     @property
     def in_window(self) -> bool:
@@ -76,6 +101,38 @@ class ResponseDecoder:
         if self.framing is Framing.SNAPSHOT:
             return bool(self._pending)
         return self._window is not None and self._check.count > 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the held (not yet returned) events of the open window."""
+        return self._held_bytes
+
+    @property
+    def spilled(self) -> bool:
+        """True when some events of the open window were returned before its EOW."""
+        return self._spilled
+
+    def release_held(self) -> list[Item]:
+        """Hand over the open relay window's held events, unverified; the rest of that
+        window is returned as it arrives, and its EOW is still checked (a failure then
+        needs a rollback: ``spilled``)."""
+        if self.framing is Framing.SNAPSHOT:
+            return []  # a snapshot window's SCN is known only at its EOW
+        held: list[Item] = list(self._pending)
+        self._pending = []
+        self._held_bytes = 0
+        self._spilled = bool(held) or self._spilled
+        return held
+
+    def discard_window(self) -> None:
+        """Forget the open window (its check failed): the caller asks for it again
+        from its start, so the next window begins whole."""
+        self._window = None
+        self._check = WindowChecksum()
+        self._whole = True
+        self._pending = []
+        self._held_bytes = 0
+        self._spilled = False
 
     def missing_fingerprints(self, body: bytes) -> set[int]:
         """Schema fingerprints used in ``body`` that the codec cannot resolve yet."""
@@ -86,29 +143,54 @@ class ResponseDecoder:
                 missing.add(fp)
         return missing
 
-    def decode(self, body: bytes, source_names: Mapping[int, str]) -> list[Item]:
-        """All items of ``body``; raises ``EventFormatError`` if any check fails (the
-        decoder's window state is then unchanged, so the body can be fetched again)."""
+    def decode(self, body: bytes, source_names: Mapping[int, str],
+               checkpoint: Checkpoint | None = None) -> list[Item]:
+        """All items of ``body`` that can be delivered; raises ``EventFormatError`` if
+        any check fails (the decoder's state is then unchanged, so the body can be
+        fetched again). Every failure to decode is an ``EventFormatError``.
+
+        ``checkpoint`` is the one a relay sent with ``body``: it must stand where the
+        body ends (after its last EOW, or inside the window it ends in), or the next
+        request would skip or repeat events."""
+        # Events are only appended to the held list until an EOW replaces it, so its
+        # length is enough to restore it.
+        pending = self._pending
         saved = (self._window, self._check.count, self._check.crc, self._whole,
-                 list(self._pending))
+                 pending, len(pending), self._held_bytes, self._spilled)
         try:
-            return list(self._decode(body, source_names))
+            items = list(self._decode(body, source_names))
+            if checkpoint is not None:
+                self._check_checkpoint(checkpoint, items)
+            return items
         except BaseException:
             (self._window, self._check.count, self._check.crc, self._whole,
-             self._pending) = saved
+             self._pending, size, self._held_bytes, self._spilled) = saved
+            del pending[size:]
             raise
+
+    def _check_checkpoint(self, checkpoint: Checkpoint, items: list[Item]) -> None:
+        if self.in_window:
+            ok = (checkpoint.mode is Mode.ONLINE and checkpoint.window_scn == self._window
+                  and checkpoint.window_offset >= 0)
+        else:
+            ends = [i.scn for i in items if isinstance(i, EndOfWindow)]
+            ok = checkpoint.mode is Mode.ONLINE and (
+                not ends or (checkpoint.window_scn == ends[-1]
+                             and checkpoint.window_offset < 0))
+        if not ok:
+            raise EventFormatError(
+                f"checkpoint {checkpoint.dumps()} does not stand where the body ends",
+                reason="bad checkpoint",
+            )
 
     def _decode(self, body: bytes, source_names: Mapping[int, str]) -> Iterable[Item]:
         # Hot path: each event's CRCs are checked once (by iter_events), then fields
         # are sliced straight out of the body.
-        codec_decode = self.codec.decode
-        codec_schema = self.codec.schema
         readers = self.reader_schemas
         framing = self.framing
         snapshot = framing is Framing.SNAPSHOT
         bootstrap = framing is not Framing.RELAY
         verify = self.verify_windows and not bootstrap
-        pending = self._pending
         check = self._check
         for offset, header in iter_events(body):
             scn = header.scn
@@ -117,59 +199,63 @@ class ResponseDecoder:
                     # A new window began before the previous one's EOW: torn stream.
                     raise EventFormatError(
                         f"window {self._window} ended without its EOW", offset=offset,
-                        reason="missing eow",
+                        reason=MISSING_EOW,
                     )
                 self._window = scn
                 check = self._check = WindowChecksum()
             source_id = header.source_id
-            if source_id == EOW_SOURCE_ID:
-                if header.value_length != _EOW.size:
-                    raise EventFormatError("EOW payload is not 8 bytes", offset=offset,
-                                           reason="bad length")
+            if source_id < 0:
+                check_control_fields(header, offset)
+                if source_id != EOW_SOURCE_ID:
+                    continue  # other control events (heartbeats) carry nothing to deliver
                 count, checksum = _EOW.unpack_from(body, offset + HEADER_SIZE)
                 if verify and self._whole and (count != check.count or checksum != check.crc):
                     raise EventFormatError(
                         f"window {scn}: {check.count} events and checksum "
                         f"{check.crc:08x}, EOW says {count} and {checksum:08x}",
-                        offset=offset, reason="window checksum",
+                        offset=offset, reason=WINDOW_CHECK,
                     )
                 self._window = None
                 self._whole = True
-                if pending:
-                    # A snapshot window: only now is its SCN known.
-                    yield StartOfWindow(scn)
-                    yield from pending
-                    pending.clear()
+                held, self._pending = self._pending, []
+                self._held_bytes = 0
+                self._spilled = False
+                if held:
+                    if snapshot:
+                        yield StartOfWindow(scn)  # a snapshot window: only now is its SCN known
+                    yield from held
                 yield EndOfWindow(scn, header.timestamp_ns, count)
                 continue
-            if source_id < 0:
-                continue  # other control events (heartbeats) carry nothing to deliver
             check.add(header.header_crc)
             source = source_names.get(source_id)
             if source is None:
                 raise EventFormatError(
                     f"unknown source id {source_id}", offset=offset, reason="unknown source"
                 )
-            start = offset + HEADER_SIZE
-            key_end = start + header.key_length
-            end = offset + header.total_length
-            fp = header.schema_fingerprint
-            reader = readers.get(source)
-            value = codec_decode(body[key_end:end], fp, reader) if end > key_end else None
-            kind = header.flags & KEY_KIND_MASK
-            event = DataEvent(
-                scn,
-                source,
-                header.op,
-                header.partition_key if kind == _INT_KEY else decode_key(
-                    KeyKind(kind), body[start:key_end]),
-                value,
-                header.timestamp_ns,
-                reader if reader is not None else codec_schema(fp) if fp else None,
-                header.partition_key,
-                bootstrap or bool(header.flags & FLAG_FROM_SNAPSHOT),
-            )
-            if snapshot:
-                pending.append(event)
-            else:
+            event = self._data_event(body, offset, header, source, readers.get(source),
+                                     bootstrap)
+            if self._spilled:
                 yield event
+            else:
+                self._pending.append(event)
+                self._held_bytes += header.total_length
+
+    def _data_event(self, body: bytes, offset: int, header: EventHeader, source: str,
+                    reader: Schema | None, bootstrap: bool) -> DataEvent:
+        start = offset + HEADER_SIZE
+        key_end = start + header.key_length
+        end = offset + header.total_length
+        key = decode_data_key(header, body[start:key_end], offset)
+        fp = header.schema_fingerprint
+        try:
+            # A known fingerprint does not make the bytes fit its schema (a relay may
+            # recompute CRCs): any decoding failure is a bad event, never a crash.
+            value = self.codec.decode(body[key_end:end], fp, reader) if end > key_end else None
+            schema = reader if reader is not None else self.codec.schema(fp) if fp else None
+        except (SchemaError, UnknownSchemaError) as exc:
+            raise EventFormatError(f"event value: {exc}", offset=offset,
+                                   reason="bad value") from exc
+        return DataEvent(
+            header.scn, source, header.op, key, value, header.timestamp_ns, schema,
+            header.partition_key, bootstrap or bool(header.flags & FLAG_FROM_SNAPSHOT),
+        )

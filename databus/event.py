@@ -181,30 +181,81 @@ def encode_key(key: Key) -> tuple[KeyKind, bytes, int]:
             raise EventFormatError(f"int key {key} does not fit in int64", reason="bad key")
         return KeyKind.INT, _INT_KEY.pack(key), key
     if isinstance(key, str):
-        data = key.encode("utf-8")
+        try:
+            data = key.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate has no UTF-8 form
+            raise EventFormatError(f"string key is not UTF-8-encodable: {exc}",
+                                   reason="bad key") from exc
         return KeyKind.STRING, data, stable_key_hash(data)
     if isinstance(key, bytes | bytearray | memoryview):
         data = bytes(key)
         return KeyKind.BYTES, data, stable_key_hash(data)
     if isinstance(key, tuple):
         try:
-            data = json.dumps(list(key), separators=(",", ":"), ensure_ascii=False).encode()
-        except (TypeError, ValueError) as exc:
+            data = _composite_bytes(list(key))
+        except (TypeError, ValueError, RecursionError) as exc:
             raise EventFormatError(f"composite key not JSON-able: {exc}", reason="bad key") from exc
         return KeyKind.COMPOSITE, data, stable_key_hash(data)
     raise EventFormatError(f"unsupported key type {type(key).__name__}", reason="bad key")
 
 
-def decode_key(kind: KeyKind, data: bytes) -> Key:
+def _composite_bytes(items: list[object]) -> bytes:
+    # The one canonical form of a composite key; the decoder insists on it.
+    return json.dumps(items, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_key(kind: KeyKind, data: bytes, offset: int = 0) -> Key:
+    """The key of ``kind`` held in ``data``; ``EventFormatError`` for bytes that no
+    ``encode_key`` can have written (bad UTF-8, a composite key that is not a JSON array
+    in canonical form), whatever the CRCs say: a relay may have recomputed them."""
     if kind is KeyKind.INT:
         if len(data) != 8:
-            raise EventFormatError("int key is not 8 bytes", reason="bad key")
+            raise EventFormatError("int key is not 8 bytes", offset=offset, reason="bad key")
         return int(_INT_KEY.unpack(data)[0])
     if kind is KeyKind.STRING:
-        return data.decode("utf-8")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise EventFormatError("string key is not UTF-8", offset=offset,
+                                   reason="bad key") from None
     if kind is KeyKind.COMPOSITE:
-        return tuple(json.loads(data))
+        try:
+            items = json.loads(data)
+            canonical = isinstance(items, list) and _composite_bytes(items) == data
+        except (ValueError, RecursionError, TypeError):  # UnicodeDecodeError is a ValueError
+            canonical = False
+        if not canonical:
+            raise EventFormatError("composite key is not a canonical JSON array",
+                                   offset=offset, reason="bad key")
+        return tuple(items)
     return data
+
+
+def decode_data_key(header: EventHeader, data: bytes, offset: int = 0) -> Key:
+    """The key of a data event whose CRCs checked out, checked against the header:
+    the partition key must be the one ``encode_key`` derives from the key bytes. A
+    mismatch would route the event to the wrong partition (server-side filters and
+    parallel consumers split by it), so it is a bad event, not a key to trust."""
+    kind = KeyKind(header.flags & KEY_KIND_MASK)
+    key = decode_key(kind, data, offset)
+    if kind is KeyKind.INT:
+        if key != header.partition_key:
+            raise EventFormatError("int key and partition key differ", offset=offset,
+                                   reason="bad key")
+    elif stable_key_hash(data) != header.partition_key:
+        raise EventFormatError("partition key is not the hash of the key", offset=offset,
+                               reason="bad key")
+    return key
+
+
+def check_control_fields(header: EventHeader, offset: int = 0) -> None:
+    """A control event carries no key, partition key, schema or flags (``_pack`` as
+    ``encode_control``/``encode_eow`` call it); an EOW's value is exactly 8 bytes."""
+    if header.flags or header.key_length or header.partition_key or header.schema_fingerprint:
+        raise EventFormatError("control event with a key, flags or schema", offset=offset,
+                               reason="bad field")
+    if header.source_id == EOW_SOURCE_ID and header.value_length != _EOW_VALUE.size:
+        raise EventFormatError("EOW payload is not 8 bytes", offset=offset, reason="bad length")
 
 
 # -- encoding -----------------------------------------------------------------------
