@@ -91,7 +91,15 @@ class FailoverPuller:
                 doc = doc["schema"]
             if not isinstance(doc, dict | str | list):
                 raise ValueError(f"schema {fingerprint:016x} from {url} is not a schema")
-            return Schema(doc)
+            try:
+                schema = Schema(doc)
+            except DatabusError as exc:  # not an Avro schema: a bad answer, try another
+                raise ValueError(f"schema {fingerprint:016x} from {url}: {exc}") from None
+            if schema.fingerprint != fingerprint:
+                # Decoding with it would read the bytes with the wrong schema.
+                raise ValueError(f"{url} answered schema {schema.fingerprint:016x} when "
+                                 f"asked for {fingerprint:016x}")
+            return schema
 
         return await self._retrying(attempt)
 
@@ -123,7 +131,8 @@ class FailoverPuller:
                     raise
                 await self.failed(exc)
                 continue
-            except (aiohttp.ClientError, TimeoutError, OSError, KeyError, ValueError) as exc:
+            except (aiohttp.ClientError, TimeoutError, OSError, KeyError, ValueError,
+                    TypeError, RecursionError) as exc:
                 await self.failed(exc)  # connection trouble, or an answer not as expected
                 continue
             self._failures = 0

@@ -17,6 +17,7 @@ import aiohttp
 
 from databus.checkpoint import Checkpoint
 from databus.client._failover import FailoverPuller
+from databus.client._headers import parse_stream_headers
 from databus.errors import DatabusError, ScnNotFoundError
 
 
@@ -146,15 +147,14 @@ class RelayPuller(FailoverPuller):
                 # Read after the body, so the names cover the ids of every event in it
                 # (a table created meanwhile may have got its id just now).
                 names = await self._load_catalog(relay)
-            pending = headers.get("X-Databus-Pending-Event-Size")
-            max_scn = headers.get("X-Databus-Max-Scn")
+            checkpoint, max_scn, pending = parse_stream_headers(headers, relay)
             return Batch(
                 body=body,
-                checkpoint=Checkpoint.loads(headers["X-Databus-Checkpoint"]),
-                max_scn=int(max_scn) if max_scn is not None else None,
+                checkpoint=checkpoint,
+                max_scn=max_scn,
                 relay=relay,
                 source_names=names,
-                pending_event_size=int(pending) if pending else None,
+                pending_event_size=pending,
             )
 
         try:
