@@ -174,8 +174,7 @@ def test_relay_never_shows_a_secret(mariadb_server: MariaDBServer, mysql_user: t
     assert "Traceback" not in log or "flush" not in log
     status = json.loads(outputs["status"])
     assert "access denied" in json.dumps(status)  # the failures did happen...
-    assert "bad header" in log.lower() or "invalid header" in log.lower() or outputs[
-        "bad header 0"].startswith("HTTP/1.1 400")
+    assert " 400 " in outputs["bad header 0"].split("\r\n")[0], outputs["bad header 0"]
     assert_clean(log, secrets, "the relay log")  # ...and nothing said a secret
     for where, text in outputs.items():
         # The answers to malformed headers: test_malformed_header_answer_echoes_nothing.
