@@ -101,7 +101,7 @@ def test_consumers_started_before_create_table_get_every_row(
                 sql.run("CREATE TABLE orders (id INT PRIMARY KEY, total DECIMAL(10,2))")
 
                 async def active() -> bool:
-                    return (await listed(relay))[name]["state"] == "active"
+                    return bool((await listed(relay))[name]["state"] == "active")
 
                 await eventually(active, "listed active after CREATE TABLE, before any row")
                 entry = (await listed(relay))[name]

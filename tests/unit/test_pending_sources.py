@@ -279,7 +279,7 @@ class PatternFetcher(SyntheticFetcher):
 def test_a_source_named_by_a_pattern_is_waited_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = _fetcher_host.fetcher_class
+    from databus.fetchers._api import fetcher_class as real
 
     def resolve(uri: str) -> type[Fetcher]:
         return PatternFetcher if uri.startswith("pattern://") else real(uri)
