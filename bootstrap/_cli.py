@@ -7,8 +7,7 @@ import argparse
 import dataclasses
 import logging
 
-from aiohttp import web
-
+from databus._serving import run_app
 from databus.config import load_config, redact_uri
 from databus.errors import ConfigError
 
@@ -44,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     port = config.port if args.port is None else args.port
     storage = open_configured_storage(config)
     log.info("bootstrap store %s; running %s", redact_uri(config.storage), ", ".join(config.run))
-    web.run_app(
-        build_app(config, storage), host=host, port=port, access_log=None,
-        print=lambda _: log.info("bootstrap service listening on http://%s:%d", host, port),
-    )
+    # databus._serving, not web.run_app: connection limits, timeouts, JSON protocol errors.
+    run_app(build_app(config, storage), host=host, port=port,
+            on_listen=lambda h, p: log.info("bootstrap service listening on http://%s:%d",
+                                            h, p))
     return 0

@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from databus._serving import ServingLimits, install
 from databus.bootstrap._applier import LogApplier
 from databus.bootstrap._producer import LogProducer
 from databus.bootstrap._serve import Bootstrapper, ServePolicy
-from databus.bootstrap._server import ServiceInfo, create_app
+from databus.bootstrap._server import DEFAULT_MAX_BYTES, ServiceInfo, create_app
 from databus.bootstrap._storage import BootstrapStorage, open_storage
 from databus.config import BootstrapConfig
 
@@ -35,6 +36,9 @@ def build_app(config: BootstrapConfig, storage: BootstrapStorage) -> web.Applica
         ratio_sample_rows=srv.ratio_sample_rows, batch_rows=srv.batch_rows))
     info = ServiceInfo(admin_token=config.admin_token, max_bytes_cap=srv.max_bytes_cap)
     app = create_app(bootstrapper, info, serve_streams="server" in config.run)
+    # Connection limits and the stream memory budget (databus/_serving.py).
+    install(app, ServingLimits.of(srv), stream_paths=("/v1/bootstrap/stream",),
+            default_max_bytes=DEFAULT_MAX_BYTES, max_bytes_cap=srv.max_bytes_cap)
     producer = applier = None
     if "producer" in config.run:
         p = config.producer

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from aiohttp import web
-
+from databus._serving import run_app
 from databus.config import load_config, redact_uri
 from databus.errors import ConfigError
 
@@ -34,8 +33,7 @@ def run(args: argparse.Namespace) -> int:
     for buffer in config.buffers:
         log.info("buffer %s (%d MiB) <- %s", buffer.name, buffer.capacity_mb,
                  redact_uri(buffer.source))
-    web.run_app(
-        create_app(relay), host=host, port=port, access_log=None,
-        print=lambda _: log.info("relay listening on http://%s:%d", host, port),
-    )
+    # databus._serving, not web.run_app: connection limits, timeouts, JSON protocol errors.
+    run_app(create_app(relay), host=host, port=port,
+            on_listen=lambda h, p: log.info("relay listening on http://%s:%d", h, p))
     return 0

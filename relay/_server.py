@@ -43,6 +43,7 @@ from databus._http import (
     source_param,
     sources_param,
 )
+from databus._serving import ServingLimits, install
 from databus.checkpoint import Mode
 from databus.errors import ConfigError, UnknownSourceError
 from databus.filters import SourceFilter
@@ -346,6 +347,11 @@ async def admin_flush(request: web.Request) -> web.Response:
 def create_app(relay: Relay) -> web.Application:
     """The relay's aiohttp application. Starting it starts the relay's fetchers."""
     app = web.Application(middlewares=[json_errors])
+    cfg = relay.config
+    # Connection limits and the stream memory budget (databus/_serving.py); they take
+    # full effect when served through databus._serving's runner, as ``databus relay`` is.
+    install(app, ServingLimits.of(cfg), stream_paths=("/v1/stream",),
+            default_max_bytes=DEFAULT_MAX_BYTES, max_bytes_cap=cfg.max_bytes_cap)
     app[RELAY] = relay
     app[STATS] = HttpStats()
     app[NOTIFIERS] = {}
