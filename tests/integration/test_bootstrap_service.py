@@ -279,6 +279,24 @@ async def test_errors_are_json_with_their_codes(store_url: str, tmp_path: Path) 
             status, body = await error({"checkpoint": '{"window_scn": -1}',
                                         "filter": '{"shop.a": {"type": "mod"}}'})
             assert (status, body["error"]) == (400, "bad_request")
+            # Issue 12, defect 4: numbers beyond int64 never reach SQL (OverflowError on
+            # SQLite, DataError on PostgreSQL), and bad_event is not an answer here.
+            snapshot = {"mode": "bootstrap_snapshot", "window_scn": 3, "bootstrap_start_scn": 5,
+                        "bootstrap_source_index": 0, "bootstrap_since_scn": 3}
+            catchup = {"mode": "bootstrap_catchup", "window_scn": 5, "bootstrap_start_scn": 5,
+                       "bootstrap_target_scn": 10, "bootstrap_source_index": 0}
+            for cp in ({"window_scn": 2**63}, {"window_scn": 10**30},
+                       {**snapshot, "bootstrap_since_scn": 2**64},
+                       {**catchup, "bootstrap_target_scn": 2**64},
+                       {**snapshot, "bootstrap_last_key": f"{2**70}:00"},
+                       {**snapshot, "bootstrap_start_scn": 2**64}):
+                status, body = await error({"checkpoint": json.dumps(cp), "sources": SOURCES})
+                assert (status, body["error"]) == (400, "bad_request"), cp
+            # Defect 5: a filter on a source the store does not have, as on the relay.
+            status, body = await error({"checkpoint": '{"window_scn": -1}', "sources": SOURCES,
+                                        "filter": '{"shop.zzz": {"type": "mod", "n": 2, '
+                                                  '"buckets": "[0]"}}'})
+            assert (status, body["error"]) == (404, "unknown_source")
             # Retention moves the floor to 99 (PostgreSQL: whole partitions of 100 SCNs)
             # or 150 (SQLite): a consumer at 50 is too old.
             result = await asyncio.to_thread(service.storage.retain, cut_scn=150)
