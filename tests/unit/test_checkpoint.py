@@ -75,11 +75,48 @@ def test_defaults_mode_and_offset() -> None:
         '{"window_scn": 5, "mode": "bootstrap_snapshot", "bootstrap_start_scn": 1,'
         ' "bootstrap_source_index": -1}',
         b'\xff\xfe',
+        # Issue 12: beyond int64, nested, huge, duplicated, non-JSON constants.
+        '{"window_scn": 18446744073709551616}',
+        '{"window_scn": 9223372036854775808}',
+        '{"window_scn": 1000000000000000000000000000000}',
+        '{"window_scn": 5, "window_offset": 18446744073709551616}',
+        '{"window_scn": -1, "mode": "bootstrap_snapshot",'
+        ' "bootstrap_start_scn": 18446744073709551616, "bootstrap_source_index": 0}',
+        '{"window_scn": 5, "mode": "bootstrap_catchup", "bootstrap_start_scn": 1,'
+        ' "bootstrap_source_index": 0, "bootstrap_target_scn": 18446744073709551616}',
+        '{"window_scn": 5, "mode": "bootstrap_snapshot", "bootstrap_start_scn": 1,'
+        ' "bootstrap_source_index": 0, "bootstrap_since_scn": 9223372036854775808}',
+        '{"window_scn": 5, "mode": "bootstrap_snapshot", "bootstrap_start_scn": 1,'
+        ' "bootstrap_source_index": 1180591620717411303424}',
+        "[" * 1500,
+        '{"a":' * 1000 + "1" + "}" * 1000,
+        '{"window_scn": ' + "9" * 5000 + "}",
+        '{"window_scn": 1, "window_scn": 2}',
+        '{"window_scn": NaN}',
+        '{"window_scn": Infinity}',
+        '{"window_scn": 1, "mode": {"x": [1]}}',
+        "x" * 70_000,
     ],
 )
 def test_malformed_or_impossible_checkpoints(text: str | bytes) -> None:
     with pytest.raises(CheckpointError):
         Checkpoint.loads(text)
+
+
+def test_the_int64_edges_are_valid() -> None:
+    top = (1 << 63) - 1
+    cp = Checkpoint.loads(f'{{"window_scn": {top}, "window_offset": {top}}}')
+    assert (cp.window_scn, cp.window_offset) == (top, top)
+    catchup = Checkpoint(top, mode=Mode.BOOTSTRAP_CATCHUP, bootstrap_start_scn=top,
+                         bootstrap_target_scn=top, bootstrap_source_index=top,
+                         bootstrap_since_scn=top)
+    assert Checkpoint.loads(catchup.dumps()) == catchup
+
+
+def test_a_message_never_repeats_a_huge_value() -> None:
+    with pytest.raises(CheckpointError) as info:
+        Checkpoint.loads('{"window_scn": ' + "7" * 4000 + "}")
+    assert "7" * 50 not in info.value.message
 
 
 # Buffer holding windows 10, 20, 30 after evicting up to 5.

@@ -319,6 +319,17 @@ INVALID: list[tuple[object, str]] = [
     ({"sources": {SRC: {"partitionType": "NONE", "mod": {}}}}, "'mod': unknown field"),
     ({"sources": {}, SRC: {}}, "cannot be mixed"),
     ({"sources": [1]}, "expected a JSON object"),
+    # Issue 12: nesting, numbers past the int digit limit, in every spelling.
+    ("[" * 1500, "nested deeper than"),
+    ('{"a":' * 1000 + "1" + "}" * 1000, "nested deeper than"),
+    ({SRC: {"type": "mod", "n": 3, "buckets": "[" + "9" * 5000 + "]"}}, "beyond the int64"),
+    ({SRC: {"type": "mod", "n": 3, "buckets": "[0-" + "9" * 5000 + "]"}}, "beyond the int64"),
+    ({SRC: {"type": "mod", "n": 3, "buckets": ["9" * 5000]}}, "beyond the int64"),
+    ({SRC: {"type": "range", "size": 1, "ids": "[" + "9" * 20 + "]"}}, "beyond the int64"),
+    ('{"x": {"type": "mod", "n": 3, "buckets": [' + "9" * 5000 + "]}}", "5000 digits"),
+    ('{"x": {"type": "mod", "n": ' + "9" * 5000 + ', "buckets": [0]}}', "5000 digits"),
+    ('{"x": {"type": "mod", "n": NaN, "buckets": [0]}}', "NaN is not JSON"),
+    ('{"x": 1, "x": 2}', "duplicate key"),
 ]
 
 
