@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +73,10 @@ def walk(url: str, start: dict[str, Any], **params: str) -> list[dict[str, Any]]
 
 def serve(storage: BootstrapStorage) -> Iterator[Boot]:
     """The server on ``storage`` in a thread, with checkpoints collected from it."""
-    def factory() -> object:
+    def factory() -> AbstractAsyncContextManager[RunningBootstrap]:
         return running_bootstrap(storage, batch_rows=5)
 
-    with server_thread(factory) as running:  # type: ignore[arg-type]
-        assert isinstance(running, RunningBootstrap)
+    with server_thread(factory) as running:
         url = running.url
         collected = walk(url, {"window_scn": -1})
         collected += walk(url, {"window_scn": BOOT_WINDOWS // 2})

@@ -4,6 +4,7 @@ no 5xx, every error JSON with a code of docs/relay.md's table (issue 12)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -40,11 +41,10 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # A short max_wait_ms: a fuzzed wait_ms that is valid must not make a slow test.
     config = relay_config(tmp_path_factory.mktemp("fuzz"), {"load": LOAD}, max_wait_ms=20)
 
-    def factory() -> object:
+    def factory() -> AbstractAsyncContextManager[RunningRelay]:
         return running_relay(config)
 
-    with server_thread(factory) as running:  # type: ignore[arg-type]
-        assert isinstance(running, RunningRelay)
+    with server_thread(factory) as running:
         yield running.url
 
 
