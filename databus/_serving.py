@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
 import signal
+import socket
+import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
@@ -278,6 +281,9 @@ async def _write_body(request: web.Request, response: web.Response, body: bytes,
         for offset in range(0, len(body), WRITE_PIECE):
             async with asyncio.timeout(timeout):
                 await out.write(view[offset:offset + WRITE_PIECE])
+            # write() returns without yielding while the kernel takes the bytes: let
+            # other connections run between pieces of a big body.
+            await asyncio.sleep(0)
         async with asyncio.timeout(timeout):
             await out.write_eof()
     except TimeoutError:
@@ -290,9 +296,24 @@ async def _write_body(request: web.Request, response: web.Response, body: bytes,
 
 
 def _abort(request: web.Request) -> None:
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
+    reset(request.transport)
+
+
+_LINGER_NONE = struct.pack("ii", 1, 0)
+
+
+def reset(transport: asyncio.BaseTransport | None) -> None:
+    """Drop a connection and everything queued for it: our buffer (``abort``, where
+    ``close`` would wait to flush it) and the kernel's send buffer (linger 0 sends a
+    reset; a plain close leaves an orphan socket holding up to a few MiB while it keeps
+    probing a client that reads nothing)."""
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_NONE)
+    transport.abort()
 
 
 # -- the per-connection protocol ----------------------------------------------------------
@@ -443,9 +464,7 @@ class LimitedRequestHandler(RequestHandler):
         except TimeoutError:
             self._state.rejects.note("write_timeout", self._peer,
                                      f"client read nothing for {timeout:g} s; connection cut")
-            transport = self.transport
-            if transport is not None:
-                transport.abort()  # drop the buffered bytes now; close() would keep them
+            reset(self.transport)
             raise ConnectionResetError("write timeout: the client stopped reading") from None
 
     # errors

@@ -1,0 +1,327 @@
+"""A normal consumer's latency next to hostile consumers, and the relay's memory (issue 12,
+defect 12).
+
+    .venv/bin/python benchmarks/relay_hostile.py [--phase-seconds 12] [--rounds 2]
+        [--write-timeout 5] [--header-timeout 5] [--stream-memory-mb 128]
+
+Setup: a ``databus relay --config`` child process whose synthetic fetcher writes 1000
+windows/s of one 2.5 KB event each into a 256 MiB buffer (it does not wrap during the
+run), filled with 24 MiB before the clock starts; its limits are the defaults except the
+write and header timeouts (``--write-timeout``/``--header-timeout``, 5 s here instead of
+30 s and 10 s so that the phases see several cuts) and ``max_stream_memory_mb``.
+
+One **normal consumer** (its own process, one aiohttp session) long-polls from the
+newest window (``wait_ms=1000``, ``max_bytes`` 1 MiB) for the whole run; its latency per
+event = receipt time minus the event's ``timestamp_ns`` (same clock).
+
+The run alternates two phases, ``--rounds`` times each, ``--phase-seconds`` each, so
+both cases see the same relay and the same machine noise:
+
+- **quiet**: the normal consumer alone;
+- **hostile**: a second process adds 200 long polls parked on a second, nearly idle
+  buffer (one window a minute; ``wait_ms=30000``, re-issued when answered), 20 clients
+  that ask for 8 MiB from the oldest window with a 4 KiB receive buffer and never read
+  (reconnecting when the relay cuts them), and 10 slowloris clients sending one header
+  byte per second (reconnecting when cut).
+
+Figures: the normal consumer's p50/p99/max latency per phase kind (all rounds pooled)
+and their ratio; the relay's anonymous resident memory (``RssAnon`` in
+``/proc/<pid>/status``: the ring's mapped file pages left out) before, peak during each
+phase kind, and at the end; how often the hostile clients were cut; machine CPU busy and
+steal during each phase kind (the machine is shared: the ratio is what counts)."""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import json
+import math
+import multiprocessing as mp
+import os
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+from _relay_proc import RelayProcess, code_version, loadavg, machine_cpu
+
+CTX = mp.get_context("fork")
+_FIELDS = struct.Struct(">I8xq2xh")  # from offset 12: total_length, timestamp_ns, source_id
+SOURCE = "synthetic.events"
+OLDEST = json.dumps({"window_scn": -1})
+
+
+def percentile(values: list[int], q: float) -> float:
+    if not values:
+        return float("nan")
+    k = min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))
+    return float(values[k])
+
+
+def rss_mib(pid: int) -> float:
+    """Anonymous resident memory (heap, buffers) of ``pid``: what the limits bound. The
+    ring file's mapped pages are file-backed and left out (they are the buffer itself)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# -- the normal consumer ------------------------------------------------------------------
+
+
+def _normal_consumer(url: str, ready: Any, stop: Any, out: Any) -> None:
+    import aiohttp
+
+    async def run() -> None:
+        times: array.array[int] = array.array("q")
+        lats: array.array[int] = array.array("q")
+        errors = 0
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+            async with s.get(url + "/v1/stream", params={"wait_ms": "0", "sources": SOURCE,
+                             "checkpoint": json.dumps({"window_scn": -2})}) as r:
+                await r.read()
+                cp = json.dumps({"window_scn": int(r.headers["X-Databus-Max-Scn"])})
+            ready.set()
+            while not stop.is_set():
+                try:
+                    async with s.get(url + "/v1/stream", params={
+                            "wait_ms": "1000", "max_bytes": str(1 << 20), "checkpoint": cp,
+                            "sources": SOURCE,
+                    }) as r:
+                        body = await r.read()
+                        now = time.time_ns()
+                        if r.status != 200:
+                            errors += 1
+                            await asyncio.sleep(0.05)
+                            continue
+                        cp = r.headers["X-Databus-Checkpoint"]
+                except (aiohttp.ClientError, TimeoutError):
+                    errors += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                off = 0
+                while off < len(body):
+                    total, ts, source_id = _FIELDS.unpack_from(body, off + 12)
+                    if source_id >= 0:
+                        times.append(now)
+                        lats.append(now - ts)
+                    off += total
+        out.put((times.tobytes(), lats.tobytes(), errors))
+
+    asyncio.run(run())
+
+
+# -- the hostile clients ------------------------------------------------------------------
+
+
+def _hostile(port: int, ready: Any, stop: Any, out: Any) -> None:
+    import aiohttp
+
+    counts = {"long_poll_answers": 0, "non_reader_cut": 0, "slowloris_cut": 0,
+              "errors": 0}
+
+    async def long_poll(session: aiohttp.ClientSession, url: str) -> None:
+        cp = json.dumps({"window_scn": -2})
+        while not stop.is_set():
+            try:
+                async with session.get(url, params={"wait_ms": "30000", "checkpoint": cp,
+                                                    "sources": "idle.events"}) as r:
+                    await r.read()
+                    if r.status == 200:
+                        cp = r.headers["X-Databus-Checkpoint"]
+                        counts["long_poll_answers"] += 1
+                    else:
+                        counts["errors"] += 1
+                        await asyncio.sleep(0.5)
+            except (aiohttp.ClientError, TimeoutError):
+                counts["errors"] += 1
+                await asyncio.sleep(0.5)
+
+    async def gone(sock: socket.socket) -> bool:
+        """Closed or reset by the relay? The TCP state says so without reading (a peek
+        would see the unread bytes still queued)."""
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+        except OSError:
+            return True
+        return info[0] != 1  # tcpi_state: 1 is ESTABLISHED
+
+    async def non_reader() -> None:
+        query = (f"max_bytes={8 << 20}&sources={SOURCE}"
+                 f"&checkpoint={urllib.parse.quote(OLDEST)}")
+        request = f"GET /v1/stream?{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        while not stop.is_set():
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            try:
+                await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+                await asyncio.get_running_loop().sock_sendall(sock, request)
+                while not stop.is_set():
+                    await asyncio.sleep(0.5)
+                    if await gone(sock):
+                        counts["non_reader_cut"] += 1
+                        break
+            except OSError:
+                counts["errors"] += 1
+                await asyncio.sleep(0.5)
+            finally:
+                sock.close()
+
+    async def slowloris() -> None:
+        head = b"GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"z" * 10_000
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                counts["errors"] += 1
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                for byte in head:
+                    if stop.is_set():
+                        break
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    try:
+                        data = await asyncio.wait_for(reader.read(4096), 1.0)
+                    except TimeoutError:
+                        continue
+                    if data or reader.at_eof():
+                        counts["slowloris_cut"] += 1
+                        break
+            except OSError:
+                counts["slowloris_cut"] += 1
+            finally:
+                writer.close()
+
+    async def run() -> None:
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn,
+                                         timeout=aiohttp.ClientTimeout(total=90)) as session:
+            url = f"http://127.0.0.1:{port}/v1/stream"
+            tasks = [asyncio.create_task(long_poll(session, url)) for _ in range(200)]
+            tasks += [asyncio.create_task(non_reader()) for _ in range(20)]
+            tasks += [asyncio.create_task(slowloris()) for _ in range(10)]
+            await asyncio.sleep(1.0)
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.1)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        out.put(counts)
+
+    asyncio.run(run())
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--phase-seconds", type=float, default=12)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--write-timeout", type=float, default=5)
+    parser.add_argument("--header-timeout", type=float, default=5)
+    parser.add_argument("--stream-memory-mb", type=int, default=128)
+    args = parser.parse_args()
+
+    uri = "synthetic://?rate=1000&keys=100000&event_bytes=2500&events_per_window=1"
+    relay = RelayProcess(uri, 256)  # no lap during the run
+    # The bench's own limits (RelayProcess writes max_bytes_cap = 64 MiB: back to 8).
+    text = relay.config_path.read_text().replace(f"max_bytes_cap = {64 << 20}\n",
+                                                 f"max_bytes_cap = {8 << 20}\n")
+    text = text.replace("\n[[relay.buffers]]", (
+        f"write_timeout_s = {args.write_timeout}\nheader_timeout_s = {args.header_timeout}\n"
+        f"max_stream_memory_mb = {args.stream_memory_mb}\n\n[[relay.buffers]]"), 1)
+    # A second buffer that gets one window a minute: the hostile long polls park there.
+    text += ('\n[[relay.buffers]]\nname = "idle"\ncapacity_mb = 1\nsource = '
+             '"synthetic://?rate=0.016&events_per_window=1&source=idle.events"\n')
+    relay.config_path.write_text(text)
+    print(f"# relay_hostile: {code_version()}; {os.cpu_count()} CPUs; {loadavg()}")
+    with relay:
+        while (relay.buffer_status()["used_bytes"] or 0) < 24 << 20:
+            time.sleep(0.2)
+        rss: list[tuple[float, float]] = []
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.is_set():
+                rss.append((time.monotonic(), rss_mib(relay.pid)))
+                time.sleep(0.1)
+
+        threading.Thread(target=sample, daemon=True).start()
+        rss_before = rss_mib(relay.pid)
+        ready, stop, out = CTX.Event(), CTX.Event(), CTX.Queue()
+        consumer = CTX.Process(target=_normal_consumer, args=(relay.url, ready, stop, out))
+        consumer.start()
+        ready.wait(30)
+        time.sleep(1.0)
+        phases: list[tuple[str, int, int, float, float]] = []  # kind, t0 ns, t1 ns, busy, steal
+        mono_phases: list[tuple[str, float, float]] = []
+        cuts: dict[str, int] = {}
+        for _ in range(args.rounds):
+            for kind in ("quiet", "hostile"):
+                hostile = None
+                if kind == "hostile":
+                    h_ready, h_stop, h_out = CTX.Event(), CTX.Event(), CTX.Queue()
+                    hostile = CTX.Process(target=_hostile,
+                                          args=(relay.port, h_ready, h_stop, h_out))
+                    hostile.start()
+                    h_ready.wait(30)
+                busy0, steal0, tot0 = machine_cpu()
+                t0, m0 = time.time_ns(), time.monotonic()
+                time.sleep(args.phase_seconds)
+                t1, m1 = time.time_ns(), time.monotonic()
+                busy1, steal1, tot1 = machine_cpu()
+                phases.append((kind, t0, t1, (busy1 - busy0) / (tot1 - tot0),
+                               (steal1 - steal0) / (tot1 - tot0)))
+                mono_phases.append((kind, m0, m1))
+                if hostile is not None:
+                    h_stop.set()
+                    for k, v in h_out.get(timeout=60).items():
+                        cuts[k] = cuts.get(k, 0) + v
+                    hostile.join(30)
+                    time.sleep(1.0)  # let the relay drop what the hostile ones left
+        stop.set()
+        times_b, lats_b, errors = out.get(timeout=60)
+        consumer.join(30)
+        sampling.set()
+        rss_after = rss_mib(relay.pid)
+    times: array.array[int] = array.array("q")
+    lats: array.array[int] = array.array("q")
+    times.frombytes(times_b)
+    lats.frombytes(lats_b)
+    print(f"relay: write_timeout_s={args.write_timeout} header_timeout_s="
+          f"{args.header_timeout} max_stream_memory_mb={args.stream_memory_mb} "
+          f"max_bytes_cap=8 MiB max_connections=1000; phases of {args.phase_seconds:g} s, "
+          f"{args.rounds} rounds; normal consumer errors: {errors}")
+    print("| phase | events | p50 ms | p99 ms | max ms | relay RssAnon peak MiB | "
+          "machine busy | steal |")
+    print("|---|---|---|---|---|---|---|---|")
+    p99s = {}
+    for kind in ("quiet", "hostile"):
+        sel = sorted(lat for t, lat in zip(times, lats, strict=True)
+                     if any(k == kind and a <= t <= b for k, a, b, _, _ in phases))
+        peak = max((r for t, r in rss if any(k == kind and a <= t <= b
+                                            for k, a, b in mono_phases)), default=0.0)
+        busy = sum(p[3] for p in phases if p[0] == kind) / args.rounds
+        steal = sum(p[4] for p in phases if p[0] == kind) / args.rounds
+        p99s[kind] = percentile(sel, 0.99) / 1e6
+        print(f"| {kind} | {len(sel)} | {percentile(sel, 0.5) / 1e6:.1f} | "
+              f"{p99s[kind]:.1f} | {(sel[-1] / 1e6 if sel else float('nan')):.1f} | "
+              f"{peak:.0f} | {busy:.0%} | {steal:.0%} |")
+    print(f"p99 hostile / quiet = {p99s['hostile'] / p99s['quiet']:.2f}")
+    print(f"relay RssAnon: {rss_before:.0f} MiB before, {max(r for _, r in rss):.0f} MiB peak, "
+          f"{rss_after:.0f} MiB at the end")
+    print(f"hostile clients: {json.dumps(cuts)}; {loadavg()}")
+
+
+if __name__ == "__main__":
+    main()
