@@ -302,7 +302,7 @@ def _abort(request: web.Request) -> None:
 _LINGER_NONE = struct.pack("ii", 1, 0)
 
 
-def reset(transport: asyncio.BaseTransport | None) -> None:
+def reset(transport: asyncio.Transport | None) -> None:
     """Drop a connection and everything queued for it: our buffer (``abort``, where
     ``close`` would wait to flush it) and the kernel's send buffer (linger 0 sends a
     reset; a plain close leaves an orphan socket holding up to a few MiB while it keeps
