@@ -505,6 +505,7 @@ class DatabusClient:
         # Where the window the decoder holds began: asked for again from there when the
         # window's check fails (nothing of it was delivered).
         window_start = position
+        warned_spill = False
         while True:
             need = want if oversize else min(min_request, want)
             await budget.wait_for(need, pinned=decoder.held_bytes)
@@ -512,9 +513,11 @@ class DatabusClient:
                 # Only the held window is left in the buffer and it still does not
                 # fit: deliver it unverified (progress over holding it forever).
                 held = decoder.held_bytes
-                log.warning("window of SCN %s is larger than the buffer "
-                            "(max_buffered_bytes=%d): delivering it before its check",
-                            position.window_scn, budget.limit)
+                log.log(logging.DEBUG if warned_spill else logging.WARNING,
+                        "window of SCN %s is larger than the buffer (max_buffered_bytes="
+                        "%d): delivering it before its EOW check (logged once)",
+                        decoder.window_scn, budget.limit)
+                warned_spill = True
                 self._submit(p, gen, decoder.release_held(), held, taken=True)
                 continue
             # Alone in an empty buffer, one event may be bigger than the buffer.

@@ -103,6 +103,11 @@ class ResponseDecoder:
         return self._window is not None and self._check.count > 0
 
     @property
+    def window_scn(self) -> int | None:
+        """The SCN of the open window, if any."""
+        return self._window if self.in_window else None
+
+    @property
     def held_bytes(self) -> int:
         """Bytes of the held (not yet returned) events of the open window."""
         return self._held_bytes
