@@ -19,6 +19,17 @@ bytes, which may be an ``Authorization`` header. Hostile clients also hold conne
 - ``install()`` adds a middleware that bounds stream response bodies: each request gets
   64 KiB on its own and more only from a shared ``max_stream_memory_mb`` budget; the
   body is written in 64 KiB pieces so the transport never holds a second copy.
+- Paths in ``grant_paths`` (the relay's stream) take their budget share only when the
+  handler has more than 64 KiB to serve (``StreamGrant``), not for the whole request: a
+  long poll parked on an idle buffer holds no budget (200 of them, each reserving its
+  1 MiB default while waiting, used to hold all of the 128 MiB, so that every other
+  client got 64 KiB bodies).
+- ``ServingState.bulk`` is the one lane big stream bodies are built in: a handler reads
+  the first 64 KiB at once and every further slice under this lock, one slice per turn
+  of the event loop. Building an 8 MiB body in one go takes 5-8 ms of the loop (the
+  ring scan and the copies, about half of it the final join); 20 clients that reconnect
+  together stalled every other connection 40-100 ms. A handler may hand the body over
+  as its slices (``BODY_PIECES``) so that it is never joined into one more copy.
 - ``AppRunner``/``run_app`` build the server from these (``web.run_app`` cannot).
 
 Memory bound (docs/relay.md, "Limits"): stream bodies take at most
@@ -39,7 +50,7 @@ import signal
 import socket
 import struct
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -78,6 +89,9 @@ MAX_HEAD_BYTES = 64 * 1024
 LOG_INTERVAL_S = 10.0
 # Highest max_bytes the stream endpoints accept (their own validation).
 _MAX_BYTES_HI = 1 << 31
+# A stream body handed over as slices (not joined: an 8 MiB join alone takes several ms
+# of the event loop). The middleware writes them in order; ``Response.body`` stays empty.
+BODY_PIECES = web.ResponseKey("body_pieces", Sequence[bytes])
 
 
 class Overloaded(DatabusError):
@@ -186,30 +200,58 @@ class StreamBudget:
         self.used -= reserved
 
 
+class StreamGrant:
+    """One request's share of the stream budget, taken by its handler when it has more
+    than ``STREAM_FLOOR`` bytes to serve; the middleware keeps it while the body is
+    written and gives it back."""
+
+    def __init__(self, budget: StreamBudget) -> None:
+        self._budget = budget
+        self.reserved = 0
+
+    def allow(self, want: int) -> int:
+        """The body limit for a request that wants ``want`` bytes: ``want`` when the
+        budget allows, else ``STREAM_FLOOR`` plus what is free. Call once."""
+        limit, take = self._budget.acquire(want)
+        self.reserved += take
+        return limit
+
+
+STREAM_GRANT = web.RequestKey("stream_grant", StreamGrant)
+
+
 class ServingState:
     """Per app: its limits, its stream budget and its rate-limited logs."""
 
     def __init__(self, limits: ServingLimits, stream_paths: Iterable[str] = (),
-                 default_max_bytes: int = 1 << 20, max_bytes_cap: int = 8 << 20) -> None:
+                 default_max_bytes: int = 1 << 20, max_bytes_cap: int = 8 << 20,
+                 grant_paths: Iterable[str] = ()) -> None:
         self.limits = limits
         self.stream_paths = frozenset(stream_paths)
+        self.grant_paths = frozenset(grant_paths)
         self.default_max_bytes = default_max_bytes
         self.max_bytes_cap = max_bytes_cap
         self.budget = StreamBudget(limits.max_stream_memory_mb << 20)
         self.rejects = RateLimitedLog(log, logging.WARNING)
         self.errors = RateLimitedLog(log, logging.ERROR)
         self.active_connections = 0
+        # Held while a slice of a big stream body is read from a ring (module docstring).
+        self.bulk = asyncio.Lock()
 
 
 SERVING = web.AppKey("serving", ServingState)
 
 
 def install(app: web.Application, limits: ServingLimits, *, stream_paths: Iterable[str] = (),
-            default_max_bytes: int = 1 << 20, max_bytes_cap: int = 8 << 20) -> ServingState:
+            default_max_bytes: int = 1 << 20, max_bytes_cap: int = 8 << 20,
+            grant_paths: Iterable[str] = ()) -> ServingState:
     """Give ``app`` its limits and the middleware bounding the bodies of
     ``stream_paths`` (add it after the app's JSON-error middleware, so an ``Overloaded``
-    raised here becomes a JSON 503). Call before the app starts."""
-    state = ServingState(limits, stream_paths, default_max_bytes, max_bytes_cap)
+    raised here becomes a JSON 503). The handlers of ``grant_paths`` (a subset) take
+    their budget themselves through ``request[STREAM_GRANT]`` before serving more than
+    ``STREAM_FLOOR`` bytes; the others get it reserved for the whole request. Call
+    before the app starts."""
+    state = ServingState(limits, stream_paths, default_max_bytes, max_bytes_cap, grant_paths)
     app[SERVING] = state
     app.middlewares.append(_bounded_bodies)
     return state
@@ -240,6 +282,8 @@ async def _bounded_bodies(
     state = request.app[SERVING]
     if request.path not in state.stream_paths:
         return await handler(request)
+    if request.path in state.grant_paths:
+        return await _granted_body(request, handler, state)
     want = _requested_max_bytes(request, state)
     if want is None:
         return await handler(request)
@@ -248,9 +292,14 @@ async def _bounded_bodies(
         if limit < want:
             request = request.clone(rel_url=request.rel_url.update_query(max_bytes=str(limit)))
         response = await handler(request)
-        if not isinstance(response, web.Response) or not isinstance(response.body, bytes):
+        if not isinstance(response, web.Response):
             return response
-        body = response.body
+        pieces = response.get(BODY_PIECES)
+        if pieces is None:
+            if not isinstance(response.body, bytes):
+                return response
+            pieces = (response.body,)
+        size = sum(len(p) for p in pieces)
         pending = response.headers.get("X-Databus-Pending-Event-Size")
         if limit < want and pending is not None and pending.isdigit() and int(pending) <= want:
             # The event would have fit in what the client asked for: a pending-size
@@ -258,32 +307,60 @@ async def _bounded_bodies(
             raise Overloaded(
                 "the server's stream memory (max_stream_memory_mb) is in use by other "
                 "responses; retry shortly")
-        keep = max(0, len(body) - STREAM_FLOOR)
+        keep = max(0, size - STREAM_FLOOR)
         state.budget.release(reserved - keep)
         reserved = keep
-        return await _write_body(request, response, body, state)
+        return await _write_body(request, response, pieces, size, state)
     finally:
         state.budget.release(reserved)
 
 
-async def _write_body(request: web.Request, response: web.Response, body: bytes,
+async def _granted_body(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    state: ServingState,
+) -> web.StreamResponse:
+    grant = StreamGrant(state.budget)
+    request[STREAM_GRANT] = grant
+    try:
+        response = await handler(request)
+        if not isinstance(response, web.Response):
+            return response
+        pieces = response.get(BODY_PIECES)
+        if pieces is None:
+            if not isinstance(response.body, bytes):
+                return response
+            pieces = (response.body,)
+        size = sum(len(p) for p in pieces)
+        keep = min(grant.reserved, max(0, size - STREAM_FLOOR))
+        state.budget.release(grant.reserved - keep)
+        grant.reserved = keep
+        return await _write_body(request, response, pieces, size, state)
+    finally:
+        state.budget.release(grant.reserved)
+        grant.reserved = 0
+
+
+async def _write_body(request: web.Request, response: web.Response,
+                      pieces: Sequence[bytes], size: int,
                       state: ServingState) -> web.StreamResponse:
-    """Send ``body`` in pieces, each within ``write_timeout_s``; a client that stops
-    reading is cut (abort: its buffered bytes are dropped, not flushed)."""
+    """Send the body (``pieces`` in order, ``size`` bytes) in pieces of at most
+    ``WRITE_PIECE``, each within ``write_timeout_s``; a client that stops reading is cut
+    (abort: its buffered bytes are dropped, not flushed)."""
     out = web.StreamResponse(status=response.status, reason=response.reason,
                              headers=response.headers)
-    out.content_length = len(body)
+    out.content_length = size
     timeout = state.limits.write_timeout_s
-    view = memoryview(body)
     try:
         async with asyncio.timeout(timeout):
             await out.prepare(request)
-        for offset in range(0, len(body), WRITE_PIECE):
-            async with asyncio.timeout(timeout):
-                await out.write(view[offset:offset + WRITE_PIECE])
-            # write() returns without yielding while the kernel takes the bytes: let
-            # other connections run between pieces of a big body.
-            await asyncio.sleep(0)
+        for body in pieces:
+            view = memoryview(body)
+            for offset in range(0, len(body), WRITE_PIECE):
+                async with asyncio.timeout(timeout):
+                    await out.write(view[offset:offset + WRITE_PIECE])
+                # write() returns without yielding while the kernel takes the bytes:
+                # let other connections run between pieces of a big body.
+                await asyncio.sleep(0)
         async with asyncio.timeout(timeout):
             await out.write_eof()
     except TimeoutError:
