@@ -195,3 +195,21 @@ def test_encode_rejects_bad_fields(overrides: dict[str, object], match: str) -> 
 def test_control_needs_negative_source() -> None:
     with pytest.raises(EventFormatError):
         encode_control(scn=1, source_id=3)
+
+
+def test_keys_no_encoder_writes_are_event_format_errors() -> None:
+    # A lone surrogate has no UTF-8 form: a bad key, not a UnicodeEncodeError.
+    with pytest.raises(EventFormatError):
+        encode_event(scn=1, source_id=0, op=Op.UPSERT, key="\ud800", value=b"")
+    # Decoding insists on what encode_key writes (CRCs do not prove it: a relay may
+    # recompute them).
+    for kind, data in [(KeyKind.STRING, b"\xc3"), (KeyKind.COMPOSITE, b"[1, 2]"),
+                       (KeyKind.COMPOSITE, b"{}"), (KeyKind.COMPOSITE, b"[" * 3000)]:
+        with pytest.raises(EventFormatError):
+            decode_event(forge_key(kind, data)).key  # noqa: B018
+
+
+def forge_key(kind: KeyKind, data: bytes) -> bytes:
+    from tests.event_forging import forge
+
+    return forge(sample(), key=data, flags=int(kind), partition_key=stable_key_hash(data))
