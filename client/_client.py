@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from databus._redact import register_uri
 from databus.checkpoint import FLEXIBLE_SCN, Checkpoint, Mode
 from databus.client._bootstrap_puller import BootstrapError, BootstrapPuller
 from databus.client._checkpoint_store import CheckpointStore
@@ -280,6 +281,10 @@ class DatabusClient:
         # With bootstrap URLs, scn_not_found (and a start without a checkpoint) goes
         # to the bootstrap service; without, scn_not_found raises FellOffRelay.
         self.bootstrap = list(bootstrap)
+        # Credentials written into a relay or bootstrap URL never reach a log line or
+        # an error message (DESIGN section 12; databus/_redact.py).
+        for url in (*self.relays, *self.bootstrap):
+            register_uri(url)
         spec = FilterSpec.parse(filter) if filter is not None else FilterSpec()
         self.filter = spec
         self.reader_schemas = {

@@ -181,3 +181,19 @@ def test_install_is_idempotent() -> None:
     root = logging.getLogger()
     for handler in root.handlers:
         assert sum(isinstance(f, _redact.RedactingFilter) for f in handler.filters) <= 1
+
+
+def test_client_relay_and_bootstrap_urls_with_credentials_are_redacted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from databus.client import DatabusClient, MemoryCheckpointStore
+
+    DatabusClient(["http://reader:Relay-Pw-9f3@127.0.0.1:1"],
+                  bootstrap=["http://boot:Boot-Pw-77x@127.0.0.1:2"], sources=["a.b"],
+                  checkpoint_store=MemoryCheckpointStore())
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("databus.client").warning(
+            "relay http://reader:Relay-Pw-9f3@127.0.0.1:1 failed; bootstrap Boot-Pw-77x")
+    text = caplog.text
+    assert "Relay-Pw-9f3" not in text and "Boot-Pw-77x" not in text
+    assert "***" in text
