@@ -82,6 +82,8 @@ STREAM_FLOOR = 64 * 1024
 # our process, instead of a copy of the whole body.
 WRITE_PIECE = 64 * 1024
 WRITE_BUFFER_HIGH = 64 * 1024
+# Bytes a connection's kernel socket may hold that were not sent yet (_limit_unsent).
+KERNEL_UNSENT = 128 * 1024
 # A request line plus headers beyond this is refused (aiohttp alone would accept 128
 # headers of 8 KiB each, about 1 MiB per connection).
 MAX_HEAD_BYTES = 64 * 1024
@@ -379,6 +381,20 @@ def _abort(request: web.Request) -> None:
 _LINGER_NONE = struct.pack("ii", 1, 0)
 
 
+def _limit_unsent(transport: asyncio.BaseTransport) -> None:
+    """Let the kernel queue at most ``KERNEL_UNSENT`` bytes the client has not been sent
+    yet (``TCP_NOTSENT_LOWAT``; bytes in flight are still bounded only by the window,
+    so a fast client's throughput is unchanged). Without it, a client that never reads
+    took up to ``tcp_wmem``'s 4 MiB per connection of kernel memory, and copying them in
+    was most of what 20 such clients reconnecting together cost the event loop."""
+    sock = transport.get_extra_info("socket")
+    lowat = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+    if sock is None or lowat is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, lowat, KERNEL_UNSENT)
+
+
 def reset(transport: asyncio.Transport | None) -> None:
     """Drop a connection and everything queued for it: our buffer (``abort``, where
     ``close`` would wait to flush it) and the kernel's send buffer (linger 0 sends a
@@ -452,6 +468,7 @@ class LimitedRequestHandler(RequestHandler):
             return
         if isinstance(transport, asyncio.WriteTransport):
             transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        _limit_unsent(transport)
         # The first request head must arrive in time, even if no byte ever comes.
         self._head_timer = self._loop.call_later(
             self._state.limits.header_timeout_s, self._head_timed_out)

@@ -270,8 +270,10 @@ async def _read_rest(
 ) -> tuple[list[bytes], Checkpoint, int, int | None]:
     """The body after ``first`` (a read of at most ``FIRST_SLICE``): further reads of at
     most ``BULK_SLICE`` each, from where the last one ended, until ``max_bytes`` or
-    nothing more; each in the server's bulk lane, one per loop turn. Returns (slices,
-    the checkpoint after them, data events, the pending event size when nothing fit).
+    nothing more; each in the server's bulk lane, one per loop turn. While another
+    request holds the lane, a request that has bytes already stops there. Returns
+    (slices, the checkpoint after them, data events, the pending event size when
+    nothing fit).
 
     Beyond ``FIRST_SLICE`` the body needs a share of the stream memory budget
     (databus/_serving.py): taken here, only when there is more to serve; short of
@@ -312,6 +314,11 @@ async def _read_rest(
             limit = min(step, room)
             if limit <= 0:
                 break
+        if pieces and lane.locked():
+            # Another big body is being built: serve what we have (whole events, a valid
+            # answer; the consumer asks again). 20 clients asking for 8 MiB at once (and
+            # never reading it) cost one 8 MiB build, not 20.
+            break
         async with lane:
             try:
                 more = read(checkpoint, max_bytes=limit)
@@ -319,6 +326,8 @@ async def _read_rest(
                 if not pieces:
                     raise
                 break
+            # Hold the lane through one loop turn: one bulk slice per turn, server-wide.
+            await asyncio.sleep(0)
         if more.data:
             pieces.append(more.data)
             size += len(more.data)
@@ -334,7 +343,6 @@ async def _read_rest(
             pending = more.pending_event_size
         else:
             break  # nothing newer (or the pending event did not come: stop, no loop)
-        await asyncio.sleep(0)  # the lane's next waiter, and everyone else, go first
     return pieces, checkpoint, events, pending if size == 0 else None
 
 
