@@ -26,16 +26,18 @@ bytes, which may be an ``Authorization`` header. Hostile clients also hold conne
   client got 64 KiB bodies).
 - ``ServingState.bulk`` is the one lane big stream bodies are built in: a handler reads
   the first 64 KiB at once and every further slice under this lock, one slice per turn
-  of the event loop. Building an 8 MiB body in one go takes 5-8 ms of the loop (the
-  ring scan and the copies, about half of it the final join); 20 clients that reconnect
-  together stalled every other connection 40-100 ms. A handler may hand the body over
-  as its slices (``BODY_PIECES``) so that it is never joined into one more copy.
+  of the event loop; a request that has bytes already stops when another holds it.
+  Building an 8 MiB body in one go takes 5-8 ms of the loop (the ring scan and the
+  copies, about half of it the final join); 20 clients that reconnect together stalled
+  every other connection 40-100 ms. A handler may hand the body over as its slices
+  (``BODY_PIECES``) so that it is never joined into one more copy.
 - ``AppRunner``/``run_app`` build the server from these (``web.run_app`` cannot).
 
 Memory bound (docs/relay.md, "Limits"): stream bodies take at most
 ``max_stream_memory_mb`` plus 64 KiB per connection; each connection adds at most its
 request head (64 KiB), its transport's write buffer (64 KiB plus one piece) and a few
 KiB of objects; connections are at most ``max_connections`` plus the overflow allowance.
+In the kernel, each connection queues at most ``KERNEL_UNSENT`` bytes not sent yet.
 """
 
 from __future__ import annotations
