@@ -68,7 +68,12 @@ DEFAULT_WAIT_MS = 0
 # per event-loop turn in the server's bulk lane (databus/_serving.py). One read of 8 MiB
 # held the loop 5-8 ms; 20 clients asking for 8 MiB together stalled everyone 40-100 ms.
 FIRST_SLICE = 64 * 1024
-BULK_SLICE = 256 * 1024
+BULK_SLICE = 1024 * 1024
+# While another big body is being built, a request stops once it holds this much: a
+# storm of reconnecting 8 MiB clients costs a few MiB of copying each, not 8, and a
+# consumer catching up beside others still gets big responses (64 KiB ones halved the
+# 10-consumer throughput: benchmarks/README.md, relay_hostile).
+SHORT_BODY = 1 << 20
 
 
 
@@ -314,10 +319,9 @@ async def _read_rest(
             limit = min(step, room)
             if limit <= 0:
                 break
-        if pieces and lane.locked():
+        if size >= SHORT_BODY and lane.locked():
             # Another big body is being built: serve what we have (whole events, a valid
-            # answer; the consumer asks again). 20 clients asking for 8 MiB at once (and
-            # never reading it) cost one 8 MiB build, not 20.
+            # answer; the consumer asks again).
             break
         async with lane:
             try:

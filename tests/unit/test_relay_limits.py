@@ -34,7 +34,7 @@ from databus.checkpoint import Checkpoint
 from databus.config import BootstrapConfig, BootstrapServerConfig
 from databus.relay._buffer import ReadResult
 from databus.relay._relay import Relay
-from databus.relay._server import BULK_SLICE, RELAY, create_app
+from databus.relay._server import BULK_SLICE, RELAY, SHORT_BODY, create_app
 from tests.relay_harness import ADMIN_TOKEN, RelayProcess, relay_config
 
 # About 12 MB of windows: more than a never-reading client's socket buffers can hide.
@@ -426,7 +426,8 @@ def test_big_bodies_are_read_in_slices_and_equal_one_read(tmp_path: Path) -> Non
     # One 8 MiB read held the event loop 5-8 ms; 20 such requests arriving together
     # stalled every other connection 40-100 ms. Now: slices of at most BULK_SLICE, one
     # per loop turn server-wide, serving exactly the bytes (and checkpoint) of one read;
-    # requests arriving while another big body is built get what they have (a prefix).
+    # requests arriving while another big body is built get what they have once it is
+    # SHORT_BODY (a prefix).
     async def main() -> None:
         async with relay_served(tmp_path, BIG, max_stream_memory_mb=64) as served:
             buffer = served.relay().buffers["load"]
@@ -445,11 +446,13 @@ def test_big_bodies_are_read_in_slices_and_equal_one_read(tmp_path: Path) -> Non
             status, head, body = await exchange_with_head(served.port, request)
             assert status == 200 and len(body) > 7 << 20 and body == whole.data
             assert f"X-Databus-Checkpoint: {whole.checkpoint.dumps()}" in head
-            assert len(sizes) > 8 and max(sizes) <= BULK_SLICE
+            assert len(sizes) > 4 and max(sizes) <= BULK_SLICE
             answers = await asyncio.gather(
                 *(exchange_with_head(served.port, request) for _ in range(4)))
             bodies = sorted(len(body) for _, _, body in answers)
-            assert bodies[-1] == len(whole.data) and bodies[0] < 2 * BULK_SLICE
+            # A body cut short because another was being built still holds SHORT_BODY
+            # (a catching-up consumer keeps big responses), and is an exact prefix.
+            assert bodies[-1] == len(whole.data) and bodies[0] >= SHORT_BODY
             for status, head, body in answers:
                 assert status == 200
                 prefix = plain_read(Checkpoint.flexible(), max_bytes=len(body))
