@@ -54,7 +54,7 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import (
@@ -72,6 +72,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
+from databus.config import ServingLimitsConfig
 from databus.errors import DatabusError
 
 log = logging.getLogger("databus.http")
@@ -108,19 +109,6 @@ class Overloaded(DatabusError):
     retriable = True
 
 
-class _LimitsConfig(Protocol):
-    @property
-    def max_connections(self) -> int: ...
-    @property
-    def header_timeout_s(self) -> float: ...
-    @property
-    def idle_timeout_s(self) -> float: ...
-    @property
-    def write_timeout_s(self) -> float: ...
-    @property
-    def max_stream_memory_mb(self) -> int: ...
-
-
 @dataclasses.dataclass(frozen=True)
 class ServingLimits:
     """The connection limits of one server (``[relay]`` or ``[bootstrap.server]``)."""
@@ -132,7 +120,7 @@ class ServingLimits:
     max_stream_memory_mb: int = 128
 
     @classmethod
-    def of(cls, config: _LimitsConfig) -> ServingLimits:
+    def of(cls, config: ServingLimitsConfig) -> ServingLimits:
         return cls(
             max_connections=config.max_connections,
             header_timeout_s=config.header_timeout_s,

@@ -185,7 +185,9 @@ def check_name(value: str, field: str) -> None:
         )
 
 
-class _ServingLimits(typing.Protocol):
+class ServingLimitsConfig(typing.Protocol):
+    """The connection-limit options of a server section ([relay], [bootstrap.server])."""
+
     @property
     def max_connections(self) -> int: ...
     @property
@@ -198,7 +200,7 @@ class _ServingLimits(typing.Protocol):
     def max_stream_memory_mb(self) -> int: ...
 
 
-def check_serving_limits(cfg: _ServingLimits) -> None:
+def check_serving_limits(cfg: ServingLimitsConfig) -> None:
     """The connection limits the relay and the bootstrap server share (databus._serving)."""
     check_range(cfg.max_connections, "max_connections", min=1, max=1_000_000)
     for name in ("header_timeout_s", "idle_timeout_s", "write_timeout_s"):
