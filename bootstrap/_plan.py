@@ -70,6 +70,14 @@ def start(checkpoint: Checkpoint, facts: StoreFacts, n_sources: int, *, replay: 
         if since != FLEXIBLE_SCN:
             raise CheckpointError(f"cannot bootstrap from window_scn {since}")
         # Full snapshot as of the applier's SCN (or, before the first apply, the floor).
+        if facts.applied_scn is None and facts.log_floor_scn is None:
+            # Nothing says where the store's history starts: a snapshot "as of 0" would
+            # send the consumer back to the relay at SCN 0, long evicted there, and from
+            # there to a bootstrap "too old" for the floor the producer writes next.
+            raise StorageUnavailableError(
+                "the bootstrap store holds no log yet (its producer has not written "
+                "anything)"
+            )
         begin = _first_defined(facts.applied_scn, facts.log_floor_scn)
         return Checkpoint(FLEXIBLE_SCN, mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=begin,
                           bootstrap_source_index=0)
