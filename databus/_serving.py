@@ -284,15 +284,11 @@ async def _bounded_bodies(
     try:
         if limit < want:
             request = request.clone(rel_url=request.rel_url.update_query(max_bytes=str(limit)))
-        response = await handler(request)
-        if not isinstance(response, web.Response):
-            return response
-        pieces = response.get(BODY_PIECES)
-        if pieces is None:
-            if not isinstance(response.body, bytes):
-                return response
-            pieces = (response.body,)
-        size = sum(len(p) for p in pieces)
+        handled = await handler(request)
+        body = _body_pieces(handled)
+        if body is None:
+            return handled
+        response, pieces, size = body
         pending = response.headers.get("X-Databus-Pending-Event-Size")
         if limit < want and pending is not None and pending.isdigit() and int(pending) <= want:
             # The event would have fit in what the client asked for: a pending-size
@@ -308,6 +304,21 @@ async def _bounded_bodies(
         state.budget.release(reserved)
 
 
+def _body_pieces(
+    response: web.StreamResponse,
+) -> tuple[web.Response, Sequence[bytes], int] | None:
+    """A response with its body as the pieces to write and their total size, or None
+    for a response this module leaves to aiohttp (streamed, or a body not in bytes)."""
+    if not isinstance(response, web.Response):
+        return None
+    pieces = response.get(BODY_PIECES)
+    if pieces is None:
+        if not isinstance(response.body, bytes):
+            return None
+        pieces = (response.body,)
+    return response, pieces, sum(len(p) for p in pieces)
+
+
 async def _granted_body(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     state: ServingState,
@@ -315,15 +326,11 @@ async def _granted_body(
     grant = StreamGrant(state.budget)
     request[STREAM_GRANT] = grant
     try:
-        response = await handler(request)
-        if not isinstance(response, web.Response):
-            return response
-        pieces = response.get(BODY_PIECES)
-        if pieces is None:
-            if not isinstance(response.body, bytes):
-                return response
-            pieces = (response.body,)
-        size = sum(len(p) for p in pieces)
+        handled = await handler(request)
+        body = _body_pieces(handled)
+        if body is None:
+            return handled
+        response, pieces, size = body
         keep = min(grant.reserved, max(0, size - STREAM_FLOOR))
         state.budget.release(grant.reserved - keep)
         grant.reserved = keep

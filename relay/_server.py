@@ -276,7 +276,8 @@ async def _read_rest(
     """The body after ``first`` (a read of at most ``FIRST_SLICE``): further reads of at
     most ``BULK_SLICE`` each, from where the last one ended, until ``max_bytes`` or
     nothing more; each in the server's bulk lane, one per loop turn. While another
-    request holds the lane, a request that has bytes already stops there. Returns
+    request holds the lane, a request that holds ``SHORT_BODY`` already stops there.
+    Returns
     (slices, the checkpoint after them, data events, the pending event size when
     nothing fit).
 
