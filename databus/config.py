@@ -231,10 +231,23 @@ class BufferConfig:
     source: str
     # An SCN index entry every this many bytes of the buffer (DESIGN section 7).
     index_every_bytes: int = 64 * 1024
+    # Dumps (DESIGN 8.1, docs/dumps.md): dump every configured table once the fetcher
+    # runs, the first time this buffer starts; and what to do when the source no longer
+    # has the log position the buffer needs: "error" (stop, the default) or "dump"
+    # (start at the source's current position and dump every table).
+    initial_dump: bool = False
+    on_source_gap: str = "error"
+    # Rows per dump chunk and pause between chunks for the dumps above.
+    dump_chunk_rows: int = 10_000
+    dump_delay_ms: int = 0
 
     def __post_init__(self) -> None:
         register_uri(self.source)
         check_name(self.name, "name")
+        if self.on_source_gap not in ("error", "dump"):
+            raise ConfigFieldError("on_source_gap", 'must be "error" or "dump"')
+        check_range(self.dump_chunk_rows, "dump_chunk_rows", min=1, max=1_000_000)
+        check_range(self.dump_delay_ms, "dump_delay_ms", min=0, max=3_600_000)
         check_range(self.capacity_mb, "capacity_mb", min=1, max=1 << 20)
         check_range(self.index_every_bytes, "index_every_bytes", min=1024)
         if self.index_every_bytes >= self.capacity_bytes:
@@ -255,7 +268,8 @@ class BufferConfig:
     def __repr__(self) -> str:
         return (
             f"BufferConfig(name={self.name!r}, capacity_mb={self.capacity_mb!r}, "
-            f"source={redact_uri(self.source)!r}, index_every_bytes={self.index_every_bytes!r})"
+            f"source={redact_uri(self.source)!r}, index_every_bytes={self.index_every_bytes!r}, "
+            f"initial_dump={self.initial_dump!r}, on_source_gap={self.on_source_gap!r})"
         )
 
 

@@ -122,6 +122,14 @@ class SourceError(DatabusError):
     retriable = True
 
 
+class SourceGapError(SourceError):
+    """The source no longer has the log position a fetcher must resume after (purged):
+    continuing would leave a gap. A buffer with ``on_source_gap = "dump"`` restarts at
+    the source's current position and dumps every table instead (docs/dumps.md)."""
+
+    retriable = False
+
+
 class ConnectionLostError(DatabusError):
     """A server (relay, bootstrap, database) went away; the operation may be retried."""
 
@@ -158,3 +166,28 @@ class StorageUnavailableError(ConnectionLostError):
     """The bootstrap database is unreachable (restarting, network); ask again later."""
 
     code = "storage_unavailable"
+
+
+class DumpSetupError(SourceError):
+    """A dump cannot run against this source as it is set up: no watermark table, a
+    missing grant, a table without a primary key. The message names the fix (``databus
+    dump setup``, the ``GRANT``); retrying cannot help until someone applies it."""
+
+    code = "dump_setup"
+    http_status = 409
+    retriable = False
+
+
+class DumpConflictError(DatabusError):
+    """A dump request that collides with a dump already queued or running (the same
+    table twice), or a control request that does not fit the dump's state."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class DumpNotFoundError(DatabusError):
+    """No dump with that id on this relay."""
+
+    code = "not_found"
+    http_status = 404

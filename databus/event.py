@@ -41,7 +41,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from databus._hashing import stable_key_hash
 from databus.errors import EventFormatError
@@ -69,6 +69,9 @@ EOW_SOURCE_ID = -2
 CHECKPOINT_SOURCE_ID = -3
 ERROR_SOURCE_ID = -4
 HEARTBEAT_SOURCE_ID = -5
+# Dump markers (DESIGN 8.1): a table's dump starts / ends in this window.
+DUMP_START_SOURCE_ID = -6
+DUMP_END_SOURCE_ID = -7
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -331,6 +334,29 @@ def encode_control(
     if source_id >= 0:
         raise EventFormatError("control events need a negative source id", reason="bad field")
     return _pack(Op.CONTROL, 0, scn, timestamp_ns, partition_id, source_id, 0, 0, b"", payload)
+
+
+def encode_dump_marker(
+    *, scn: int, kind: Literal["start", "end"], source: str, dump_id: str,
+    rows: int | None = None, timestamp_ns: int = 0, partition_id: int = 0,
+) -> bytes:
+    """A dump start or end marker of ``source`` in window ``scn``: a control event whose
+    value is canonical JSON ``{"dump": id, "source": name}`` (end: plus ``"rows"``)."""
+    if kind == "start":
+        if rows is not None:
+            raise EventFormatError("a dump start marker has no row count", reason="bad field")
+        payload: dict[str, object] = {"dump": dump_id, "source": source}
+        source_id = DUMP_START_SOURCE_ID
+    elif kind == "end":
+        if rows is None or rows < 0:
+            raise EventFormatError("a dump end marker needs its row count", reason="bad field")
+        payload = {"dump": dump_id, "rows": rows, "source": source}
+        source_id = DUMP_END_SOURCE_ID
+    else:
+        raise EventFormatError(f"unknown dump marker kind {kind!r}", reason="bad field")
+    value = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return encode_control(scn=scn, source_id=source_id, payload=value,
+                          timestamp_ns=timestamp_ns, partition_id=partition_id)
 
 
 class WindowChecksum:

@@ -33,19 +33,105 @@ from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
 from databus.errors import ConfigError
+from databus.event import Key
 from databus.schemas import Schema
 
 
 class WindowSink(Protocol):
-    """Where a fetcher writes windows (the relay's ``EventBuffer``)."""
+    """Where a fetcher writes windows (the relay's ``EventBuffer``).
+
+    ``watermark(token)`` is called inside an open window, in log order among its
+    ``append`` calls, for every row a fetcher reads from the source's dump watermark
+    table (``databus_watermark``, DESIGN 8.1): those rows are never appended as events.
+    A window holding only watermarks is ended like any other; the relay's dump engine
+    decides whether it is stored.
+    """
 
     def start_window(self, scn: int) -> None: ...
 
     def append(self, event: bytes) -> None: ...
 
+    def watermark(self, token: str) -> None: ...
+
     def end_window(self, timestamp_ns: int | None = None) -> int: ...
 
     def rollback(self) -> None: ...
+
+
+# -- dumps (DESIGN 8.1) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DumpRow:
+    """One row of a dump chunk, encoded exactly as the fetcher encodes a logged row."""
+
+    key: Key
+    value: bytes  # Avro binary, the fetcher's writer schema
+    fingerprint: int  # that schema's fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class DumpChunk:
+    """Rows of one table in primary-key order, read after a cursor.
+
+    ``cursor`` is the primary key of the last row read, as JSON-able values (what the
+    next chunk passes back as ``after``); None when no row was read. ``done`` is True
+    when the table has no row after this chunk (fewer rows than asked for).
+    """
+
+    source: str
+    source_id: int
+    rows: list[DumpRow]
+    cursor: list[Any] | None
+    done: bool
+
+
+class DumpSource(Protocol):
+    """What the dump engine needs from a source (one connection of its own).
+
+    Every method may raise ``SourceError`` (retriable: the engine retries the chunk with
+    backoff) or ``DumpSetupError`` (the watermark table or a grant is missing: the dump
+    fails with that message). Implementations register schema versions with the relay's
+    catalog before returning rows, so every fingerprint is known to the relay.
+    """
+
+    def setup(self, *, dry_run: bool = False) -> list[str]:
+        """Create the watermark table (``databus dump setup``): returns the statements,
+        run unless ``dry_run``. Idempotent."""
+        ...
+
+    def check(self) -> None:
+        """Raise ``DumpSetupError`` unless the watermark table exists and is writable."""
+        ...
+
+    def tables(self) -> list[str]:
+        """The logical sources this fetcher captures that exist now (dumpable)."""
+        ...
+
+    def estimate_rows(self, source: str) -> int:
+        """About how many rows ``source`` has (for progress), 0 when unknown."""
+        ...
+
+    def write_watermark(self, token: str) -> None:
+        """Write ``token`` into the watermark table in a transaction of its own."""
+        ...
+
+    def read_chunk(self, source: str, after: list[Any] | None, limit: int) -> DumpChunk:
+        """At most ``limit`` rows of ``source`` with a key after ``after`` (None: from the
+        start), in key order. ``UnknownSourceError``-like ``DumpSetupError`` when the
+        table is gone or has no primary key."""
+        ...
+
+    def read_keys(self, source: str, keys: list[Any]) -> DumpChunk:
+        """The rows of ``source`` whose primary key is one of ``keys`` (each a scalar, or
+        a list for a composite key, in key column order); missing keys are skipped."""
+        ...
+
+    def cleanup_watermarks(self, keep: frozenset[str]) -> None:
+        """Delete watermark rows except ``keep`` (best effort)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class SourceCatalog(Protocol):
@@ -130,6 +216,11 @@ class Fetcher(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most fetchers have nothing to free
         """Release connections; called by the host after ``run`` returned or raised."""
+
+    def open_dump_source(self) -> DumpSource | None:
+        """A ``DumpSource`` on a connection of its own, or None when this kind of source
+        cannot be dumped (the default). Called on an instance whose ``run`` never runs."""
+        return None
 
 
 def fetcher_class(uri: str) -> type[Fetcher]:

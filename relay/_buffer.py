@@ -65,6 +65,8 @@ from sortedcontainers import SortedDict
 from databus.checkpoint import LATEST_SCN, Checkpoint, NothingNew, ServeFrom, decide
 from databus.errors import DatabusError, EventFormatError, ScnNotFoundError
 from databus.event import (
+    DUMP_END_SOURCE_ID,
+    DUMP_START_SOURCE_ID,
     EOW_SOURCE_ID,
     HEADER,
     HEADER_SIZE,
@@ -389,6 +391,27 @@ class EventBuffer:
         self._put(event)
         self._win_check.add(_HDR_CRC.unpack_from(event, 4)[0])
         self._win_last_ts = struct.unpack_from(">q", event, 24)[0]
+
+    def append_control(self, event: bytes) -> None:
+        """Append a dump start/end marker (DESIGN 8.1) to the open window. Markers are
+        control events: not counted in the window's EOW, passed by every filter."""
+        scn = self._win_scn
+        if scn is None:
+            raise BufferError_("append_control() outside a window")
+        header = decode_header(event)
+        if header.source_id not in (DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID):
+            raise BufferError_("only dump markers are appended as control events")
+        if header.scn != scn or header.total_length != len(event):
+            raise BufferError_(f"marker SCN or length differs from the open window's {scn}")
+        self._put(event)
+
+    def window_events(self) -> int:
+        """Data events appended to the open window so far (0 outside a window)."""
+        return self._win_check.count if self._win_scn is not None else 0
+
+    def watermark(self, token: str) -> None:
+        """A fetcher read a dump watermark row: without a dump engine in front of this
+        buffer (``relay.dumps.DumpSink``) there is nothing to do with it."""
 
     def end_window(self, timestamp_ns: int | None = None) -> int:
         """Write the EOW and publish the window to readers; returns its SCN."""

@@ -38,10 +38,11 @@ from typing import Any, Literal
 
 from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
-from databus.errors import ConfigError, DatabusError
+from databus.errors import ConfigError, DatabusError, SourceGapError
 from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, fetcher_class
 from databus.relay._buffer import BufferState, EventBuffer
 from databus.relay._catalog import RelayCatalog
+from databus.relay.dumps import DumpPort, DumpSink
 
 __all__ = ["Backoff", "FetcherHost", "FetcherState", "FetcherStatus", "resume_point"]
 
@@ -105,6 +106,7 @@ class FetcherStatus:
     buffer_max_scn: int | None
     lag_scn: int  # source_scn - buffer_max_scn, 0 when caught up or unknown
     last_window_at: float | None  # time.time() of the last window this host wrote
+    source_gaps: int = 0  # purged resume points skipped with on_source_gap = "dump"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,24 +120,8 @@ class FetcherStatus:
             "buffer_max_scn": self.buffer_max_scn,
             "lag_scn": self.lag_scn,
             "last_window_at": self.last_window_at,
+            "source_gaps": self.source_gaps,
         }
-
-
-class _TrackingSink:
-    """The buffer as a ``WindowSink``, noting when windows land (for ``status()``)."""
-
-    def __init__(self, buffer: EventBuffer) -> None:
-        self._buffer = buffer
-        # Bound methods copied once: the per-event path costs no extra call.
-        self.start_window = buffer.start_window
-        self.append = buffer.append
-        self.rollback = buffer.rollback
-        self.last_window_at: float | None = None
-
-    def end_window(self, timestamp_ns: int | None = None) -> int:
-        scn = self._buffer.end_window(timestamp_ns)
-        self.last_window_at = time.time()
-        return scn
 
 
 # -- one buffer's runner --------------------------------------------------------------
@@ -153,8 +139,12 @@ class _Runner:
         catalog: RelayCatalog,
         stop: threading.Event,
         backoff: Backoff,
+        on_source_gap: Callable[[str], None] | None = None,
     ) -> None:
         self.name = name
+        # Called (with the buffer name) after a purged resume point was skipped over.
+        self.on_source_gap = on_source_gap
+        self.gaps = 0  # source gaps skipped (on_source_gap = "dump")
         self.uri = uri
         self.cls = cls
         self.buffer = buffer
@@ -162,7 +152,9 @@ class _Runner:
         self.stop = stop
         self.backoff = backoff
         register_uri(uri)  # its password is cut out of every message from now on
-        self.sink = _TrackingSink(buffer)
+        # The buffer behind the dump engine's watermark step (relay.dumps).
+        self.sink = DumpSink(buffer, buffer.partition_id, on_window=self._window_landed)
+        self.last_window_at: float | None = None
         self.lock = threading.Lock()
         self.state: FetcherState = "starting"
         self.restarts = 0
@@ -193,6 +185,13 @@ class _Runner:
     def report_source_scn(self, scn: int) -> None:
         self.source_scn = scn
 
+    def _window_landed(self) -> None:
+        self.last_window_at = time.time()
+
+    def get_state(self) -> FetcherState:
+        with self.lock:
+            return self.state
+
     def set_state(self, state: FetcherState) -> None:
         with self.lock:
             self.state = state
@@ -219,6 +218,9 @@ class _Runner:
                 with self.lock:
                     self.fetcher = fetcher
                 after = resume_point(self.buffer.state())
+                gap_after = self.memory.get("gap_resume_after")
+                if gap_after is not None and (after is None or gap_after > after):
+                    after = gap_after  # past a source gap, before any window after it
                 if after is None:
                     after = fetcher.initial_scn()
                     if after is not None:
@@ -236,6 +238,9 @@ class _Runner:
                 break
             if error is None:
                 error = RuntimeError("run() returned before the host asked it to stop")
+            if (isinstance(error, SourceGapError) and self.on_source_gap is not None
+                    and self.skip_gap(error)):
+                continue
             if not self.failed(error, time.monotonic() - started):
                 return
         self.set_state("stopped")
@@ -266,6 +271,37 @@ class _Runner:
         with self.lock:
             self.restarts += 1
             self.state = "starting"
+        return True
+
+    def skip_gap(self, error: SourceGapError) -> bool:
+        """``on_source_gap = "dump"``: resume at the source's current position and have
+        every table dumped (the relay's callback). False when that fails too."""
+        fetcher = self.new_fetcher()
+        try:
+            position = fetcher.initial_scn()
+        except Exception as exc:
+            log.error("buffer %s: source gap, and its current position cannot be read: %s",
+                      self.name, redact(f"{type(exc).__name__}: {exc}"))
+            return False
+        finally:
+            try:
+                fetcher.close()
+            except Exception as exc:
+                log.debug("closing a fetcher: %s", exc)
+        if position is None:
+            return False
+        log.warning("buffer %s: %s; on_source_gap = \"dump\": resuming at the source's "
+                    "current position (SCN %d) and dumping every table. Consumers get the "
+                    "tables' state from the dump; changes inside the gap are not replayed "
+                    "(a row deleted there stays with consumers)", self.name,
+                    redact(str(error)), position)
+        with self.lock:
+            self.last_error = redact(f"{type(error).__name__}: {error}")
+            self.last_error_at = time.time()
+            self.gaps += 1
+        self.memory["gap_resume_after"] = position
+        assert self.on_source_gap is not None
+        self.on_source_gap(self.name)
         return True
 
     def close(self, fetcher: Fetcher) -> None:
@@ -300,7 +336,8 @@ class _Runner:
             source_scn=source_scn,
             buffer_max_scn=buffer_state.max_scn,
             lag_scn=lag,
-            last_window_at=self.sink.last_window_at,
+            last_window_at=self.last_window_at,
+            source_gaps=self.gaps,
         )
 
 
@@ -343,6 +380,12 @@ class FetcherHost:
         self._stop = threading.Event()
         self._runners: dict[str, _Runner] = {}
         self._started = False
+        # Set by the relay: queue a dump of every table of a buffer past a source gap.
+        self.dump_after_gap: Callable[[str], None] | None = None
+
+    def _source_gap(self, buffer: str) -> None:
+        if self.dump_after_gap is not None:
+            self.dump_after_gap(buffer)
 
     def start(self) -> None:
         """Build every fetcher (config errors raise here) and start their threads."""
@@ -361,6 +404,8 @@ class FetcherHost:
                     self.catalog,
                     self._stop,
                     Backoff(self.backoff_initial, self.backoff_max, self.healthy_after),
+                    on_source_gap=(self._source_gap if buffer_config.on_source_gap == "dump"
+                                   else None),
                 )
             self._declare(runners)
         except BaseException:
@@ -428,6 +473,15 @@ class FetcherHost:
             elif runner.first is not None:
                 runner.first.close()  # built by start() but never run
                 runner.first = None
+
+    def dump_ports(self) -> dict[str, DumpPort]:
+        """Per buffer: what the dump engine needs of its fetcher (after ``start``)."""
+        return {
+            name: DumpPort(buffer=name, sink=runner.sink, new_fetcher=runner.new_fetcher,
+                           fetcher_state=runner.get_state,
+                           capacity_bytes=runner.buffer.capacity)
+            for name, runner in self._runners.items()
+        }
 
     def status(self) -> dict[str, FetcherStatus]:
         """Per buffer name: the fetcher's state, restarts, last error and lag."""

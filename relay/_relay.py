@@ -14,6 +14,7 @@ from databus.config import RelayConfig
 from databus.relay._buffer import EventBuffer
 from databus.relay._catalog import RelayCatalog
 from databus.relay._fetcher_host import FetcherHost
+from databus.relay.dumps import DumpManager, DumpRequest
 
 log = logging.getLogger("databus.relay")
 
@@ -45,15 +46,44 @@ class Relay:
             config, self.buffers, self.catalog,
             backoff_initial=backoff_initial, backoff_max=backoff_max,
         )
+        try:
+            self.dumps = DumpManager(data_dir / "dumps.json")
+        except BaseException:
+            for buffer in self.buffers.values():
+                buffer.close()
+            raise
         self._started = False
 
     def start(self) -> None:
         if not self._started:
             self._started = True
+            self.fetchers.dump_after_gap = self._dump_after_gap
             self.fetchers.start()
+            self.dumps.start(self.fetchers.dump_ports())
+            for buffer_config in self.config.buffers:
+                if buffer_config.initial_dump and not self.dumps.has_dump(
+                        buffer_config.name, "initial_dump"):
+                    self.dumps.start_dump(
+                        DumpRequest(buffer=buffer_config.name, sources=(),
+                                    chunk_rows=buffer_config.dump_chunk_rows,
+                                    delay_ms=buffer_config.dump_delay_ms,
+                                    reason="initial_dump"),
+                        buffer_of=self.fetchers.configured_buffer)
+
+    def _dump_after_gap(self, buffer: str) -> None:
+        """The fetcher of ``buffer`` skipped a source gap: dump every table (unless a
+        dump of every table for the same reason is still active)."""
+        config = next(b for b in self.config.buffers if b.name == buffer)
+        if self.dumps.has_active(buffer, "source_gap"):
+            return
+        self.dumps.start_dump(
+            DumpRequest(buffer=buffer, sources=(), chunk_rows=config.dump_chunk_rows,
+                        delay_ms=config.dump_delay_ms, reason="source_gap"),
+            buffer_of=self.fetchers.configured_buffer)
 
     def close(self) -> None:
         if self._started:
+            self.dumps.close()
             self.fetchers.stop()
             self._started = False
         for buffer in self.buffers.values():
@@ -78,4 +108,7 @@ class Relay:
                 "input_bytes_per_second": round(buffer.input_rate(), 1),
                 "fetcher": fetcher.to_json() if fetcher is not None else None,
             }
+        dumps = self.dumps.status()
+        for name, doc in out.items():
+            doc["dumps"] = dumps.get(name, [])
         return {"buffers": out}

@@ -55,6 +55,7 @@ from databus.checkpoint import WHOLE_WINDOW, Checkpoint, Mode
 from databus.errors import ConfigError, ScnNotFoundError, UnknownSourceError
 from databus.filters import SourceFilter
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, EventPredicate, ReadResult
+from databus.relay._dump_api import add_dump_routes
 from databus.relay._relay import Relay
 from databus.schemas import Schema
 
@@ -442,6 +443,20 @@ async def metrics(request: web.Request) -> web.Response:
     metric("stream_bytes_total", "counter", "Event bytes served", [("", stats.bytes_served)])
     metric("stream_events_total", "counter", "Data events served", [("", stats.events_served)])
     metric("long_polls", "gauge", "Long polls waiting now", [("", stats.long_polls)])
+    samples: dict[str, list[tuple[str, float]]] = {}
+    for name, labels, value in relay.dumps.metrics():
+        text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        samples.setdefault(name.removeprefix("databus_relay_"), []).append(
+            ("{" + text + "}", value))
+    for name, help_text in [
+        ("dumps_active", "Dumps queued, running or paused"),
+        ("dump_rows_total", "Rows dumped into the buffer (all dumps)"),
+        ("dump_rows", "Rows dumped so far by an active dump"),
+        ("dump_estimated_rows", "Rows the source estimated for an active dump"),
+        ("dump_rows_per_second", "Rows per second of an active dump while running"),
+    ]:
+        kind = "counter" if name.endswith("_total") else "gauge"
+        metric(name, kind, help_text, samples.get(name, []))
     return page.response()
 
 
@@ -491,5 +506,6 @@ def create_app(relay: Relay) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/v1/admin/flush", admin_flush)
+    add_dump_routes(app, RELAY)
     return app
 

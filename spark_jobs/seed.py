@@ -32,12 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from databus.bootstrap._storage import open_storage, stored_event
 from databus.errors import ConfigError, DatabusError
 from databus.event import KeyKind, Op, decode_key, encode_event
-from databus.fetchers.mysql._schema import (
-    INFORMATION_SCHEMA_COLUMNS,
-    INFORMATION_SCHEMA_PRIMARY_KEYS,
-    TableShape,
-    shape_from_information_schema,
-)
+from databus.fetchers.mysql import DumpColumn, partition_column, select_sql
+from databus.fetchers.mysql._schema import TableShape
 from databus.fetchers.mysql._types import (
     _EPOCH_ORDINAL,
     ColumnSpec,
@@ -59,13 +55,6 @@ from databus.spark_jobs._common import (
     timed,
 )
 from databus.spark_jobs._jdbc import StoreLocation, mysql_jdbc
-from databus.spark_jobs._mysql_dump import (
-    DumpColumn,
-    dump_column,
-    partition_column,
-    select_sql,
-    with_precision,
-)
 from databus.spark_jobs._plan import plan_seed
 from databus.spark_jobs._progress import Progress
 from databus.spark_jobs._store import PgStore
@@ -213,32 +202,16 @@ def _mysql_shape(conn: Any, config: Any, database: str, table: str
                  ) -> tuple[TableShape, tuple[DumpColumn, ...], int]:
     """The fetcher's layout of the table (its own information_schema mapping), the dump
     columns, and the estimated row count."""
-    from databus.fetchers.mysql._server import _cursor
+    from databus.fetchers.mysql import UnmappableTableError, source_cursor, table_layout
 
-    where = " WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s"
-    with _cursor(conn, config, "reading information_schema") as cur:
-        cur.execute(INFORMATION_SCHEMA_COLUMNS + where + " ORDER BY ORDINAL_POSITION",
-                    (database, table))
-        rows = [row[2:] for row in cur.fetchall()]
-        cur.execute(INFORMATION_SCHEMA_PRIMARY_KEYS + " AND TABLE_SCHEMA = %s AND"
-                    " TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (database, table))
-        primary_key = [str(r[2]) for r in cur.fetchall()]
-        cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s"
-                    " AND TABLE_NAME = %s", (database, table))
-        found = cur.fetchone()
-    if not rows or found is None:
+    try:
+        with source_cursor(conn, config, "reading information_schema") as cur:
+            layout = table_layout(cur, database, table)
+    except UnmappableTableError as exc:
+        raise SparkJobError(str(exc)) from None
+    if layout is None:
         raise ConfigError(f"table {database}.{table} not found at {config.address}")
-    shape = shape_from_information_schema(database, table, rows, primary_key)
-    if shape is None:
-        raise SparkJobError(
-            f"table {database}.{table} has a column type the binlog fetcher's mapping does "
-            "not know from information_schema; it cannot be seeded with the same schema")
-    specs = tuple(with_precision(spec, str(row[2])) for spec, row in zip(shape.columns, rows,
-                                                                          strict=True))
-    shape = TableShape(shape.database, shape.table, specs, shape.primary_key)
-    columns = tuple(dump_column(spec, str(row[1])) for spec, row in zip(specs, rows,
-                                                                        strict=True))
-    return shape, columns, int(found[0] or 0)
+    return layout.shape, layout.columns, layout.rows_estimate
 
 
 # -- Parquet ------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from databus.errors import SourceError
+from databus.errors import SourceError, SourceGapError
 
 __all__ = ["ScnNotAvailableError", "SourceMisconfiguredError"]
 
@@ -15,7 +15,7 @@ class SourceMisconfiguredError(SourceError):
     retriable = False
 
 
-class ScnNotAvailableError(SourceError):
+class ScnNotAvailableError(SourceGapError):
     """The binlog that holds the SCN to resume after is gone (purged) or never existed
     here: the relay cannot continue without a gap. Seed the buffer at the server's
     current position, or let consumers bootstrap."""

@@ -56,7 +56,13 @@ from pymysqlreplication.row_event import (
 from databus._redact import register_uri
 from databus.errors import DatabusError, SourceError
 from databus.event import Key, Op, encode_event
-from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
+from databus.fetchers._api import (
+    ConfiguredSources,
+    DumpSource,
+    Fetcher,
+    FetcherContext,
+    WindowSink,
+)
 from databus.fetchers.mysql._errors import SourceMisconfiguredError
 from databus.fetchers.mysql._schema import (
     QueryKind,
@@ -88,6 +94,14 @@ _EVENTS = [
     HeartbeatLogEvent, XAPrepareEvent, StopEvent,
 ]
 _MARIADB_FL_STANDALONE = 0x01
+# The source id of watermark rows in a transaction (never written as an event).
+_WATERMARK = -1
+_NO_SCHEMA = Schema({"type": "record", "name": "databus_watermark", "fields": []})
+
+
+def _no_key(values: Any, encoded: bytes) -> Key:
+    return b""
+
 _POLL_INTERVAL_S = 1.0
 
 
@@ -172,6 +186,12 @@ class BinlogFetcher(Fetcher):
             excluded_databases=SYSTEM_DATABASES,
         )
 
+    def open_dump_source(self) -> DumpSource:
+        """Chunks and watermarks on a connection of its own (``_dump``)."""
+        from databus.fetchers.mysql._dump import MysqlDumpSource
+
+        return MysqlDumpSource(self.config, self.context)
+
     def initial_scn(self) -> int:
         """The server's current binlog end: a new relay starts there."""
         return current_position(self._connection(), self.config).scn
@@ -207,7 +227,7 @@ class BinlogFetcher(Fetcher):
             log_file=start.file,
             log_pos=start.position,
             only_events=_EVENTS,
-            only_schemas=self.config.selector.schemas(),
+            only_schemas=self.config.binlog_schemas(),
             # Table maps are decoded once per table id and binlog file; _Capture clears
             # the map on every DDL and file change (ids are only unique within a file).
             freeze_schema=True,
@@ -486,10 +506,39 @@ class _Capture:
             )
 
     def _table_map(self, event: TableMapEvent) -> None:
+        if (event.schema, event.table) == self.config.watermark_table:
+            self.by_table_id[event.table_id] = self._watermark_table(event)
+            return
         if not self.config.selector.matches(event.schema, event.table):
             self.by_table_id[event.table_id] = None
             return
         self.by_table_id[event.table_id] = self._table(shape_from_table_map(event))
+
+    def _watermark_table(self, event: TableMapEvent) -> _Table:
+        """The dump watermark table: its rows become ``sink.watermark`` calls (DESIGN 8.1),
+        never events, and it is not a source (no id, no schema in the catalog)."""
+        shape = shape_from_table_map(event)
+        n = len(shape.columns)
+        return _Table(shape=shape, source_id=_WATERMARK, schema=_NO_SCHEMA,
+                      decoder=RowDecoder(shape.columns), key_of=_no_key, has_pk=True,
+                      present=((1 << n) - 1).to_bytes((n + 7) // 8, "little"))
+
+    def _watermark_rows(self, table: _Table, event: Any, txn: _Txn) -> None:
+        if isinstance(event, DeleteRowsEvent):
+            return  # the dump engine cleaning up
+        packet = event.packet
+        body = packet.read(event.event_size - packet.read_bytes)
+        images = 2 if isinstance(event, UpdateRowsEvent) else 1
+        names = [c.name for c in table.shape.columns]
+        if "id" not in names:
+            log.warning("watermark table %s.%s has no id column: not a databus_watermark "
+                        "table (databus dump setup)", *self.config.watermark_table)
+            return
+        at = names.index("id")
+        for images_of_row in table.decoder.read_rows(body, images):
+            token = images_of_row[-1][at]
+            if isinstance(token, str):
+                txn.rows.append((_WATERMARK, Op.CONTROL, token, b"", 0))
 
     def _rows(self, event: Any) -> None:
         table = self.by_table_id.get(event.table_id)
@@ -499,6 +548,9 @@ class _Capture:
         if txn is None:
             # Rows outside BEGIN/GTID .. COMMIT/XID do not occur in a ROW binlog.
             txn = self.txn = _Txn()
+        if table.source_id == _WATERMARK:
+            self._watermark_rows(table, event, txn)
+            return
         update = isinstance(event, UpdateRowsEvent)
         where = f"{self.file}:{event.packet.log_pos}"
         if event.number_of_columns != len(table.shape.columns):
@@ -561,6 +613,10 @@ class _Capture:
         sink.start_window(scn)
         append = sink.append
         for source_id, op, key, value, fp in rows:
+            if source_id == _WATERMARK:
+                sink.watermark(str(key))
+                append = sink.append  # the dump engine may track this window's keys now
+                continue
             append(encode_event(scn=scn, source_id=source_id, op=op, key=key, value=value,
                                 timestamp_ns=timestamp_ns, partition_id=partition,
                                 schema_fingerprint=fp))

@@ -118,6 +118,10 @@ def _cursor(conn: pymysql.Connection[Any], config: BinlogSourceConfig,
         raise source_error(exc, config, action) from None
 
 
+# The public name (spark_jobs and the dump source use it).
+source_cursor = _cursor
+
+
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
     version: str

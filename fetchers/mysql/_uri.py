@@ -25,6 +25,9 @@ heartbeat_ms       500       how often an idle server sends a heartbeat (lag 0 w
 connect_timeout_s  10        TCP connect and login timeout
 read_timeout_s     30        a stream silent this long (heartbeats included) counts
                              as a lost connection
+watermark_table    databus.  the dump watermark table (``databus dump setup`` creates
+                   databus_  it; docs/dumps.md): its rows are watermarks, never events
+                   watermark
 =================  ========  ============================================================
 
 Parsing is pure; ``BinlogSourceConfig.from_uri`` raises ``ConfigError`` naming the bad
@@ -46,7 +49,9 @@ __all__ = ["SYSTEM_DATABASES", "BinlogSourceConfig", "TableSelector"]
 
 SCHEMES = ("mysql", "mariadb")
 SYSTEM_DATABASES = frozenset({"mysql", "sys", "information_schema", "performance_schema"})
-_KNOWN = ("tables", "server_id", "heartbeat_ms", "connect_timeout_s", "read_timeout_s")
+_KNOWN = ("tables", "server_id", "heartbeat_ms", "connect_timeout_s", "read_timeout_s",
+          "watermark_table")
+DEFAULT_WATERMARK_TABLE = ("databus", "databus_watermark")
 _DEFAULT_PORT = 3306
 _MAX_SERVER_ID = (1 << 32) - 1
 # MySQL identifiers: at most 64 characters, no NUL; dots and commas separate our list.
@@ -94,6 +99,14 @@ class BinlogSourceConfig:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
     uri: str = field(default="", repr=False)
+    watermark_table: tuple[str, str] = DEFAULT_WATERMARK_TABLE
+
+    def binlog_schemas(self) -> list[str] | None:
+        """The databases the binlog reader keeps: the captured ones and the watermark's."""
+        schemas = self.selector.schemas()
+        if schemas is None:
+            return None
+        return sorted({*schemas, self.watermark_table[0]})
 
     @property
     def redacted_uri(self) -> str:
@@ -156,7 +169,14 @@ class BinlogSourceConfig:
                 f"mysql source {shown}: read_timeout_s must be at least two heartbeats "
                 f"({2 * heartbeat_ms} ms), or an idle stream looks dead"
             )
+        watermark = DEFAULT_WATERMARK_TABLE
+        if "watermark_table" in params:
+            db, dot, table = params["watermark_table"].strip().partition(".")
+            if not dot or not _IDENT_RE.fullmatch(db) or not _IDENT_RE.fullmatch(table):
+                raise ConfigError(f"mysql source {shown}: watermark_table must be db.table")
+            watermark = (db, table)
         return cls(
+            watermark_table=watermark,
             host=host,
             port=_DEFAULT_PORT if port is None else port,
             user=user,

@@ -13,12 +13,12 @@ import pytest
 from fastavro import schemaless_reader, schemaless_writer
 
 from databus.errors import ConfigError
+from databus.fetchers.mysql import dump_column, with_precision
 from databus.fetchers.mysql._types import ColumnSpec, Kind
 from databus.schemas import Schema
 from databus.spark_jobs._arrow_avro import from_row, record_columns, to_arrays
 from databus.spark_jobs._common import JobRefused, java_message
 from databus.spark_jobs._jdbc import StoreLocation, mysql_jdbc
-from databus.spark_jobs._mysql_dump import dump_column, with_precision
 from databus.spark_jobs._plan import plan_compaction, plan_seed
 from databus.spark_jobs._store import StoreState, SwapPlan, _check_still_valid
 

@@ -1,5 +1,7 @@
-"""Reading a MariaDB/MySQL table over JDBC so that its rows encode exactly as the binlog
-fetcher encodes them (pure: SQL text and value conversions, no I/O).
+"""Reading a MariaDB/MySQL table with ``SELECT`` so that its rows encode exactly as the
+binlog fetcher encodes them: the relay's dumps (DB-API, ``_dump``) and the Spark seed
+job (JDBC) both select through these expressions. Pure: SQL text and value conversions;
+``table_layout`` is the one function that reads (information_schema).
 
 The table's layout comes from information_schema through the fetcher's own code
 (``shape_from_information_schema``), so the Avro schema and its fingerprint are the
@@ -41,7 +43,12 @@ from decimal import Decimal
 from typing import Any
 
 from databus.errors import SourceError
-from databus.fetchers.mysql._schema import TableShape
+from databus.fetchers.mysql._schema import (
+    INFORMATION_SCHEMA_COLUMNS,
+    INFORMATION_SCHEMA_PRIMARY_KEYS,
+    TableShape,
+    shape_from_information_schema,
+)
 from databus.fetchers.mysql._types import (
     _EXACT,
     ColumnSpec,
@@ -206,3 +213,48 @@ def partition_column(shape: TableShape) -> str | None:
         return None
     column = shape.columns[shape.primary_key[0]]
     return column.name if column.kind in (Kind.INT, Kind.LONG) else None
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """A table as the fetcher sees it (``shape``: the binlog fetcher's own schema and
+    key), how to select each column (``columns``), and the server's row estimate."""
+
+    shape: TableShape
+    columns: tuple[DumpColumn, ...]
+    rows_estimate: int
+
+
+class UnmappableTableError(SourceError):
+    """A column type the fetcher's mapping knows only from the binlog."""
+
+    retriable = False
+
+
+def table_layout(cursor: Any, database: str, table: str) -> TableLayout | None:
+    """Read ``database.table``'s layout through a DB-API cursor (pymysql); None when the
+    table does not exist. ``UnmappableTableError`` when a column type cannot be mapped
+    from information_schema (the fetcher's schema could not be reproduced)."""
+    where = " WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s"
+    cursor.execute(INFORMATION_SCHEMA_COLUMNS + where + " ORDER BY ORDINAL_POSITION",
+                   (database, table))
+    rows = [row[2:] for row in cursor.fetchall()]
+    cursor.execute(INFORMATION_SCHEMA_PRIMARY_KEYS + " AND TABLE_SCHEMA = %s AND"
+                   " TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (database, table))
+    primary_key = [str(r[2]) for r in cursor.fetchall()]
+    cursor.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s"
+                   " AND TABLE_NAME = %s", (database, table))
+    found = cursor.fetchone()
+    if not rows or found is None:
+        return None
+    shape = shape_from_information_schema(database, table, rows, primary_key)
+    if shape is None:
+        raise UnmappableTableError(
+            f"table {database}.{table} has a column type the binlog fetcher's mapping does "
+            "not know from information_schema; its rows cannot be read with the same schema")
+    specs = tuple(with_precision(spec, str(row[2])) for spec, row in zip(shape.columns, rows,
+                                                                          strict=True))
+    shape = TableShape(shape.database, shape.table, specs, shape.primary_key)
+    columns = tuple(dump_column(spec, str(row[1])) for spec, row in zip(specs, rows,
+                                                                        strict=True))
+    return TableLayout(shape, columns, int(found[0] or 0))

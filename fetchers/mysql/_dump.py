@@ -1,0 +1,260 @@
+"""The binlog fetcher's ``DumpSource``: chunks of a MySQL/MariaDB table by primary key, and
+watermark rows, on a connection of its own (DESIGN 8.1, docs/dumps.md).
+
+Rows are selected through ``_select``'s expressions and encoded with the fetcher's own
+writers and key function, so a dumped row's value and key are byte-identical to what the
+binlog fetcher writes for the same row (same schema version, same types). The table's
+layout is read again for every chunk, so a column added during a dump gives the next
+chunk the new schema version (which the fetcher registers too when the ALTER reaches
+the binlog).
+
+A chunk is ``SELECT ... WHERE key > cursor ORDER BY key LIMIT n``, the comparison
+written out column by column for composite keys (``a > ? OR (a = ? AND b > ?)``), which
+both MySQL and MariaDB turn into an index range scan. The read runs in autocommit:
+InnoDB reads it from one consistent snapshot without locking a row.
+
+Watermarks are ``INSERT``s of a new id into the watermark table (``databus dump setup``
+creates it): each travels through the binlog in a transaction of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pymysql
+
+from databus.errors import DumpSetupError, SourceError
+from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
+from databus.fetchers._cursor import cursor_from_json, cursor_to_json
+from databus.fetchers.mysql._select import (
+    TableLayout,
+    UnmappableTableError,
+    quote,
+    table_layout,
+)
+from databus.fetchers.mysql._server import connect, current_shapes, source_cursor, source_error
+from databus.fetchers.mysql._types import encode_row, row_key_function, row_writers
+from databus.fetchers.mysql._uri import BinlogSourceConfig
+
+__all__ = ["MysqlDumpSource", "setup_statements"]
+
+log = logging.getLogger("databus.fetchers.mysql.dump")
+
+_ER_NO_SUCH_TABLE = 1146
+_ER_BAD_DB = 1049
+_ER_DENIED = (1142, 1143, 1044, 1227)
+
+
+def setup_statements(config: BinlogSourceConfig) -> list[str]:
+    """What ``databus dump setup`` runs: the watermark database and table."""
+    db, table = config.watermark_table
+    return [
+        f"CREATE DATABASE IF NOT EXISTS {quote(db)}",
+        f"CREATE TABLE IF NOT EXISTS {quote(db)}.{quote(table)} ("
+        "id VARCHAR(64) NOT NULL PRIMARY KEY, "
+        "created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB",
+    ]
+
+
+def grant_hint(config: BinlogSourceConfig) -> str:
+    db, table = config.watermark_table
+    return (f"GRANT SELECT, INSERT, DELETE ON {quote(db)}.{quote(table)} TO "
+            f"'{config.user}'@'<host>' (and SELECT on the dumped tables)")
+
+
+def _key_after(columns: list[str], count: int) -> str:
+    """``a > %s OR (a = %s AND b > %s) ...`` for the first ``count`` key columns."""
+    terms = []
+    for i in range(count):
+        parts = [f"{columns[j]} = %s" for j in range(i)] + [f"{columns[i]} > %s"]
+        terms.append("(" + " AND ".join(parts) + ")")
+    return " OR ".join(terms)
+
+
+def _key_after_params(values: list[Any]) -> list[Any]:
+    params: list[Any] = []
+    for i in range(len(values)):
+        params.extend(values[:i])
+        params.append(values[i])
+    return params
+
+
+class MysqlDumpSource:
+    """See the module docstring."""
+
+    def __init__(self, config: BinlogSourceConfig, context: FetcherContext) -> None:
+        self.config = config
+        self.context = context
+        self._conn: pymysql.Connection[Any] | None = None
+
+    def _connection(self) -> pymysql.Connection[Any]:
+        if self._conn is None:
+            self._conn = connect(self.config, f"connecting to {self.config.address} for a dump")
+        return self._conn
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception as exc:
+                log.debug("closing the dump connection: %s", exc)
+
+    def _run(self, action: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        conn = self._connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                return list(cur.fetchall())
+        except pymysql.MySQLError as exc:
+            code = exc.args[0] if exc.args else None
+            if code in _ER_DENIED:
+                raise DumpSetupError(
+                    f"{action}: {self.config.address} lacks a privilege ({exc.args[-1]}); "
+                    f"{grant_hint(self.config)}") from None
+            error = source_error(exc, self.config, action)
+            if error.retriable:
+                self.close()
+            raise error from None
+
+    # -- DumpSource ------------------------------------------------------------------
+
+    def setup(self, *, dry_run: bool = False) -> list[str]:
+        statements = setup_statements(self.config)
+        if not dry_run:
+            for sql in statements:
+                self._run("setting up dumps", sql)
+        return statements
+
+    def check(self) -> None:
+        db, table = self.config.watermark_table
+        found = self._run("looking for the watermark table",
+                          "SELECT COUNT(*) FROM information_schema.TABLES WHERE "
+                          "TABLE_SCHEMA = %s AND TABLE_NAME = %s", (db, table))
+        if not found or not found[0][0]:
+            raise DumpSetupError(
+                f"no watermark table {db}.{table} at {self.config.address}: run `databus "
+                f"dump setup --source URI` once (it creates it), then {grant_hint(self.config)}")
+        # A write that is rolled back never reaches the binlog, but needs the grant.
+        conn = self._connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("START TRANSACTION")
+                cur.execute(f"INSERT INTO {quote(db)}.{quote(table)} (id) VALUES (%s)",
+                            ("databus-grant-check",))
+                cur.execute(f"DELETE FROM {quote(db)}.{quote(table)} WHERE id = %s",
+                            ("databus-grant-check",))
+                cur.execute("ROLLBACK")
+        except pymysql.MySQLError as exc:
+            try:
+                conn.rollback()
+            except pymysql.MySQLError:
+                self.close()
+            code = exc.args[0] if exc.args else None
+            if code in _ER_DENIED:
+                raise DumpSetupError(
+                    f"the source user cannot write the watermark table {db}.{table} "
+                    f"({exc.args[-1]}): {grant_hint(self.config)}") from None
+            raise source_error(exc, self.config, "checking the watermark table") from None
+
+    def tables(self) -> list[str]:
+        shapes = current_shapes(self._connection(), self.config, self.config.selector)
+        watermark = self.config.watermark_table
+        return [s.source_name for s in shapes if (s.database, s.table) != watermark]
+
+    def _layout(self, source: str) -> TableLayout:
+        db, _, table = source.partition(".")
+        conn = self._connection()
+        try:
+            with source_cursor(conn, self.config, f"reading the layout of {source}") as cur:
+                layout = table_layout(cur, db, table)
+        except UnmappableTableError as exc:
+            raise DumpSetupError(str(exc)) from None
+        if layout is None:
+            raise DumpSetupError(f"table {source} does not exist at {self.config.address} "
+                                 "(dropped, or not created yet)")
+        if not layout.shape.primary_key:
+            raise DumpSetupError(f"table {source} has no primary key: a dump reads in key "
+                                 "order and matches log events by key, so it is refused")
+        return layout
+
+    def estimate_rows(self, source: str) -> int:
+        return self._layout(source).rows_estimate
+
+    def write_watermark(self, token: str) -> None:
+        db, table = self.config.watermark_table
+        self._run("writing a watermark",
+                  f"INSERT INTO {quote(db)}.{quote(table)} (id) VALUES (%s)", (token,))
+
+    def _select(self, layout: TableLayout) -> tuple[str, list[str]]:
+        shape = layout.shape
+        key_columns = [quote(shape.columns[i].name) for i in shape.primary_key]
+        exprs = [c.expression for c in layout.columns] + key_columns
+        table = f"{quote(shape.database)}.{quote(shape.table)}"
+        return f"SELECT {', '.join(exprs)} FROM {table}", key_columns
+
+    def _chunk(self, source: str, layout: TableLayout, rows: list[tuple[Any, ...]],
+               done: bool) -> DumpChunk:
+        shape = layout.shape
+        catalog = self.context.catalog
+        schema = catalog.register_schema(source, shape.avro_schema())
+        source_id = catalog.source_id(source)
+        writers = row_writers(shape.columns)
+        key_of = row_key_function(shape.columns, shape.primary_key)
+        converts = [c.convert for c in layout.columns]
+        n = len(converts)
+        fp = schema.fingerprint
+        out: list[DumpRow] = []
+        for raw in rows:
+            native = [None if v is None else convert(v)
+                      for convert, v in zip(converts, raw[:n], strict=True)]
+            value = encode_row(writers, native)
+            out.append(DumpRow(key_of(native, value), value, fp))
+        cursor = cursor_to_json(list(rows[-1][n:])) if rows else None
+        return DumpChunk(source, source_id, out, cursor, done)
+
+    def read_chunk(self, source: str, after: list[Any] | None, limit: int) -> DumpChunk:
+        layout = self._layout(source)
+        select, key_columns = self._select(layout)
+        params: list[Any] = []
+        if after is not None:
+            values = cursor_from_json(after)
+            if len(values) != len(key_columns):
+                raise DumpSetupError(f"table {source}: its primary key changed during the "
+                                     "dump; cancel it and dump the table again")
+            select += " WHERE " + _key_after(key_columns, len(key_columns))
+            params = _key_after_params(values)
+        select += f" ORDER BY {', '.join(key_columns)} LIMIT {int(limit)}"
+        rows = self._read(source, select, params)
+        return self._chunk(source, layout, rows, done=len(rows) < limit)
+
+    def read_keys(self, source: str, keys: list[Any]) -> DumpChunk:
+        layout = self._layout(source)
+        select, key_columns = self._select(layout)
+        terms: list[str] = []
+        params: list[Any] = []
+        for key in keys:
+            values = key if isinstance(key, list) else [key]
+            if len(values) != len(key_columns):
+                raise DumpSetupError(f"table {source}: key {key!r} does not have the "
+                                     f"{len(key_columns)} primary key column(s)")
+            terms.append("(" + " AND ".join(f"{c} = %s" for c in key_columns) + ")")
+            params.extend(values)
+        select += " WHERE " + " OR ".join(terms) + f" ORDER BY {', '.join(key_columns)}"
+        rows = self._read(source, select, params)
+        return self._chunk(source, layout, rows, done=True)
+
+    def _read(self, source: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        try:
+            return self._run(f"reading a chunk of {source}", sql, params)
+        except SourceError as exc:
+            if "1146" in str(exc) or "doesn't exist" in str(exc):
+                raise DumpSetupError(f"table {source} was dropped during the dump") from None
+            raise
+
+    def cleanup_watermarks(self, keep: frozenset[str]) -> None:
+        db, table = self.config.watermark_table
+        self._run("cleaning up watermarks",
+                  f"DELETE FROM {quote(db)}.{quote(table)} WHERE created_at < "
+                  "NOW(6) - INTERVAL 1 HOUR")

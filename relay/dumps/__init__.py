@@ -1,0 +1,15 @@
+"""Dumps (DESIGN 8.1, DBLog): the existing rows of tables, read in chunks without locks
+and interleaved with the change stream through watermarks.
+
+- ``_sink``: the watermark step between a fetcher and its buffer (pure, no I/O);
+- ``_engine``: the dump manager and one worker per buffer (threads, the source's
+  connection);
+- ``_state``: dump records and the ``dumps.json`` file that makes them resumable.
+"""
+
+from databus.relay.dumps._engine import DumpManager, DumpPort, DumpRequest
+from databus.relay.dumps._sink import Chunk, DumpSink
+from databus.relay.dumps._state import Dump, TableProgress
+
+__all__ = ["Chunk", "Dump", "DumpManager", "DumpPort", "DumpRequest", "DumpSink",
+           "TableProgress"]
