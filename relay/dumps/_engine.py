@@ -40,6 +40,7 @@ from databus.errors import (
     DumpSetupError,
     UnknownSourceError,
 )
+from databus.event import HEADER_SIZE
 from databus.fetchers._api import DumpChunk, DumpSource, Fetcher
 from databus.relay.dumps._sink import Chunk, DumpSink
 from databus.relay.dumps._state import Dump, TableProgress, load_dumps, save_dumps
@@ -88,6 +89,14 @@ class DumpRequest:
                 raise ValueError("keys must not be empty")
             if len(self.keys) > MAX_KEYS:
                 raise ValueError(f"at most {MAX_KEYS} keys")
+
+
+class _TooBig(Exception):
+    """A chunk's rows would not fit a window of the buffer: read ``rows`` at a time."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__(rows)
+        self.rows = rows
 
 
 class _Stopped(Exception):
@@ -448,10 +457,17 @@ class _Worker:
                 table.estimate = (len(dump.keys) if dump.keys is not None
                                   else source.estimate_rows(table.source))
                 manager._save()
+        limit = dump.chunk_rows
         while True:
             with manager._lock:
                 self._check_state(dump)
-            chunk, result = self._one_chunk(dump, table, source)
+            try:
+                chunk, result = self._one_chunk(dump, table, source, limit)
+            except _TooBig as big:
+                limit = big.rows
+                log.warning("dump %s: chunks of %s are too big for buffer %s; reading %d "
+                            "rows at a time", dump.id, table.source, self.port.buffer, limit)
+                continue
             with manager._lock:
                 table.chunks += 1
                 table.rows += chunk.emitted_rows
@@ -459,7 +475,7 @@ class _Worker:
                 table.started = True
                 table.last_scn = chunk.emitted_scn
                 if dump.keys is not None:
-                    table.key_index = min(len(dump.keys), table.key_index + dump.chunk_rows)
+                    table.key_index = min(len(dump.keys), table.key_index + limit)
                 elif result.cursor is not None:
                     table.cursor = result.cursor
                 if chunk.last:
@@ -472,7 +488,7 @@ class _Worker:
             if dump.delay_ms and manager._stop.wait(dump.delay_ms / 1000):
                 raise _Stopped
 
-    def _one_chunk(self, dump: Dump, table: TableProgress, source: DumpSource
+    def _one_chunk(self, dump: Dump, table: TableProgress, source: DumpSource, limit: int
                    ) -> tuple[Chunk, DumpChunk]:
         sink = self.port.sink
         chunk = Chunk(dump_id=dump.id, source=table.source, source_id=-1,
@@ -482,7 +498,14 @@ class _Worker:
         try:
             source.write_watermark(chunk.low)
             self._wait(dump, chunk, ("open",))
-            result = self._read(dump, table, source)
+            result = self._read(dump, table, source, limit)
+            # The rows travel in one window, which must fit in the buffer with room to
+            # spare: a chunk over a quarter of it is read again, smaller (a window larger
+            # than the buffer would stop the fetcher for good).
+            size = sum(HEADER_SIZE + 64 + len(row.value) for row in result.rows)
+            budget = self.port.capacity_bytes // 4
+            if size > budget and len(result.rows) > 1:
+                raise _TooBig(max(1, len(result.rows) * budget // size))
             chunk.source_id = result.source_id
             sink.set_rows(chunk, result.rows, last=result.done)
             source.write_watermark(chunk.high)
@@ -492,12 +515,13 @@ class _Worker:
             raise
         return chunk, result
 
-    def _read(self, dump: Dump, table: TableProgress, source: DumpSource) -> DumpChunk:
+    def _read(self, dump: Dump, table: TableProgress, source: DumpSource, limit: int
+              ) -> DumpChunk:
         if dump.keys is None:
-            return source.read_chunk(table.source, table.cursor, dump.chunk_rows)
-        batch = dump.keys[table.key_index:table.key_index + dump.chunk_rows]
+            return source.read_chunk(table.source, table.cursor, limit)
+        batch = dump.keys[table.key_index:table.key_index + limit]
         result = source.read_keys(table.source, batch)
-        done = table.key_index + dump.chunk_rows >= len(dump.keys)
+        done = table.key_index + limit >= len(dump.keys)
         return DumpChunk(result.source, result.source_id, result.rows, None, done)
 
     def _wait(self, dump: Dump, chunk: Chunk, phases: tuple[Any, ...]) -> None:

@@ -308,3 +308,30 @@ def test_table_without_primary_key_is_refused(mariadb_server: MariaDBServer,
 
     asyncio.run(main())
     sql.close()
+
+
+def test_chunks_too_big_for_the_buffer_are_read_smaller(mariadb_server: MariaDBServer,
+                                                       tmp_path: Path) -> None:
+    """10,000 rows of 1 KB would be a 10 MB window in a 1 MiB buffer (which would stop
+    the fetcher for good): the engine reads smaller chunks instead."""
+    sql = fresh_database(mariadb_server, "dump6")
+    sql.run("CREATE TABLE big (id INT PRIMARY KEY, pad VARCHAR(1100))")
+    sql.run("INSERT INTO big VALUES " + ", ".join(
+        f"({i}, REPEAT('x', 1000))" for i in range(1500)))
+    uri = source_uri(mariadb_server, "dump6.big")
+    _setup_watermark(mariadb_server, uri)
+
+    async def main() -> None:
+        async with binlog_relay(tmp_path, uri, capacity_mb=1) as r:
+            dump = r.relay.dumps.start_dump(
+                DumpRequest(buffer=BUFFER, sources=("dump6.big",), chunk_rows=10_000),
+                buffer_of=r.relay.fetchers.configured_buffer)
+            doc = await _wait_done(r, dump.id, timeout=60)
+            assert doc["state"] == "done", doc
+            table = doc["tables"][0]
+            assert table["rows"] == 1500 and table["chunks"] >= 6
+            status_doc = await r.json("/v1/status")
+            assert status_doc["buffers"][BUFFER]["fetcher"]["state"] == "running"
+
+    asyncio.run(main())
+    sql.close()
