@@ -17,12 +17,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from typing import Any
 
 from aiohttp import web
 
 from databus._http import BadRequest, admin_body, check_bearer
+from databus.errors import ConfigError, UnknownSourceError
 from databus.relay._relay import Relay
 from databus.relay.dumps import DumpRequest
 from databus.relay.dumps._engine import MAX_CHUNK_ROWS, MAX_DELAY_MS
@@ -81,6 +83,19 @@ def parse_dump_request(body: dict[str, Any]) -> DumpRequest:
                        chunk_rows=chunk_rows, delay_ms=delay_ms)
 
 
+def buffer_of(relay: Relay, source: str) -> str | None:
+    """The buffer that captures ``source``: the catalog's, else the configuration's
+    (a name matching several buffers' patterns is a 400, not a server error)."""
+    try:
+        return relay.catalog.source(source).buffer
+    except UnknownSourceError:
+        pass
+    try:
+        return relay.fetchers.configured_buffer(source)
+    except ConfigError as exc:
+        raise BadRequest(exc.message) from None
+
+
 def add_dump_routes(app: web.Application, relay_key: web.AppKey[Relay]) -> None:
     """Register the dump endpoints on the relay's app."""
 
@@ -99,7 +114,7 @@ def add_dump_routes(app: web.Application, relay_key: web.AppKey[Relay]) -> None:
         body = await admin_body(request, _FIELDS)
         dump_request = parse_dump_request(body)
         dump = await asyncio.to_thread(relay.dumps.start_dump, dump_request,
-                                       buffer_of=relay.fetchers.configured_buffer)
+                                       buffer_of=functools.partial(buffer_of, relay))
         return web.json_response(relay.dumps.get(dump.id), status=201)
 
     async def listing(request: web.Request) -> web.Response:
