@@ -29,7 +29,7 @@ BOOT_WINDOWS = 30
 RELAY_ERRORS = {
     "bad_request": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404,
     "unknown_source": 404, "unknown_schema": 404, "method_not_allowed": 405,
-    "scn_not_found": 410, "request_timeout": 408, "overloaded": 503,
+    "conflict": 409, "scn_not_found": 410, "request_timeout": 408, "overloaded": 503,
 }
 BOOTSTRAP_ERRORS = {
     "bad_request": 400, "filter_not_pushable": 400, "unauthorized": 401, "forbidden": 403,

@@ -3,6 +3,7 @@ no 5xx, every error JSON with a code of docs/relay.md's table (issue 12)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -73,7 +74,10 @@ def test_stream_parameters(relay: str, q: tuple[tuple[tuple[str, str], ...], str
 @fuzz_settings(250)
 @given(path=st.one_of(st.sampled_from(["/v1/sources", "/v1/schemas", "/v1/status", "/metrics",
                                        "/healthz", "/v1/stream", "/v1/nope", "/v1/admin/flush",
-                                       "/v1/schemas/", "/"]),
+                                       "/v1/schemas/", "/", "/v1/dumps", "/v1/admin/dumps",
+                                       "/v1/dumps/0abc", "/v1/dumps/zz",
+                                       "/v1/admin/dumps/0abc/pause",
+                                       "/v1/admin/dumps/0abc/cancel"]),
                       fingerprints().map(lambda fp: "/v1/schemas/" + fp)),
        method=st.sampled_from(["GET", "GET", "POST", "PUT", "DELETE"]),
        q=queries({"source": source_lists([SOURCE]), "sources": source_lists([SOURCE])}))
@@ -94,6 +98,44 @@ def test_admin_headers_and_bodies(relay: str, auth: tuple[tuple[bytes, bytes], .
     check_response(request, status, headers, payload, RELAY_ERRORS)
     if not token_ok(auth, ADMIN_TOKEN):
         assert status == 401, (auth, status)
+
+
+def _dump_bodies() -> st.SearchStrategy[bytes]:
+    """Dump requests: every field, of the right and of the wrong types and ranges."""
+    key = st.one_of(st.integers(), st.text(max_size=8), st.lists(
+        st.one_of(st.integers(), st.text(max_size=4), st.none(), st.booleans()), max_size=3))
+    fields = st.fixed_dictionaries({}, optional={
+        "sources": st.one_of(st.just([SOURCE]), st.just(SOURCE), source_lists([SOURCE]),
+                             st.lists(st.text(max_size=12), max_size=3), st.integers()),
+        "buffer": st.one_of(st.just("load"), st.text(max_size=6), st.integers(), st.none()),
+        "keys": st.one_of(st.lists(key, max_size=4), st.integers(), st.text(max_size=5)),
+        "chunk_rows": st.one_of(st.integers(-5, 2_000_000), st.booleans(), st.text(max_size=3)),
+        "delay_ms": st.one_of(st.integers(-5, 4_000_000), st.floats(allow_nan=False)),
+        "other": st.integers(),
+    })
+    return st.one_of(fields.map(lambda d: json.dumps(d).encode()), bodies())
+
+
+@fuzz_settings(150)
+@given(body=_dump_bodies(), action=st.sampled_from(["", "pause", "resume", "cancel"]),
+       ident=st.one_of(st.just("0123abcd"), st.text(max_size=40).map(
+           lambda t: t.encode("utf-8", "surrogatepass").hex()[:40]),
+           st.sampled_from(["..", "%00", "ABC", "x" * 33])))
+def test_dump_endpoints(relay: str, body: bytes, action: str, ident: str) -> None:
+    """Dumps of the synthetic source fail at once (it cannot be dumped); every request
+    about them, valid or not, gets a documented answer."""
+    auth = ((b"Authorization", f"Bearer {ADMIN_TOKEN}".encode()),)
+    path = f"/v1/admin/dumps/{ident}/{action}" if action else "/v1/admin/dumps"
+    request = Request("POST", path, headers=auth, body=body)
+    assume(fits(request))
+    status, headers, payload = send(relay, request)
+    check_response(request, status, headers, payload, RELAY_ERRORS)
+    if status == 201:
+        ident = json.loads(payload)["id"]
+    for follow in (Request("GET", f"/v1/dumps/{ident}"), Request("GET", "/v1/dumps"),
+                   Request("POST", f"/v1/admin/dumps/{ident}/cancel", headers=auth)):
+        if fits(follow):
+            check_response(follow, *send(relay, follow), RELAY_ERRORS)
 
 
 def test_fuzz_helpers_see_a_5xx(tmp_path: Path) -> None:
