@@ -479,7 +479,7 @@ class FetcherHost:
         return {
             name: DumpPort(buffer=name, sink=runner.sink, new_fetcher=runner.new_fetcher,
                            fetcher_state=runner.get_state,
-                           capacity_bytes=runner.buffer.capacity)
+                           capacity_bytes=runner.buffer.capacity, flush=runner.buffer.flush)
             for name, runner in self._runners.items()
         }
 

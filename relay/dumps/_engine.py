@@ -64,6 +64,9 @@ class DumpPort:
     new_fetcher: Callable[[], Fetcher]
     fetcher_state: Callable[[], str]
     capacity_bytes: int
+    # msync the buffer: a completed chunk is recorded only once its rows are on disk
+    # (they are nowhere in the source's log to be fetched again after a machine crash).
+    flush: Callable[[], None] = lambda: None
 
 
 @dataclass(frozen=True)
@@ -377,6 +380,8 @@ class _Worker:
                     self._finish(dump, "failed", str(exc))
                     return
                 log.warning("dump %s: %s; trying again in %.1f s", dump.id, exc, backoff)
+                with manager._lock:  # visible in /v1/dumps until a chunk completes
+                    dump.error = redact(f"{exc}; trying again in {backoff:.1f} s")
                 self.close_source()
             except Exception as exc:
                 message = redact(f"{type(exc).__name__}: {exc}")
@@ -463,6 +468,7 @@ class _Worker:
                 self._check_state(dump)
             try:
                 chunk, result = self._one_chunk(dump, table, source, limit)
+                self.port.flush()
             except _TooBig as big:
                 limit = big.rows
                 log.warning("dump %s: chunks of %s are too big for buffer %s; reading %d "
@@ -474,6 +480,7 @@ class _Worker:
                 table.overtaken += chunk.dropped_rows
                 table.started = True
                 table.last_scn = chunk.emitted_scn
+                dump.error = None  # a retry's error (run) is over
                 if dump.keys is not None:
                     table.key_index = min(len(dump.keys), table.key_index + limit)
                 elif result.cursor is not None:
