@@ -517,9 +517,12 @@ class _Worker:
             sink.set_rows(chunk, result.rows, last=result.done)
             source.write_watermark(chunk.high)
             self._wait(dump, chunk, ("emitted",))
-        except BaseException:
-            sink.withdraw(chunk)
-            raise
+        except BaseException as exc:
+            sink.withdraw(chunk)  # waits for rows being written into the buffer
+            if chunk.phase != "emitted" or not isinstance(exc, Exception):
+                raise
+            # Its rows landed as the engine gave up on it (paused, cancelled): they are in
+            # the buffer, so the chunk counts (a resumed dump must not read it again).
         return chunk, result
 
     def _read(self, dump: Dump, table: TableProgress, source: DumpSource, limit: int

@@ -195,6 +195,16 @@ class DumpSink:
         if scn is None:
             return self._target.end_window(timestamp_ns)
         chunk = self._emit
+        if chunk is None:
+            return self._end_window(scn, None, timestamp_ns)
+        # Under the condition: the engine's withdraw (pause, cancel, retry) either finds
+        # the chunk abandoned before its rows are written, or waits until they landed
+        # and finds it emitted; never rows in the buffer of a chunk it gave up on.
+        with self._cond:
+            return self._end_window(scn, chunk if chunk.phase == "open" else None,
+                                    timestamp_ns)
+
+    def _end_window(self, scn: int, chunk: Chunk | None, timestamp_ns: int | None) -> int:
         emitted = 0
         if chunk is not None:
             emitted = self._emit_rows(chunk, scn, timestamp_ns or 0)
