@@ -39,7 +39,14 @@ from databus.client._checkpoint_store import CheckpointStore
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._decode import WINDOW_FAILURES, Framing, ResponseDecoder
 from databus.client._dispatcher import Dispatcher, checkpoint_scn
-from databus.client._events import BootstrapMark, DataEvent, EndOfWindow, Item, Window
+from databus.client._events import (
+    BootstrapMark,
+    DataEvent,
+    DumpMarker,
+    EndOfWindow,
+    Item,
+    Window,
+)
 from databus.client._relay_puller import FellOffRelay, RelayPuller
 from databus.client._runner import Outcome, Runner
 from databus.errors import DatabusError, EventFormatError, UnknownSchemaError
@@ -765,6 +772,17 @@ class _WindowCollector(Consumer):
         assert self._window is not None
         self._window.events.append(event)
         self._window.timestamp_ns = event.timestamp_ns
+        return CallbackResult.SUCCESS
+
+    def on_dump_start(self, source: str) -> CallbackResult:
+        return self._marker(source, start=True)
+
+    def on_dump_end(self, source: str) -> CallbackResult:
+        return self._marker(source, start=False)
+
+    def _marker(self, source: str, *, start: bool) -> CallbackResult:
+        assert self._window is not None
+        self._window.markers.append(DumpMarker(self._window.scn, source, None, start))
         return CallbackResult.SUCCESS
 
     def on_end_data_event_sequence(self, scn: int) -> CallbackResult:

@@ -64,6 +64,17 @@ class Consumer:
         """The client stops because of ``error`` (fatal, or the retry budget is spent)."""
         return CallbackResult.SUCCESS
 
+    def on_dump_start(self, source: str) -> CallbackResult | None:
+        """A dump of ``source`` begins (docs/dumps.md): its rows follow, with
+        ``event.from_dump`` true, interleaved with the table's changes. May come again
+        after a rollback or a restart (at-least-once, like every callback)."""
+        return None
+
+    def on_dump_end(self, source: str) -> CallbackResult | None:
+        """The dump of ``source`` is complete: with the changes before and after it, the
+        consumer has every row of the table."""
+        return None
+
     def on_start_bootstrap(self) -> CallbackResult | None:
         """Bootstrap events (``event.from_bootstrap``) follow until ``on_end_bootstrap``."""
         return CallbackResult.SUCCESS

@@ -25,9 +25,11 @@ from collections.abc import Iterable, Mapping
 from enum import Enum
 
 from databus.checkpoint import Checkpoint, Mode
-from databus.client._events import DataEvent, EndOfWindow, Item, StartOfWindow
+from databus.client._events import DataEvent, DumpMarker, EndOfWindow, Item, StartOfWindow
 from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
 from databus.event import (
+    DUMP_END_SOURCE_ID,
+    DUMP_START_SOURCE_ID,
     EOW_SOURCE_ID,
     FLAG_FROM_SNAPSHOT,
     HEADER_SIZE,
@@ -35,6 +37,7 @@ from databus.event import (
     WindowChecksum,
     check_control_fields,
     decode_data_key,
+    decode_dump_marker,
     iter_events,
 )
 from databus.schemas import AvroCodec, Schema
@@ -80,7 +83,7 @@ class ResponseDecoder:
         self._whole = False
         # The open window's events, held until its EOW (every framing; for a snapshot
         # window that EOW also gives its SCN).
-        self._pending: list[DataEvent] = []
+        self._pending: list[DataEvent | DumpMarker] = []
         self._held_bytes = 0
         self._spilled = False  # the open window's events go out as they arrive
 
@@ -211,6 +214,15 @@ class ResponseDecoder:
             source_id = header.source_id
             if source_id < 0:
                 check_control_fields(header, offset)
+                if source_id in (DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID):
+                    marker = self._marker(body, offset, header, source_names)
+                    if marker is None:
+                        continue
+                    if self._spilled:
+                        yield marker
+                    else:
+                        self._pending.append(marker)
+                    continue
                 if source_id != EOW_SOURCE_ID:
                     continue  # other control events (heartbeats) carry nothing to deliver
                 count, checksum = _EOW.unpack_from(body, offset + HEADER_SIZE)
@@ -245,6 +257,16 @@ class ResponseDecoder:
                 self._pending.append(event)
                 self._held_bytes += header.total_length
 
+    def _marker(self, body: bytes, offset: int, header: EventHeader,
+                source_names: Mapping[int, str]) -> DumpMarker | None:
+        """A dump marker of a source this client reads, else None (dropped)."""
+        start = offset + HEADER_SIZE + header.key_length
+        marker = decode_dump_marker(header, body[start:offset + header.total_length], offset)
+        if marker.source not in source_names.values():
+            return None
+        return DumpMarker(header.scn, marker.source, marker.dump_id, marker.kind == "start",
+                          marker.rows)
+
     def _data_event(self, body: bytes, offset: int, header: EventHeader, source: str,
                     reader: Schema | None, bootstrap: bool) -> DataEvent:
         start = offset + HEADER_SIZE
@@ -262,5 +284,5 @@ class ResponseDecoder:
                                    reason="bad value") from exc
         return DataEvent(
             header.scn, source, header.op, key, value, header.timestamp_ns, schema,
-            header.partition_key, bootstrap or bool(header.flags & FLAG_FROM_SNAPSHOT),
+            header.partition_key, bootstrap, bool(header.flags & FLAG_FROM_SNAPSHOT),
         )

@@ -19,6 +19,9 @@ it may span several relay responses). Rules:
   (``on_checkpoint``), which may veto it with SKIP_CHECKPOINT, then committed.
 - ERROR (or an exception, or a blown time budget) from any callback: ROLLBACK to the
   last committed checkpoint; ERROR_FATAL: FATAL.
+- A dump marker (``DumpMarker``, inside a window) makes ``on_dump_start`` /
+  ``on_dump_end`` in stream order; like an event, it opens the window if it is the
+  first item of it, and it leaves the current source run alone.
 - Bootstrap (``BootstrapMark`` items, between windows only) makes ``on_start_bootstrap``
   and ``on_end_bootstrap``. A snapshot window is opened by ``StartOfWindow`` and its
   events keep their own SCNs. While bootstrapping, only a window whose EOW carries a
@@ -33,7 +36,7 @@ from enum import Enum, auto
 
 from databus.checkpoint import Checkpoint, Mode
 from databus.client._consumer import CallbackResult
-from databus.client._events import DataEvent, EndOfWindow, Item, StartOfWindow
+from databus.client._events import DataEvent, DumpMarker, EndOfWindow, Item, StartOfWindow
 from databus.schemas import Schema
 
 
@@ -46,6 +49,8 @@ class CallKind(Enum):
     CHECKPOINT = auto()
     START_BOOTSTRAP = auto()
     END_BOOTSTRAP = auto()
+    DUMP_START = auto()
+    DUMP_END = auto()
 
 
 def checkpoint_scn(checkpoint: Checkpoint) -> int | None:
@@ -138,6 +143,15 @@ class Dispatcher:
                 calls.append(Call(CallKind.START_SOURCE, item.scn, item.source,
                                   schema=item.schema))
             calls.append(Call(CallKind.DATA, item.scn, item.source, item))
+            return calls
+        if isinstance(item, DumpMarker):
+            if self._window is None:
+                self._window = item.scn
+                calls.append(Call(CallKind.START_WINDOW, item.scn))
+            elif item.scn != self._window and not self._loose:
+                raise ValueError(f"marker of window {item.scn} inside window {self._window}")
+            kind = CallKind.DUMP_START if item.start else CallKind.DUMP_END
+            calls.append(Call(kind, item.scn, item.source))
             return calls
         if isinstance(item, EndOfWindow):
             if self._window is None:

@@ -28,7 +28,8 @@ class DataEvent:
     timestamp_ns: int
     schema: Schema | None
     partition_key: int = 0
-    from_bootstrap: bool = False
+    from_bootstrap: bool = False  # served by the bootstrap service
+    from_dump: bool = False  # a row of a table dump (header flag bit 2), not a change
 
     @property
     def timestamp(self) -> datetime:
@@ -63,6 +64,20 @@ class StartOfWindow:
 
 
 @dataclass(slots=True)
+class DumpMarker:
+    """A table's dump starts (``start`` True) or ends in window ``scn`` (docs/dumps.md);
+    an end marker says how many rows the dump emitted for the table. In
+    ``Window.markers`` (``DatabusClient.windows``) the dump id and row count are None:
+    they reach consumers only as ``on_dump_start(source)`` / ``on_dump_end(source)``."""
+
+    scn: int
+    source: str
+    dump_id: str | None
+    start: bool
+    rows: int | None = None
+
+
+@dataclass(slots=True)
 class BootstrapMark:
     """Not a row: the bootstrap begins (``end`` False) or has delivered its last window."""
 
@@ -76,6 +91,8 @@ class Window:
     scn: int
     timestamp_ns: int
     events: list[DataEvent] = field(default_factory=list)
+    # Dump start/end markers of this window, in stream order (docs/dumps.md).
+    markers: list[DumpMarker] = field(default_factory=list)
 
     @property
     def sources(self) -> list[str]:
@@ -83,4 +100,4 @@ class Window:
 
 
 # What the decoder and the pull loop hand to the dispatcher.
-Item = DataEvent | EndOfWindow | StartOfWindow | BootstrapMark
+Item = DataEvent | EndOfWindow | StartOfWindow | BootstrapMark | DumpMarker

@@ -72,6 +72,8 @@ _METHODS = {
     CallKind.CHECKPOINT: "on_checkpoint",
     CallKind.START_BOOTSTRAP: "on_start_bootstrap",
     CallKind.END_BOOTSTRAP: "on_end_bootstrap",
+    CallKind.DUMP_START: "on_dump_start",
+    CallKind.DUMP_END: "on_dump_end",
 }
 _NO_ARGS = (CallKind.START_BOOTSTRAP, CallKind.END_BOOTSTRAP)
 
@@ -81,7 +83,7 @@ def _args(call: Call) -> tuple[object, ...]:
         return (call.event,)
     if call.kind is CallKind.START_SOURCE:
         return (call.source, call.schema)
-    if call.kind is CallKind.END_SOURCE:
+    if call.kind in (CallKind.END_SOURCE, CallKind.DUMP_START, CallKind.DUMP_END):
         return (call.source,)
     if call.kind in _NO_ARGS:
         return ()

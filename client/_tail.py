@@ -70,9 +70,15 @@ def event_line(event: DataEvent) -> str:
             "key": to_jsonable(event.key),
             "value": to_jsonable(event.value),
             "timestamp": event.timestamp.isoformat(),
+            **({"from_dump": True} if event.from_dump else {}),
         },
         ensure_ascii=False,
     )
+
+
+def marker_line(kind: str, source: str, scn: int) -> str:
+    """A dump marker as its own JSON line: ``{"marker": "dump_start", ...}``."""
+    return json.dumps({"marker": kind, "source": source, "scn": scn}, ensure_ascii=False)
 
 
 class _Printer(Consumer):
@@ -80,6 +86,7 @@ class _Printer(Consumer):
         self.out = out
         self.remaining = count
         self.done = False
+        self.scn = -1
         self.client: DatabusClient | None = None
 
     def on_data_event(self, event: DataEvent) -> CallbackResult:
@@ -92,6 +99,20 @@ class _Printer(Consumer):
                 self.done = True
                 if self.client is not None:
                     self.client.stop()
+        return CallbackResult.SUCCESS
+
+    def on_start_data_event_sequence(self, scn: int) -> CallbackResult:
+        self.scn = scn
+        return CallbackResult.SUCCESS
+
+    def on_dump_start(self, source: str) -> CallbackResult:
+        if not self.done:
+            self.out.write(marker_line("dump_start", source, self.scn) + "\n")
+        return CallbackResult.SUCCESS
+
+    def on_dump_end(self, source: str) -> CallbackResult:
+        if not self.done:
+            self.out.write(marker_line("dump_end", source, self.scn) + "\n")
         return CallbackResult.SUCCESS
 
     def on_end_data_event_sequence(self, scn: int) -> CallbackResult:

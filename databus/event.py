@@ -359,6 +359,49 @@ def encode_dump_marker(
                           timestamp_ns=timestamp_ns, partition_id=partition_id)
 
 
+@dataclass(frozen=True, slots=True)
+class DumpMarker:
+    """A decoded dump marker (``encode_dump_marker``)."""
+
+    kind: Literal["start", "end"]
+    source: str
+    dump_id: str
+    rows: int | None
+    scn: int
+
+
+def decode_dump_marker(header: EventHeader, payload: Buffer, offset: int = 0) -> DumpMarker:
+    """The marker in ``payload`` (the value bytes of a -6/-7 control event), checked
+    strictly: anything but the canonical JSON an encoder writes is an ``EventFormatError``."""
+    from databus._json import loads_bounded
+
+    if header.source_id == DUMP_START_SOURCE_ID:
+        kind: Literal["start", "end"] = "start"
+        fields = {"dump", "source"}
+    elif header.source_id == DUMP_END_SOURCE_ID:
+        kind = "end"
+        fields = {"dump", "rows", "source"}
+    else:
+        raise EventFormatError("not a dump marker", offset=offset, reason="bad field")
+    try:
+        data = loads_bounded(bytes(payload), max_chars=4096, max_depth=2)
+    except ValueError:
+        raise EventFormatError("dump marker payload is not JSON", offset=offset,
+                               reason="bad value") from None
+    if not isinstance(data, dict) or set(data) != fields:
+        raise EventFormatError("dump marker fields", offset=offset, reason="bad value")
+    source, dump_id, rows = data["source"], data["dump"], data.get("rows")
+    if not isinstance(source, str) or not isinstance(dump_id, str) or not source or (
+            kind == "end" and (not isinstance(rows, int) or isinstance(rows, bool)
+                               or not 0 <= rows <= _INT64_MAX)):
+        raise EventFormatError("dump marker field types", offset=offset, reason="bad value")
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    if canonical != bytes(payload):
+        raise EventFormatError("dump marker is not canonical JSON", offset=offset,
+                               reason="bad value")
+    return DumpMarker(kind, source, dump_id, rows if kind == "end" else None, header.scn)
+
+
 class WindowChecksum:
     """Accumulates the EOW checksum and count over a window's data events, in order."""
 

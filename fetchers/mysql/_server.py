@@ -259,8 +259,10 @@ def current_shapes(conn: pymysql.Connection[Any], config: BinlogSourceConfig,
             + (where + " AND" if where else " WHERE") + " TABLE_TYPE = 'BASE TABLE'",
             params,
         )
+        # The dump watermark table is never a source, whatever the selector matches.
         tables = {(str(db), str(t)) for db, t in cur.fetchall()
-                  if selector.matches(str(db), str(t))}
+                  if selector.matches(str(db), str(t))
+                  and (str(db), str(t)) != config.watermark_table}
         if not tables:
             return []
         cur.execute(INFORMATION_SCHEMA_COLUMNS + where

@@ -335,3 +335,55 @@ def test_chunks_too_big_for_the_buffer_are_read_smaller(mariadb_server: MariaDBS
 
     asyncio.run(main())
     sql.close()
+
+
+def test_a_client_sees_the_dump_between_its_markers(mariadb_server: MariaDBServer,
+                                                    tmp_path: Path) -> None:
+    from databus.client import Consumer, DatabusClient, DataEvent, MemoryCheckpointStore
+
+    sql = fresh_database(mariadb_server, "dump7")
+    sql.run("CREATE TABLE t (id INT PRIMARY KEY, v INT)",
+            "INSERT INTO t VALUES " + ", ".join(f"({i}, {i})" for i in range(250)),
+            "CREATE TABLE empty_one (id INT PRIMARY KEY)")
+    uri = source_uri(mariadb_server, "dump7.t,dump7.empty_one")
+    _setup_watermark(mariadb_server, uri)
+    calls: list[tuple[str, Any]] = []
+
+    class Recorder(Consumer):
+        def on_dump_start(self, source: str) -> None:
+            calls.append(("start", source))
+
+        def on_dump_end(self, source: str) -> None:
+            calls.append(("end", source))
+
+        def on_data_event(self, event: DataEvent) -> None:
+            calls.append(("row" if event.from_dump else "change", event.key))
+
+    async def main() -> None:
+        async with binlog_relay(tmp_path, uri) as r:
+            client = DatabusClient([r.url], sources=["dump7.t", "dump7.empty_one"],
+                                   checkpoint_store=MemoryCheckpointStore(), poll_wait_ms=100)
+            client.register(Recorder())
+            task = asyncio.create_task(client.run_async())
+            sql.txn("UPDATE t SET v = -1 WHERE id = 3")
+            dump = r.relay.dumps.start_dump(
+                DumpRequest(buffer=BUFFER, sources=("dump7.t", "dump7.empty_one"),
+                            chunk_rows=100),
+                buffer_of=r.relay.fetchers.configured_buffer)
+            assert (await _wait_done(r, dump.id))["state"] == "done"
+            deadline = time.monotonic() + 30
+            while calls.count(("end", "dump7.empty_one")) == 0:
+                assert time.monotonic() < deadline, calls
+                await asyncio.sleep(0.05)
+            client.stop()
+            await asyncio.wait_for(task, 30)
+        assert calls[0] == ("change", 3)
+        t_start, t_end = calls.index(("start", "dump7.t")), calls.index(("end", "dump7.t"))
+        rows = [c[1] for c in calls[t_start:t_end] if c[0] == "row"]
+        assert rows == list(range(250))
+        assert not [c for c in calls if c[0] == "row" and c not in calls[t_start:t_end]]
+        e_start = calls.index(("start", "dump7.empty_one"))
+        assert calls[e_start + 1] == ("end", "dump7.empty_one")
+
+    asyncio.run(main())
+    sql.close()

@@ -13,8 +13,8 @@ against the source table.
 5. the dump's connection killed in the middle of a chunk ``SELECT`` (retried with
    backoff, the retry visible in ``/v1/dumps``);
 6. the source restarted during a dump;
-7. two relays on one source while one of them dumps (and, xfail, the watermark table
-   listed as a source by a relay whose ``tables=`` pattern matches it).
+7. two relays on one source while one of them dumps; the watermark table is never
+   listed as a source, also by a relay whose ``tables=`` pattern matches it.
 
 ``DATABUS_DUMP_ROWS`` sets the table size (3000 by default).
 """
@@ -1122,7 +1122,7 @@ def test_two_relays_on_one_source_while_one_dumps(mariadb_server: MariaDBServer,
     assert len(a.dumped(source)) >= ROWS // 2
     # b: no watermark row, no dumped row, no marker (a: no watermark row either).
     assert {r.source for r in b.records} == {r.source for r in a.records} == {source}
-    assert watermark in b_sources  # captured by the pattern (see the test below)
+    assert watermark not in b_sources  # matched by the pattern, never a source
     assert not [r for r in b.records if r.dumped] and not b.markers
     # b's windows are a's without the dump: the same changes at the same SCNs.
     def changes(stream: Stream) -> list[tuple[int, str, Key, dict[str, Any]]]:
@@ -1131,12 +1131,6 @@ def test_two_relays_on_one_source_while_one_dumps(mariadb_server: MariaDBServer,
     sql.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the binlog fetcher registers every table its tables= pattern matches "
-    "(register_current_schemas/discover_new_tables -> current_shapes), the watermark "
-    "table included: /v1/sources lists it with an id and a schema although it never "
-    "has an event; the fix is in fetchers/mysql/_fetcher.py (skip "
-    "config.watermark_table there, as MysqlDumpSource.tables() does)"))
 def test_the_watermark_table_is_not_a_source(mariadb_server: MariaDBServer,
                                              tmp_path: Path) -> None:
     db = "dfail_listed"
