@@ -112,7 +112,7 @@ def reencode(event: DataEvent, raw: bytes) -> bytes:
                         key=event.key, value=value, timestamp_ns=event.timestamp_ns,
                         partition_id=f["partition_id"],
                         schema_fingerprint=f["schema_fingerprint"],
-                        from_snapshot=event.from_bootstrap)
+                        from_snapshot=event.from_dump)
 
 
 def assert_no_garbage(body: bytes, items: list[object]) -> None:
