@@ -1,8 +1,11 @@
 """``databus demo``: the whole pipeline on embedded defaults, with a live status view.
 
-A SQLite database with trigger capture (the TxLog) is the source; a writer thread runs
-random shop transactions against it; a relay (in this process, on 127.0.0.1) pulls them
-with the trigger fetcher; a bootstrap service (SQLite store: producer, applier, server)
+A SQLite database with trigger capture (the TxLog) is the source, with a shop's rows
+already in it before capture is installed; a writer thread runs random shop transactions
+against it; a relay (in this process, on 127.0.0.1) pulls them
+with the trigger fetcher and, as its first act (``initial_dump``), dumps the rows that
+were there before (DBLog watermarks, docs/dumps.md), interleaved with the new changes;
+a bootstrap service (SQLite store: producer, applier, server)
 keeps the long log and the snapshot; a ``DatabusClient`` keeps a replica from the
 start, and a second, late one joins half-way with no checkpoint: it starts from a
 snapshot of the bootstrap service, then follows the relay. At the end the writer stops,
@@ -45,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--rate", type=float, default=150.0, help="transactions per second")
     parser.add_argument("--dir", help="keep the demo's files here (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--existing", type=int, default=2000,
+                        help="customers in the source before capture starts (with about "
+                        "1.5 orders and 3 items each), brought in by a dump")
     parser.set_defaults(handler=run)
 
 
@@ -60,6 +66,25 @@ class Workload:
         self.rng = random.Random(seed)
         self.transactions = 0
         self.next_id = {t: 1 for t in TABLES}
+
+    def populate(self, conn: sqlite3.Connection, customers: int) -> None:
+        """Rows that exist before capture is installed: only a dump can bring them in."""
+        rng = self.rng
+        with conn:
+            for _ in range(customers):
+                cid = self._new_id("customers")
+                conn.execute("INSERT INTO customers (id, name, city) VALUES (?, ?, ?)",
+                             (cid, f"customer {cid}", rng.choice(CITIES)))
+            for _ in range(customers * 3 // 2):
+                oid = self._new_id("orders")
+                conn.execute("INSERT INTO orders (id, customer_id, status, total_cents)"
+                             " VALUES (?, ?, 'delivered', ?)",
+                             (oid, rng.randrange(1, self.next_id["customers"]),
+                              rng.randint(1, 40) * 1250))
+                conn.executemany(
+                    "INSERT INTO order_items (id, order_id, sku, quantity) VALUES (?, ?, ?, ?)",
+                    [(self._new_id("order_items"), oid, f"SKU-{rng.randrange(100):03d}",
+                      rng.randint(1, 5)) for _ in range(2)])
 
     def _new_id(self, table: str) -> int:
         value = self.next_id[table]
@@ -188,23 +213,34 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
     for statement in SCHEMA:
         conn.execute(statement)
     conn.commit()
+    workload = Workload(db, args.seed)
+    workload.populate(conn, max(0, args.existing))
+    existing = sum(len(rows) for rows in source_rows(db).values())
     uri = f"sqlite://{db}?tables={','.join(TABLES)}&poll_ms=20"
     console.print(f"[bold]databus demo[/] in {base}")
-    console.print(f"source: {db} (SQLite, trigger capture installed by `databus txlog install`)")
-    if cli.main(["--log-level", "WARNING", "txlog", "install", "--source", uri]) != 0:
-        console.print("[red]txlog install failed[/]")
-        return 1
+    console.print(f"source: {db} (SQLite, {existing:,} rows already there; trigger capture "
+                  "installed by `databus txlog install`, dump watermarks by `databus dump "
+                  "setup`)")
+    for command in (["txlog", "install"], ["dump", "setup"]):
+        if cli.main(["--log-level", "WARNING", *command, "--source", uri]) != 0:
+            console.print(f"[red]databus {' '.join(command)} failed[/]")
+            return 1
 
     relay_dir = base / "relay"
+    # initial_dump: the rows that were there before come in through a dump, in chunks
+    # small enough (and paced) that its progress can be watched below.
     config = RelayConfig(data_dir=relay_dir, port=0,
-                         buffers=(BufferConfig(name="shop", capacity_mb=16, source=uri),))
+                         buffers=(BufferConfig(name="shop", capacity_mb=16, source=uri,
+                                               initial_dump=True, dump_chunk_rows=500,
+                                               dump_delay_ms=150),))
     relay = Relay(config)
     runner = web.AppRunner(create_app(relay), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    console.print(f"relay: {url} (trigger fetcher -> mmap buffer)")
+    console.print(f"relay: {url} (trigger fetcher -> mmap buffer; a dump of the existing "
+                  "rows)")
 
     # The fetcher registers the sources as it starts; subscribe once they are listed.
     wanted = {f"shop.{t}" for t in TABLES}
@@ -242,7 +278,6 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
     late.register(make_consumer(late_replica))
     late_task: asyncio.Task[None] | None = None
 
-    workload = Workload(db, args.seed)
     stop_writing = threading.Event()
 
     def write() -> None:
@@ -271,6 +306,7 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
         table.add_row("relay", f"{status['min_scn']}..{status['max_scn']}",
                       f"{status['windows']} windows, {status['used_bytes']:,} bytes, "
                       f"fetcher {fetcher.get('state')}")
+        table.add_row("dump", *_dump_row(relay.dumps.list_dumps()))
         boot = boot_storage.state()
         table.add_row("bootstrap", f"{boot.applied_scn}/{boot.producer_scn}",
                       f"applied/logged; {boot.log_windows} windows in the log, "
@@ -303,13 +339,17 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
                 late_task = asyncio.create_task(late.run_async())
             stop_writing.set()
             writer.join()
-            # Caught up when the replica equals the source (compared a few times a second).
+            # Caught up when the dump is over and the replica equals the source (compared a
+            # few times a second). The replicas can equal the source before the dump ends: its
+            # last chunks may hold only rows the log already brought (written since).
             deadline = time.monotonic() + 60
             tasks = (consumer_task, late_task)
             while time.monotonic() < deadline and not any(t.done() for t in tasks):
                 live.update(view("catching up"))
+                dumps = relay.dumps.list_dumps()
+                dumped = bool(dumps) and dumps[0]["state"] == "done"
                 final = source_rows(db)
-                if not compare(final, replica) and not compare(final, late_replica):
+                if dumped and not compare(final, replica) and not compare(final, late_replica):
                     break
                 await asyncio.sleep(0.25)
             live.update(view("done"))
@@ -332,7 +372,14 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
                     f"[green]{name} equals source[/]: {rows} rows in {len(TABLES)} tables, "
                     f"{copy.events} events, consumer at SCN {scn}"
                 )
+        dumps = relay.dumps.list_dumps()
+        if ok and not (dumps and dumps[0]["state"] == "done"):
+            ok = False
+            console.print(f"[red]the dump of the existing rows did not finish[/]: {dumps}")
         if ok:
+            rows = dumps[0]["progress"]["rows"]
+            console.print(f"the dump brought in {rows:,} rows as each chunk found them: the "
+                          f"{existing:,} that existed before capture, and rows written since")
             console.print(f"{workload.transactions} transactions written; the late consumer "
                           f"started from a bootstrap snapshot "
                           f"({late.metrics.bootstraps} bootstrap(s))")
@@ -347,6 +394,23 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
         await runner.cleanup()
         conn.close()
     return 0 if ok else 1
+
+
+def _dump_row(dumps: list[dict[str, Any]]) -> tuple[str, str]:
+    """The SCN and detail cells of the live view's dump row."""
+    if not dumps:
+        return "-", "waiting for the fetcher"
+    dump = dumps[0]
+    p = dump["progress"]
+    tables = [t for t in dump["tables"] if t["last_scn"] is not None]
+    scn = str(tables[-1]["last_scn"]) if tables else "-"
+    width = 20
+    percent = p["percent"] or 0.0
+    filled = int(width * percent / 100)
+    bar = "\u2588" * filled + "\u2591" * (width - filled)
+    where = f", {p['table']}" if p["table"] else ""
+    return scn, (f"{bar} {percent:5.1f}% {dump['state']}: {p['rows']:,}/{p['estimate']:,} "
+                 f"rows{where}, {p['rows_per_second']:,.0f} rows/s")
 
 
 def _producer_config(relay_url: str) -> Any:

@@ -655,6 +655,11 @@ class EventBuffer:
                     win_seen += 1
                     pos += total
                     continue
+            elif win_seen < skip and source_id != EOW_SOURCE_ID:
+                # A control event (a dump marker) before a data event the checkpoint
+                # already consumed: it was served with that event, not again.
+                pos += total
+                continue
             if size + total > max_bytes:
                 if size == 0:
                     pending = total

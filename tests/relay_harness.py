@@ -122,6 +122,29 @@ async def stream_all(
         cp = new_cp
 
 
+async def stream_body_at(session: aiohttp.ClientSession, url: str,
+                         max_bytes: int = 64 << 20) -> bytes:
+    """Every byte the relay at ``url`` serves from its start to its newest window (raw
+    events), pulled with the checkpoint each answer returns."""
+    out, cp = b"", None
+    while True:
+        params = {"max_bytes": str(max_bytes)}
+        if cp is not None:
+            params["checkpoint"] = cp
+        async with session.get(url + "/v1/stream", params=params) as resp:
+            assert resp.status == 200, await resp.text()
+            chunk = await resp.read()
+            cp = resp.headers["X-Databus-Checkpoint"]
+        if not chunk:
+            return out
+        out += chunk
+
+
+async def stream_body(relay: RunningRelay, max_bytes: int = 64 << 20) -> bytes:
+    """Every byte ``relay`` serves from its start to its newest window (raw events)."""
+    return await stream_body_at(relay.session, relay.url, max_bytes)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

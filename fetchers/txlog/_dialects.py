@@ -33,6 +33,7 @@ from databus.fetchers.txlog._model import (
     STATE_TABLE,
     TXLOG_TABLE,
     TXN_COLUMN,
+    WATERMARK_TABLE,
     Column,
     TableRef,
     TableShape,
@@ -122,6 +123,47 @@ class SqlDialect(ABC):
     @abstractmethod
     def param(self, name: str) -> str:
         """A named placeholder."""
+
+    # -- dumps (docs/dumps.md) -----------------------------------------------------
+
+    #: The watermark table's columns, in this dialect's types; None: no dump support.
+    watermark_columns: tuple[Column, ...] | None = None
+    default_schema = "main"
+    watermark_ttl_sql = ""  # ``created_at`` older than an hour
+
+    def watermark_shape(self) -> TableShape:
+        """The watermark table, as the install statements see it before it exists."""
+        assert self.watermark_columns is not None
+        ref = TableRef(self.txlog_schema or self.default_schema, WATERMARK_TABLE)
+        return TableShape(ref, self.watermark_columns, ("id",))
+
+    def watermark_create_sql(self) -> str:
+        shape = self.watermark_shape()
+        id_type, ts_type = (c.sql_type for c in shape.columns)
+        return (f"CREATE TABLE IF NOT EXISTS {self.table(shape.ref)} (id {id_type} NOT NULL "
+                f"PRIMARY KEY, created_at {ts_type} NOT NULL DEFAULT {self.now_default})")
+
+    now_default = "CURRENT_TIMESTAMP"
+
+    def chunk_sql(self, shape: TableShape, *, after: bool, limit: int) -> str:
+        """A dump chunk: the table's columns as ``rows_sql`` selects them, in key order,
+        after the key ``k0, k1, ...`` (row comparison) when ``after``."""
+        columns = ", ".join(self.select_expr("t", c) for c in shape.columns)
+        keys = [f"t.{self.q(k)}" for k in shape.key]
+        sql = f"SELECT {columns} FROM {self.table(shape.ref)} t"
+        if after:
+            params = ", ".join(self.param(f"k{i}") for i in range(len(keys)))
+            sql += f" WHERE ({', '.join(keys)}) > ({params})"
+        return sql + f" ORDER BY {', '.join(keys)} LIMIT {int(limit)}"
+
+    def keys_sql(self, shape: TableShape, count: int) -> str:
+        """The rows whose key is one of ``count`` keys (parameters ``k<i>_<j>``)."""
+        columns = ", ".join(self.select_expr("t", c) for c in shape.columns)
+        terms = [" AND ".join(f"t.{self.q(k)} = {self.param(f'k{i}_{j}')}"
+                              for j, k in enumerate(shape.key)) for i in range(count)]
+        order = ", ".join(f"t.{self.q(k)}" for k in shape.key)
+        return (f"SELECT {columns} FROM {self.table(shape.ref)} t WHERE "
+                + " OR ".join(f"({t})" for t in terms) + f" ORDER BY {order}")
 
     # -- shared pieces -------------------------------------------------------------
 
@@ -258,6 +300,9 @@ class SqliteDialect(SqlDialect):
     greatest = "max"
 
     OPEN_TXN = f"(SELECT txn FROM {TXLOG_TABLE} WHERE scn IS NULL)"
+    watermark_columns = (Column("id", "TEXT", False), Column("created_at", "TEXT", False))
+    now_default = "(strftime('%Y-%m-%d %H:%M:%f', 'now'))"
+    watermark_ttl_sql = "created_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hour')"
     SEAL_SQL = f"UPDATE {TXLOG_TABLE} SET scn = txn WHERE scn IS NULL"
     # Unix time in ns at millisecond precision (julianday('now') is what SQLite has).
     NOW_NS = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 1000000"
@@ -320,9 +365,13 @@ class SqliteDialect(SqlDialect):
             f"CREATE TRIGGER {self.q(ins)} AFTER INSERT ON {t} FOR EACH ROW BEGIN "
             f"{ensure_open} {stamp} END",
             # WHEN skips rows already stamped by this transaction, and stops the stamping
-            # UPDATE from firing this trigger again when recursive_triggers is on.
+            # UPDATE from firing this trigger again when recursive_triggers is on. A row
+            # never stamped (it existed before the install) is NULL, and so is the open
+            # transaction before this statement opens it: ``NULL IS NOT NULL`` is false,
+            # so such a row's first update must be let through explicitly.
             f"CREATE TRIGGER {self.q(upd)} AFTER UPDATE ON {t} FOR EACH ROW "
-            f"WHEN NEW.{self.txn_column} IS NOT {self.OPEN_TXN} OR {changed} BEGIN "
+            f"WHEN NEW.{self.txn_column} IS NULL OR NEW.{self.txn_column} IS NOT "
+            f"{self.OPEN_TXN} OR {changed} BEGIN "
             f"{ensure_open} "
             f"INSERT INTO {log} ({self.txn_column}, {key_cols}) "
             f"SELECT {self.OPEN_TXN}, {old_keys} WHERE {changed}; "
@@ -371,6 +420,11 @@ class PostgresDialect(SqlDialect):
         super().__init__(txlog_schema)
     TRIGGERS = ("databus_stamp", "databus_deleted", "databus_rekeyed")
     TXN_SETTING = "databus.txlog_txn"
+    watermark_columns = (Column("id", "text", False),
+                         Column("created_at", "timestamp with time zone", False))
+    default_schema = "public"
+    now_default = "now()"
+    watermark_ttl_sql = "created_at < now() - interval '1 hour'"
 
     def param(self, name: str) -> str:
         return f"%({name})s"

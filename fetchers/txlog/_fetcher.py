@@ -38,9 +38,16 @@ from typing import Any, ClassVar
 
 from databus._redact import register_uri
 from databus.event import Op, encode_event
-from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
+from databus.fetchers._api import (
+    ConfiguredSources,
+    DumpSource,
+    Fetcher,
+    FetcherContext,
+    WindowSink,
+)
+from databus.fetchers.txlog._dialects import PostgresDialect, dialect_for
 from databus.fetchers.txlog._errors import TxlogPositionError
-from databus.fetchers.txlog._model import TableRef, TableShape
+from databus.fetchers.txlog._model import WATERMARK_READY, TableRef, TableShape
 from databus.fetchers.txlog._schema import TableCodec, normalize_key
 from databus.fetchers.txlog._session import (
     DbSession,
@@ -92,6 +99,8 @@ class PendingWindow:
     scn: int
     timestamp_ns: int
     events: list[bytes] = field(default_factory=list)
+    # Dump watermark ids written by this transaction (passed to ``sink.watermark``).
+    watermarks: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,16 +115,22 @@ def assemble_windows(
     batch: Sequence[tuple[int, int]],
     tables: Sequence[tuple[CapturedTable, Sequence[Row], Sequence[Row]]],
     partition_id: int = 0,
+    watermarks: Sequence[Row] = (),
 ) -> list[PendingWindow]:
     """Group one batch into windows (pure).
 
     ``batch`` is ``(scn, ts_ns)`` per transaction; per table, ``rows`` are ``(scn,
     column...)`` and ``deletes`` are ``(scn, key column...)``. Each SCN with events
     becomes a window holding, table by table, its deletes then its upserts.
+    ``watermarks`` are ``(scn, id, ...)`` rows of the dump watermark table: each SCN
+    with one gets a window too (the watermarks first, then its events, if any).
     """
     times = dict(batch)
     fallback = batch[-1][1] if batch else 0
-    events: dict[int, list[bytes]] = {}
+    marks: dict[int, list[str]] = {}
+    for scn, token, *_ in watermarks:
+        marks.setdefault(scn, []).append(str(token))
+    events: dict[int, list[bytes]] = {scn: [] for scn in marks}
     for table, rows, deletes in tables:
         codec = table.codec
         for scn, *key in deletes:
@@ -130,7 +145,8 @@ def assemble_windows(
                 value=codec.encode(row), timestamp_ns=times.get(scn, fallback),
                 partition_id=partition_id, schema_fingerprint=codec.fingerprint,
             ))
-    return [PendingWindow(scn, times.get(scn, fallback), events[scn]) for scn in sorted(events)]
+    return [PendingWindow(scn, times.get(scn, fallback), events[scn], marks.get(scn, []))
+            for scn in sorted(events)]
 
 
 class TxlogPuller:
@@ -164,6 +180,10 @@ class TxlogPuller:
         self.txlog_present = True
         self._token: object = None
         self._next_check = 0.0
+        # The dump watermark table, once it exists with its capture (``databus dump
+        # setup``): read in every batch's snapshot, never a source.
+        self.watermark: CapturedTable | None = None
+        self._next_watermark_check = 0.0
         # Across restarts of this buffer's fetcher: tables seen absent (if one exists now
         # without its capture, the migration is between CREATE TABLE and install: wait),
         # and tables already warned about.
@@ -193,6 +213,7 @@ class TxlogPuller:
                     present.append((spec, check_table(self.session, spec, info,
                                                       installed=True)))
             self._token = self.session.ddl_token([spec.ref for spec, _ in present])
+            self._find_watermark()
         self.txlog_present = txlog or bool(present)
         self.tables = [self._captured(shape) for _, shape in present]
         self._specs = [spec for spec, _ in present]
@@ -218,6 +239,34 @@ class TxlogPuller:
         dialect = self.session.dialect
         return CapturedTable(name, source_id, codec, dialect.rows_sql(shape),
                              dialect.deletes_sql(shape))
+
+    def _find_watermark(self) -> None:
+        """Inside a read snapshot: capture the watermark table if it is set up now."""
+        self._next_watermark_check = time.monotonic() + _PENDING_CHECK_S
+        dialect = self.session.dialect
+        if dialect.watermark_columns is None:
+            return
+        info = self.session.describe(dialect.watermark_shape().ref)
+        if info.shape is None or not info.shape.key or missing_objects(self.session, info):
+            return
+        table = dialect.table(info.shape.ref)
+        if isinstance(dialect, PostgresDialect) and not self.session.query(
+                "SELECT has_table_privilege(current_user, %(t)s, 'SELECT')", {"t": table}
+                )[0][0]:
+            # Set up by an administrator while this relay's user may not read it: reading
+            # it would stop the fetcher for good; without it, only dumps fail (they say
+            # which GRANT is missing).
+            if not self.context.memory.get("txlog_watermark_warned"):
+                self.context.memory["txlog_watermark_warned"] = True
+                log.warning("%s: dump watermark table %s exists, but this user cannot read "
+                            "it: dumps of this source fail until GRANT SELECT, INSERT, "
+                            "DELETE ON %s", self.source.redacted, info.shape.ref, table)
+            return
+        self.context.memory.pop(WATERMARK_READY, None)
+        codec = TableCodec(info.shape, self.source.dialect, "databus.watermark")
+        self.watermark = CapturedTable("", -1, codec, dialect.rows_sql(info.shape),
+                                       dialect.deletes_sql(info.shape))
+        log.info("%s: dump watermark table %s found", self.source.redacted, info.shape.ref)
 
     def _adopt_pending(self) -> None:
         """Inside the read snapshot: capture the pending tables that now exist with their
@@ -300,7 +349,12 @@ class TxlogPuller:
                  session.query(table.deletes_sql, window))
                 for table in self.tables
             ]
-        windows = assemble_windows(batch, reads, self.context.partition_id)
+            if self.watermark is None and (self.context.memory.get(WATERMARK_READY) or
+                                           time.monotonic() >= self._next_watermark_check):
+                self._find_watermark()
+            marks = (session.query(self.watermark.rows_sql, window)
+                     if self.watermark is not None else [])
+        windows = assemble_windows(batch, reads, self.context.partition_id, marks)
         return PollResult(windows, upto, position, full=len(batch) >= self.source.batch)
 
 
@@ -378,8 +432,10 @@ class TxlogFetcher(Fetcher):
                 result = puller.poll(last)
                 for window in result.windows:
                     sink.start_window(window.scn)
+                    for token in window.watermarks:
+                        sink.watermark(token)
                     for event in window.events:
-                        sink.append(event)
+                        sink.append(event)  # looked up per event: a dump may swap it
                     sink.end_window(window.timestamp_ns)
                     written = window.scn
                 last = result.upto
@@ -388,6 +444,15 @@ class TxlogFetcher(Fetcher):
                 report(result.position.newest if result.full else written)
                 if not result.full and stop.wait(self.source.poll_s):
                     break
+
+    def open_dump_source(self) -> DumpSource | None:
+        """Chunks and watermarks on a session of its own (``_dump``); None for a
+        dialect without dump support (Oracle: its SQL is never run here)."""
+        if dialect_for(self.dialect).watermark_columns is None:
+            return None
+        from databus.fetchers.txlog._dump import TxlogDumpSource
+
+        return TxlogDumpSource(self.source, self.context, self.new_session)
 
     def close(self) -> None:
         with self._lock:

@@ -26,6 +26,8 @@ __all__ = [
     "STATE_TABLE",
     "TXLOG_TABLE",
     "TXN_COLUMN",
+    "WATERMARK_READY",
+    "WATERMARK_TABLE",
     "Column",
     "TableRef",
     "TableShape",
@@ -35,6 +37,12 @@ __all__ = [
 ]
 
 TXN_COLUMN = "databus_txn"
+# The dump watermark table (docs/dumps.md): captured like a table, never a source.
+WATERMARK_TABLE = "databus_watermark"
+# Key of ``FetcherContext.memory`` set by the dump source once it checked the watermark
+# table: the fetcher looks for the table in its next batch, not a second later (a
+# watermark in a batch read before the table was found would be missed).
+WATERMARK_READY = "txlog_watermark_ready"
 TXLOG_TABLE = "databus_txlog"
 STATE_TABLE = "databus_txlog_state"
 

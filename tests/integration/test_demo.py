@@ -1,5 +1,6 @@
 """``databus demo`` runs the whole pipeline and ends with both replica checks passing:
-the consumer that followed the relay and the late one that began from a snapshot."""
+the consumer that followed the relay and the late one that began from a snapshot, both
+holding the rows that existed before capture (brought in by the relay's initial dump)."""
 
 from __future__ import annotations
 
@@ -19,5 +20,7 @@ def test_demo_ends_with_the_replica_equal_to_the_source(tmp_path: Path) -> None:
     assert "replica equals source" in out
     assert "late replica equals source" in out
     assert "started from a bootstrap snapshot (1 bootstrap(s))" in out
+    # The rows that were there before capture came in through the initial dump.
+    assert "the dump brought in" in out and "11,000 that existed before capture" in out
     assert (tmp_path / "checkpoints").is_dir()
     assert (tmp_path / "bootstrap.db").is_file()

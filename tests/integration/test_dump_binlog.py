@@ -29,7 +29,7 @@ from tests.integration.binlog_support import (
     source_uri,
     wait_for_scn,
 )
-from tests.relay_harness import RunningRelay
+from tests.relay_harness import RunningRelay, stream_body
 
 pytestmark = pytest.mark.integration
 
@@ -126,21 +126,6 @@ async def _wait_done(r: RunningRelay, dump_id: str, timeout: float = 120) -> dic
     raise TimeoutError(f"dump {dump_id} not finished: {doc}")
 
 
-async def _body(r: RunningRelay) -> bytes:
-    out = b""
-    cp = None
-    while True:
-        params = {"max_bytes": str(64 << 20)}
-        if cp is not None:
-            params["checkpoint"] = cp
-        async with await r.get("/v1/stream", **params) as resp:
-            chunk = await resp.read()
-            cp = resp.headers["X-Databus-Checkpoint"]
-        if not chunk:
-            return out
-        out += chunk
-
-
 def test_dump_while_writing_equals_the_source(mariadb_server: MariaDBServer,
                                              tmp_path: Path) -> None:
     sql = fresh_database(mariadb_server, "dump1")
@@ -179,7 +164,7 @@ def test_dump_while_writing_equals_the_source(mariadb_server: MariaDBServer,
             assert tags == _source_tags(sql)
             # Dumped rows carry the flag; each table has one start and one end marker,
             # the end marker's count equal to the flagged rows of that table.
-            body = await _body(r)
+            body = await stream_body(r)
             markers = [(h.source_id, decode_event(body, o).value) for o, h in iter_events(body)
                        if h.source_id in (DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID)]
             assert len([m for m in markers if m[0] == DUMP_START_SOURCE_ID]) == 2
@@ -223,7 +208,7 @@ def test_dumped_rows_are_encoded_as_the_binlog_encodes_them(mariadb_server: Mari
             sql.txn("CREATE TEMPORARY TABLE tmp AS SELECT * FROM t", "DELETE FROM t",
                     "INSERT INTO t SELECT * FROM tmp")
             await wait_for_scn(r, sql.position())
-            body = await _body(r)
+            body = await stream_body(r)
             dumped: dict[Any, bytes] = {}
             logged: dict[Any, bytes] = {}
             for offset, header in iter_events(body):

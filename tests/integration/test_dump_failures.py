@@ -53,7 +53,7 @@ from databus.fetchers.mysql._dump import setup_statements
 from databus.schemas import AvroCodec, Schema
 from tests.fixtures.servers import MariaDBServer
 from tests.integration.binlog_support import BUFFER, Sql, binlog_relay, fresh_database, source_uri
-from tests.relay_harness import ADMIN_TOKEN, free_port, start_databus
+from tests.relay_harness import ADMIN_TOKEN, free_port, start_databus, stream_body_at
 
 pytestmark = pytest.mark.integration
 
@@ -272,19 +272,7 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any] |
 
 async def read_stream(session: aiohttp.ClientSession, url: str) -> Stream:
     """Every window the relay at ``url`` serves, decoded (schemas fetched by fingerprint)."""
-    body = b""
-    cp: str | None = None
-    while True:
-        params = {"max_bytes": str(64 << 20)}
-        if cp is not None:
-            params["checkpoint"] = cp
-        async with session.get(url + "/v1/stream", params=params) as resp:
-            assert resp.status == 200, await resp.text()
-            chunk = await resp.read()
-            cp = resp.headers["X-Databus-Checkpoint"]
-        if not chunk:
-            break
-        body += chunk
+    body = await stream_body_at(session, url)
     stream = Stream()
     stream.sources = {s["id"]: s["name"]
                       for s in (await _get(session, url + "/v1/sources"))["sources"]}

@@ -102,6 +102,29 @@ def test_a_transaction_over_three_tables_is_one_window(db: SqliteSource, tmp_pat
     asyncio.run(scenario())
 
 
+def test_the_first_update_of_a_row_older_than_the_install_is_captured(
+        tmp_path: Path) -> None:
+    # Regression: such a row's txn column is NULL, and so is the open transaction before
+    # the statement opens it; the UPDATE trigger's ``IS NOT`` test was false and the
+    # change was silently not logged.
+    db = SqliteSource(tmp_path / "shop.db", *WORKLOAD_DDL)
+    db.run("INSERT INTO orders (id, tag, qty) VALUES (1, 't0', 1), (2, 't0', 2)")
+    db.install(TABLES)
+
+    async def scenario() -> None:
+        async with running_relay(relay_config(tmp_path, {BUFFER: db.uri(TABLES)})) as r:
+            db.txn("UPDATE orders SET qty = 10, tag = 't1' WHERE id = 1")
+            windows = await wait_for_window(r, lambda w: "t1" in w.tags(), what="t1")
+            assert summary(windows) == [[(ORDERS, "upsert", 1, order(1, "t1", 10))]]
+            db.txn("UPDATE orders SET qty = 20, tag = 't2' WHERE id = 2",
+                   "UPDATE orders SET qty = 11 WHERE id = 1")
+            windows = await wait_for_window(r, lambda w: "t2" in w.tags(), what="t2")
+            assert summary(windows)[-1] == [(ORDERS, "upsert", 1, order(1, "t1", 11)),
+                                            (ORDERS, "upsert", 2, order(2, "t2", 20))]
+
+    asyncio.run(scenario())
+
+
 def test_intermediate_updates_coalesce_and_the_last_state_wins(
     db: SqliteSource, tmp_path: Path
 ) -> None:

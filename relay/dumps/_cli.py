@@ -1,0 +1,408 @@
+"""``databus dump``: set up a source for dumps, and start, watch and steer them.
+
+::
+
+    databus dump setup  --source URI [--dry-run | --check]
+    databus dump start  --relay URL [--sources a,b] [--buffer B] [--keys JSON]
+                        [--chunk-rows N] [--delay-ms M] [--wait]
+    databus dump status --relay URL [ID] [--sources a,b] [--wait] [--json]
+    databus dump pause|resume|cancel --relay URL [ID] [--sources a,b]
+
+``setup`` talks to the source (the URI a relay's buffer uses): it creates the watermark
+table and checks that the URI's user can write it. The others talk to a relay's HTTP
+API (docs/dumps.md). The admin commands (start, pause, resume, cancel) need the relay's
+admin token: ``DATABUS_ADMIN_TOKEN`` in the environment, or ``--token`` (visible to
+other users in ``ps``: prefer the variable). pause, resume and cancel act on the dump
+``ID``, or on the one active dump that covers ``--sources``, or on the only active
+dump. ``--wait`` follows a dump with a progress bar until it ends; the exit status is 0
+when it is done, 1 when it failed or was cancelled.
+
+The relay's JSON errors are printed as ``relay answered <status> <code>: <message>``;
+an unreachable relay is one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from databus._redact import register_secret
+from databus.errors import ConfigError, ConnectionLostError, DatabusError
+from databus.schemas import Schema
+
+__all__ = ["RelayAdmin", "register"]
+
+TOKEN_ENV = "DATABUS_ADMIN_TOKEN"
+FINISHED = frozenset({"done", "failed", "cancelled"})
+ACTIVE = frozenset({"queued", "running", "paused"})
+
+
+class RelayAnswerError(DatabusError):
+    """The relay answered a request with an error (its JSON error, as it sent it)."""
+
+    code = "relay_error"
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"relay answered {status} {code}: {message}")
+        self.status = status
+        self.error_code = code
+
+
+class RelayAdmin:
+    """The dump endpoints of one relay, over plain blocking HTTP (a CLI needs no loop)."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 10.0) -> None:
+        if "://" not in url:
+            url = "http://" + url
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"--relay must be an http(s) URL, e.g. http://127.0.0.1:11190 "
+                              f"(got {url!r})")
+        self.base = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        if token:
+            register_secret(token)
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                *, admin: bool = False) -> Any:
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if admin:
+            if not self.token:
+                raise ConfigError(f"this command needs the relay's admin token: set "
+                                  f"{TOKEN_ENV} (or pass --token)")
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.base + path, data=data, headers=headers,
+                                     method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise _answer_error(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ConnectionLostError(f"cannot reach the relay at {self.base}: {reason}",
+                                      retriable=True) from None
+        except ValueError:
+            raise RelayAnswerError(200, "bad_response",
+                                   f"{self.base}{path} did not answer JSON") from None
+
+    def start(self, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.request("POST", "/v1/admin/dumps", body, admin=True))
+
+    def dumps(self) -> list[dict[str, Any]]:
+        return list(self.request("GET", "/v1/dumps")["dumps"])
+
+    def dump(self, ident: str) -> dict[str, Any]:
+        return dict(self.request("GET", f"/v1/dumps/{urllib.parse.quote(ident, safe='')}"))
+
+    def control(self, ident: str, action: str) -> dict[str, Any]:
+        path = f"/v1/admin/dumps/{urllib.parse.quote(ident, safe='')}/{action}"
+        return dict(self.request("POST", path, {}, admin=True))
+
+
+def _answer_error(exc: urllib.error.HTTPError) -> RelayAnswerError:
+    try:
+        doc = json.loads(exc.read())
+        code, message = str(doc["error"]), str(doc.get("message", ""))
+    except Exception:
+        code, message = "http_error", f"HTTP {exc.code} without a JSON error body"
+    return RelayAnswerError(exc.code, code, message)
+
+
+# -- argument parsing ------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "dump", help="dumps: set up a source, start, watch, pause, resume, cancel",
+        description="Dumps bring the rows that exist in a source's tables into a relay's "
+        "stream without locks (docs/dumps.md).")
+    actions = parser.add_subparsers(dest="dump_action", metavar="ACTION", required=True)
+
+    setup = actions.add_parser("setup", help="create the watermark table in a source")
+    setup.add_argument("--source", required=True, help="the source URI a relay buffer "
+                       "uses (mysql://..., sqlite:///..., postgresql+txlog://...)")
+    mode = setup.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the SQL only")
+    mode.add_argument("--check", action="store_true", help="change nothing; check that "
+                      "the table exists and the URI's user can write it")
+    setup.set_defaults(handler=_setup)
+
+    def relay_args(p: argparse.ArgumentParser, *, admin: bool) -> None:
+        p.add_argument("--relay", required=True, help="relay URL, e.g. http://127.0.0.1:11190")
+        if admin:
+            p.add_argument("--token", help=f"admin token (default: ${TOKEN_ENV})")
+
+    start = actions.add_parser("start", help="start a dump on a relay")
+    relay_args(start, admin=True)
+    start.add_argument("--sources", help="comma-separated sources (default: every table "
+                       "of the buffer)")
+    start.add_argument("--buffer", help="the buffer, when no sources are given and the "
+                       "relay has several")
+    start.add_argument("--keys", help="JSON array of keys of one source (composite keys "
+                       "as arrays), e.g. '[1, 2]' or '[[\"a\", 1]]'")
+    start.add_argument("--chunk-rows", type=int, help="rows per chunk (default 10000)")
+    start.add_argument("--delay-ms", type=int, help="pause between chunks (default 0)")
+    start.add_argument("--wait", action="store_true", help="follow it until it ends")
+    start.set_defaults(handler=_start)
+
+    status = actions.add_parser("status", help="list dumps, or show one")
+    relay_args(status, admin=False)
+    status.add_argument("id", nargs="?", help="a dump id (default: every dump)")
+    status.add_argument("--sources", help="only dumps of these sources")
+    status.add_argument("--json", action="store_true", help="print the relay's JSON")
+    status.add_argument("--wait", action="store_true", help="follow the dump until it ends")
+    status.set_defaults(handler=_status)
+
+    for action, text in (("pause", "pause a dump (between chunks)"),
+                         ("resume", "resume a paused dump"),
+                         ("cancel", "cancel a dump")):
+        p = actions.add_parser(action, help=text)
+        relay_args(p, admin=True)
+        p.add_argument("id", nargs="?", help="the dump id (default: the active dump of "
+                       "--sources, or the only active dump)")
+        p.add_argument("--sources", help="pick the active dump covering these sources")
+        p.set_defaults(handler=_control, action=action)
+
+
+def _sources(text: str | None) -> list[str]:
+    return [s.strip() for s in (text or "").split(",") if s.strip()]
+
+
+def _admin(args: argparse.Namespace) -> RelayAdmin:
+    token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV) or None
+    return RelayAdmin(args.relay, token)
+
+
+# -- setup -----------------------------------------------------------------------------
+
+
+class _ScratchCatalog:
+    """Setup reads no rows, so the schema versions a fetcher registers go nowhere."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def source_id(self, name: str) -> int:
+        return self._ids.setdefault(name, len(self._ids) + 1)
+
+    def register_schema(self, name: str, schema: Schema) -> Schema:
+        return schema
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from databus.fetchers._api import FetcherContext, fetcher_class
+
+    cls = fetcher_class(args.source)
+    fetcher = cls(args.source, FetcherContext("dump-setup", 0, _ScratchCatalog()))
+    try:
+        source = fetcher.open_dump_source()
+        if source is None:
+            raise ConfigError(f"{cls.scheme}:// sources cannot be dumped")
+        try:
+            if args.check:
+                source.check()
+                print("ok: the watermark table exists and this user can write it")
+                return 0
+            statements = source.setup(dry_run=args.dry_run)
+            for sql in statements:
+                print(sql.rstrip().rstrip(";") + ";")
+            if not args.dry_run:
+                source.check()
+                print("ok: the watermark table is ready; a relay reading this source with "
+                      "this user can dump its tables", file=sys.stderr)
+        finally:
+            source.close()
+    finally:
+        fetcher.close()
+    return 0
+
+
+# -- start, status, control -------------------------------------------------------------
+
+
+def _start(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {}
+    if sources := _sources(args.sources):
+        body["sources"] = sources
+    if args.buffer:
+        body["buffer"] = args.buffer
+    if args.keys is not None:
+        try:
+            keys = json.loads(args.keys)
+        except ValueError as exc:
+            raise ConfigError(f"--keys is not JSON: {exc}") from None
+        body["keys"] = keys if isinstance(keys, list) else [keys]
+    if args.chunk_rows is not None:
+        body["chunk_rows"] = args.chunk_rows
+    if args.delay_ms is not None:
+        body["delay_ms"] = args.delay_ms
+    admin = _admin(args)
+    dump = admin.start(body)
+    print(f"dump {dump['id']} {dump['state']} on buffer {dump['buffer']}: "
+          f"{', '.join(dump['sources'])}")
+    if not args.wait:
+        return 0
+    return _follow(admin, dump["id"])
+
+
+def _status(args: argparse.Namespace) -> int:
+    admin = RelayAdmin(args.relay)
+    if args.wait:
+        ident = args.id or _pick(admin.dumps(), _sources(args.sources), "follow")["id"]
+        return _follow(admin, ident)
+    if args.id:
+        dump = admin.dump(args.id)
+        if args.json:
+            print(json.dumps(dump, indent=2, sort_keys=True))
+        else:
+            _print_dumps([dump], sys.stdout)
+            _print_tables(dump, sys.stdout)
+        return 0
+    dumps = admin.dumps()
+    wanted = set(_sources(args.sources))
+    if wanted:
+        dumps = [d for d in dumps if wanted & set(d["sources"])]
+    if args.json:
+        print(json.dumps({"dumps": dumps}, indent=2, sort_keys=True))
+    else:
+        _print_dumps(dumps, sys.stdout)
+    return 0
+
+
+def _pick(dumps: list[dict[str, Any]], sources: list[str], verb: str) -> dict[str, Any]:
+    """The one active dump (covering ``sources`` when given); a clear error otherwise."""
+    active = [d for d in dumps if d["state"] in ACTIVE]
+    if sources:
+        active = [d for d in active if set(sources) <= set(d["sources"])]
+    if len(active) == 1:
+        return active[0]
+    what = f" of {', '.join(sources)}" if sources else ""
+    if not active:
+        raise ConfigError(f"no active dump{what} to {verb}")
+    ids = ", ".join(f"{d['id']} ({', '.join(d['sources'])})" for d in active)
+    raise ConfigError(f"several active dumps{what}: name one of {ids}")
+
+
+def _control(args: argparse.Namespace) -> int:
+    admin = _admin(args)
+    ident = args.id or _pick(admin.dumps(), _sources(args.sources), args.action)["id"]
+    dump = admin.control(ident, args.action)
+    print(f"dump {dump['id']}: {dump['state']}")
+    return 0
+
+
+# -- display ----------------------------------------------------------------------------
+
+
+def _fmt_rate(dump: dict[str, Any]) -> str:
+    rate = dump["progress"].get("rows_per_second") or 0
+    return f"{rate:,.0f}/s" if rate else "-"
+
+
+def _fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _print_dumps(dumps: list[dict[str, Any]], out: TextIO) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="dumps", title_justify="left")
+    for name in ("id", "buffer", "state", "reason", "table", "rows", "%", "rate", "eta",
+                 "error"):
+        table.add_column(name, justify="right" if name in ("rows", "%", "rate") else "left")
+    for d in dumps:
+        p = d["progress"]
+        percent = "-" if p["percent"] is None else f"{p['percent']:.1f}"
+        rows = f"{p['rows']:,}" + (f" / {p['estimate']:,}" if p["estimate"] else "")
+        table.add_row(d["id"], d["buffer"], d["state"], d["reason"],
+                      p["table"] or ", ".join(d["sources"]), rows, percent, _fmt_rate(d),
+                      _fmt_eta(p["eta_seconds"]), d["error"] or "")
+    Console(file=out, width=160).print(table)
+
+
+def _print_tables(dump: dict[str, Any], out: TextIO) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"tables of dump {dump['id']}", title_justify="left")
+    for name in ("source", "state", "chunks", "rows", "overtaken", "%", "last scn", "error"):
+        table.add_column(name)
+    for t in dump["tables"]:
+        table.add_row(t["source"], t["state"], str(t["chunks"]), f"{t['rows']:,}",
+                      str(t["overtaken"]), "-" if t["percent"] is None else str(t["percent"]),
+                      "-" if t["last_scn"] is None else str(t["last_scn"]), t["error"] or "")
+    Console(file=out, width=160).print(table)
+
+
+def _follow(admin: RelayAdmin, ident: str, *, interval: float = 0.5,
+            sleep: Callable[[float], None] = time.sleep) -> int:
+    """A progress bar (a line every few seconds when not on a terminal) until the dump
+    ends; 0 when it is done."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    console = Console(stderr=True)
+    dump = admin.dump(ident)
+    if console.is_terminal:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[rate]}  eta {task.fields[eta]}"),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=False) as bar:
+            task = bar.add_task(ident, total=None, rate="-", eta="-")
+            while True:
+                p = dump["progress"]
+                bar.update(task, completed=p["rows"], total=p["estimate"] or None,
+                           description=f"dump {ident} {dump['state']} {p['table'] or ''}",
+                           rate=_fmt_rate(dump), eta=_fmt_eta(p["eta_seconds"]))
+                if dump["state"] in FINISHED:
+                    break
+                sleep(interval)
+                dump = admin.dump(ident)
+    else:
+        last = 0.0
+        while True:
+            now = time.monotonic()
+            if dump["state"] in FINISHED or now - last >= 5:
+                last = now
+                p = dump["progress"]
+                percent = "?" if p["percent"] is None else f"{p['percent']}%"
+                print(f"dump {ident} {dump['state']}: {p['rows']} rows ({percent}) "
+                      f"{_fmt_rate(dump)} eta {_fmt_eta(p['eta_seconds'])}",
+                      file=sys.stderr, flush=True)
+            if dump["state"] in FINISHED:
+                break
+            sleep(interval)
+            dump = admin.dump(ident)
+    _print_dumps([dump], sys.stdout)
+    if dump["state"] != "done":
+        failed = [t for t in dump["tables"] if t["state"] == "failed"]
+        for t in failed:
+            print(f"{t['source']}: {t['error']}", file=sys.stderr)
+        if not failed and dump["error"]:
+            print(f"dump {ident} {dump['state']}: {dump['error']}", file=sys.stderr)
+        return 1
+    return 0
