@@ -612,6 +612,7 @@ class EventBuffer:
         win_seen = skip = 0  # passing data events of the current window so far
         pending: int | None = None
         first_pos: int | None = None  # absolute position of the first byte served
+        cp_size = 0  # bytes served up to the last event that moved the checkpoint
         while pos < tail:
             phys = pos % cap
             if cap - phys < HEADER_SIZE:
@@ -661,8 +662,10 @@ class EventBuffer:
                 pos += total
                 continue
             if size + total > max_bytes:
-                if size == 0:
-                    pending = total
+                if cp_size == 0:
+                    # Nothing that moves the checkpoint fits (at most markers do): the
+                    # client needs room for them and this event together.
+                    pending = size + total
                 break
             if first_pos is None:
                 first_pos = pos
@@ -676,16 +679,23 @@ class EventBuffer:
             if source_id == EOW_SOURCE_ID:
                 windows += 1
                 cp_scn, cp_offset = scn, -1
+                cp_size = size
             elif source_id >= 0:
                 win_seen += 1
                 events += 1
                 cp_scn, cp_offset = scn, win_seen
+                cp_size = size
         if run_start >= 0:
             chunks.append(bytes(ring[run_start:run_end]))
         if first_pos is not None and self._head > first_pos:
             raise _Overwritten  # bytes already copied may have been overwritten
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        cp = Checkpoint(cp_scn, cp_offset) if size else checkpoint
+        if cp_size < size:
+            # Markers after the last event that moves the checkpoint: a checkpoint cannot
+            # say they were consumed, so they go with the next response (served here and
+            # again there, a consumer would see them twice; served alone, forever).
+            data = data[:cp_size]
+        cp = Checkpoint(cp_scn, cp_offset) if cp_size else checkpoint
         wait = None
         if not data and pending is None:
             wait = partial_scn - 1 if partial_scn is not None else after

@@ -16,7 +16,16 @@ import pytest
 
 from databus.checkpoint import Checkpoint
 from databus.errors import ScnNotFoundError
-from databus.event import Op, decode_eow, decode_event, encode_event, iter_events
+from databus.event import (
+    DUMP_END_SOURCE_ID,
+    DUMP_START_SOURCE_ID,
+    Op,
+    decode_eow,
+    decode_event,
+    encode_dump_marker,
+    encode_event,
+    iter_events,
+)
 from databus.relay._buffer import (
     META_SIZE,
     EventBuffer,
@@ -106,6 +115,38 @@ def test_partial_window_checkpoint(path: Path) -> None:
         fill(buf, [10, 20], per_window=4)
         events, _ = read_all(buf, Checkpoint(20, 2))
         assert [e[2] for e in events] == [2002, 2003, 4]
+
+
+def test_a_marker_before_consumed_events_is_not_served_again(path: Path) -> None:
+    # A dump's window: its start marker, the chunk's rows, its end marker. A consumer
+    # whose checkpoint sits inside the window got the start marker with the first rows;
+    # resuming must not repeat it (a second on_dump_start), and must not lose the end.
+    with EventBuffer(path, 1 << 16) as buf:
+        start = encode_dump_marker(scn=10, kind="start", source="db.t", dump_id="d1")
+        end = encode_dump_marker(scn=10, kind="end", source="db.t", dump_id="d1", rows=3)
+        buf.start_window(10)
+        buf.append_control(start)
+        for key in (1, 2, 3):
+            buf.append(ev(10, key))
+        buf.append_control(end)
+        buf.end_window()
+        fill(buf, [20])
+        whole, _ = read_all(buf, Checkpoint.flexible())
+        kinds = [e[1] for e in whole if e[0] == 10]
+        assert kinds == [DUMP_START_SOURCE_ID, 1, 1, 1, DUMP_END_SOURCE_ID, -2]
+        one_event = len(ev(10, 1))
+        # Room for the marker but not for the event after it: nothing is served (a
+        # marker alone would not move the checkpoint, and the client would ask forever);
+        # the pending size says how much room the two need.
+        alone = buf.read(Checkpoint.flexible(), max_bytes=one_event)
+        assert alone.data == b"" and alone.pending_event_size == len(start) + one_event
+        for max_bytes in (len(start) + one_event, one_event + len(end),
+                          2 * one_event + len(end), 3 * one_event + len(start)):
+            pieces, cp = read_all(buf, Checkpoint.flexible(), max_bytes=max_bytes)
+            assert pieces == whole, max_bytes
+            assert cp == Checkpoint(20)
+        resumed, _ = read_all(buf, Checkpoint(10, 1))
+        assert [e[1] for e in resumed if e[0] == 10] == [1, 1, DUMP_END_SOURCE_ID, -2]
 
 
 def test_filter_keeps_eows(path: Path) -> None:
