@@ -1,0 +1,387 @@
+"""Issue 13's acceptance on MariaDB, through ``databus relay`` processes and a real
+``DatabusClient``:
+
+1. a table loaded before the relay started is dumped while a writer updates, inserts,
+   deletes and replaces random rows in one-row transactions (about 1,000 a second on an
+   idle machine); a consumer that started before the dump and applies every window ends
+   equal to the source table, by a checksum the source computes (``COUNT`` and the sum
+   of ``CRC32`` of every row) and row by row; the same with the relay killed with
+   SIGKILL in the middle of the dump and restarted on its data dir;
+2. a schema shaped like MySQL's Sakila sample (loaded before the relay started, every
+   table of the database captured with ``tables=db.*``): composite and ``SMALLINT
+   UNSIGNED`` keys, ``ENUM``, ``SET``, ``YEAR``, ``DECIMAL``, ``BLOB``, ``GEOMETRY``,
+   ``TEXT`` with a ``FULLTEXT`` index, ``TIMESTAMP ... ON UPDATE``, foreign keys,
+   triggers and views; every table dumped at once while the writer changes one of them.
+   Each dumped row must have the schema version and the value the binlog path gives the
+   same row (every row is rewritten afterwards, so the log carries it), and the stream's
+   replica must equal the rewritten state, table by table.
+
+``DATABUS_DUMP_ACCEPTANCE_ROWS`` sets the size of the table of (1) (20,000 by default so
+that the suite stays short; the issue's figure is 1,000,000, run as written in
+docs/dumps.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import zlib
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from databus.client import Consumer, DatabusClient, DataEvent, FileCheckpointStore
+from databus.fetchers.mysql import BinlogSourceConfig
+from databus.fetchers.mysql._dump import setup_statements
+from tests.fixtures.servers import MariaDBServer
+from tests.integration.binlog_support import BUFFER, Sql, fresh_database, source_uri
+from tests.integration.test_dump_failures import (
+    RelayProc,
+    _create,
+    _get,
+    _post,
+    _session,
+    _uri,
+    read_stream,
+    start_dump,
+    wait_dump,
+    wait_running,
+    wait_scn,
+    writing,
+)
+
+pytestmark = pytest.mark.integration
+
+ROWS = int(os.environ.get("DATABUS_DUMP_ACCEPTANCE_ROWS", "20000"))
+# Seconds to wait for the dump and the consumer: generous per row (a busy 2-core CI).
+PATIENCE = 120 + ROWS / 2000
+
+
+class Replica(Consumer):
+    """A consumer keeping ``source`` as a dict by key, as a user's would."""
+
+    def __init__(self) -> None:
+        self.rows: dict[Any, dict[str, Any]] = {}
+        self.scn = 0
+        self.dumped = 0
+        self.dump_starts: list[str] = []
+        self.dump_ends: list[str] = []
+        self.lock = threading.Lock()
+
+    def on_data_event(self, event: DataEvent) -> None:
+        with self.lock:
+            if event.is_delete:
+                self.rows.pop(event.key, None)
+            else:
+                assert event.value is not None
+                self.rows[event.key] = event.value
+            self.dumped += event.from_dump
+
+    def on_end_data_event_sequence(self, scn: int) -> None:
+        self.scn = max(self.scn, scn)
+
+    def on_dump_start(self, source: str) -> None:
+        self.dump_starts.append(source)
+
+    def on_dump_end(self, source: str) -> None:
+        self.dump_ends.append(source)
+
+
+def _row_text(values: list[Any]) -> str:
+    """What MariaDB's ``CONCAT_WS('|', ...)`` makes of the values (NULLs skipped)."""
+    return "|".join(str(v) for v in values if v is not None)
+
+
+def source_checksum(sql: Sql) -> tuple[int, int]:
+    (count, crc), = sql.query(
+        "SELECT COUNT(*), COALESCE(SUM(CRC32(CONCAT_WS('|', id, name, qty, price))), 0) "
+        "FROM items")
+    return int(count), int(crc)
+
+
+def replica_checksum(rows: dict[Any, dict[str, Any]]) -> tuple[int, int]:
+    crc = 0
+    for key, row in rows.items():
+        price = row["price"]
+        assert price is None or isinstance(price, Decimal), price
+        crc += zlib.crc32(_row_text([key, row["name"], row["qty"], price]).encode())
+    return len(rows), crc
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["plain", "relay-kill-9"])
+def test_a_dump_under_writes_gives_a_consumer_the_source_table(
+        mariadb_server: MariaDBServer, tmp_path: Path, kill: bool) -> None:
+    db = f"dacc_{'kill' if kill else 'plain'}"
+    source = f"{db}.items"
+    sql = fresh_database(mariadb_server, db)
+    sql.run(*setup_statements(BinlogSourceConfig.from_uri(_uri(mariadb_server, db))))
+    _create(sql, "items", ROWS)  # before the relay exists: only a dump can bring it
+    relay = RelayProc(tmp_path, _uri(mariadb_server, db), capacity_mb=64 + ROWS // 4000)
+    replica = Replica()
+
+    async def main() -> None:
+        async with _session() as s:
+            relay.start()
+            client_task: asyncio.Task[None] | None = None
+            try:
+                await wait_running(s, relay.url)
+                client = DatabusClient([relay.url], sources=[source],
+                                       checkpoint_store=FileCheckpointStore(tmp_path / "cp"),
+                                       poll_wait_ms=200, backoff_max=0.5)
+                client.register(replica)
+                client_task = asyncio.create_task(client.run_async())
+                with writing(mariadb_server, db, ROWS) as writer:
+                    await asyncio.sleep(0.5)  # the consumer is following before the dump
+                    dump_id = (await start_dump(s, relay.url, [source],
+                                                chunk_rows=max(1000, ROWS // 40),
+                                                delay_ms=0))["id"]
+                    if kill:
+                        await wait_dump(s, relay.url, dump_id,
+                                        lambda d: (d["progress"]["percent"] or 0) >= 40,
+                                        what="40 %", timeout=PATIENCE, every=0.05)
+                        relay.kill()
+                        relay.start()
+                        await wait_running(s, relay.url)
+                    doc = await wait_dump(s, relay.url, dump_id,
+                                          lambda d: d["state"] != "running"
+                                          and d["state"] != "queued",
+                                          what="finished", timeout=PATIENCE, every=0.1)
+                    assert doc["state"] == "done", doc
+                    await asyncio.sleep(0.5)  # writes after the dump, too
+                    writer.finish()
+                    assert writer.transactions > 0
+                final = sql.position()
+                await wait_scn(s, relay.url, final, timeout=PATIENCE)
+                deadline = time.monotonic() + PATIENCE
+                while replica.scn < final:
+                    assert not client_task.done(), client_task.result()
+                    assert time.monotonic() < deadline, (replica.scn, final)
+                    await asyncio.sleep(0.1)
+                client.stop()
+                await asyncio.wait_for(client_task, 30)
+                status = (await _get(s, relay.url + "/v1/status"))["buffers"][BUFFER]
+                assert status["fetcher"]["state"] == "running", status
+            finally:
+                if client_task is not None and not client_task.done():
+                    client_task.cancel()
+                relay.stop()
+
+    asyncio.run(main())
+    expected = source_checksum(sql)
+    got = replica_checksum(replica.rows)
+    if got != expected:  # say which rows, not only that the sums differ
+        source = {r[0]: (r[1], r[2], r[3])
+                  for r in sql.query("SELECT id, name, qty, price FROM items")}
+        mine = {k: (v["name"], v["qty"], v["price"]) for k, v in replica.rows.items()}
+        wrong = sorted(k for k in source.keys() | mine.keys() if source.get(k) != mine.get(k))
+        raise AssertionError(f"checksum {got} != source {expected}; {len(wrong)} rows "
+                             f"differ, e.g. {[(k, source.get(k), mine.get(k)) for k in wrong[:5]]}")
+    assert replica.dumped >= ROWS // 2  # the rows that existed came in through the dump
+    assert replica.dump_starts.count(source) >= 1 and replica.dump_ends == [source]
+    sql.close()
+
+
+# -- a Sakila-shaped database ----------------------------------------------------------------
+
+# Written for this test after the shape of MySQL's Sakila sample: the same kinds of
+# keys, types, constraints, triggers and views, not its data.
+SAKILA_SCHEMA = [
+    "CREATE TABLE language (language_id TINYINT UNSIGNED NOT NULL AUTO_INCREMENT, "
+    "name CHAR(20) NOT NULL, last_update TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP "
+    "ON UPDATE CURRENT_TIMESTAMP, PRIMARY KEY (language_id))",
+    "CREATE TABLE actor (actor_id SMALLINT UNSIGNED NOT NULL AUTO_INCREMENT, "
+    "first_name VARCHAR(45) NOT NULL, last_name VARCHAR(45) NOT NULL, "
+    "last_update TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP, "
+    "PRIMARY KEY (actor_id), KEY idx_actor_last_name (last_name))",
+    "CREATE TABLE film (film_id SMALLINT UNSIGNED NOT NULL AUTO_INCREMENT, "
+    "title VARCHAR(128) NOT NULL, description TEXT, release_year YEAR, "
+    "language_id TINYINT UNSIGNED NOT NULL, rental_duration TINYINT UNSIGNED NOT NULL "
+    "DEFAULT 3, rental_rate DECIMAL(4,2) NOT NULL DEFAULT 4.99, length SMALLINT UNSIGNED, "
+    "replacement_cost DECIMAL(5,2) NOT NULL DEFAULT 19.99, "
+    "rating ENUM('G','PG','PG-13','R','NC-17') DEFAULT 'G', special_features "
+    "SET('Trailers','Commentaries','Deleted Scenes','Behind the Scenes'), "
+    "last_update TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP, "
+    "PRIMARY KEY (film_id), KEY idx_title (title), CONSTRAINT fk_film_language FOREIGN KEY "
+    "(language_id) REFERENCES language (language_id) ON DELETE RESTRICT ON UPDATE CASCADE)",
+    "CREATE TABLE film_actor (actor_id SMALLINT UNSIGNED NOT NULL, film_id SMALLINT "
+    "UNSIGNED NOT NULL, last_update TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE "
+    "CURRENT_TIMESTAMP, PRIMARY KEY (actor_id, film_id), KEY idx_fk_film_id (film_id), "
+    "CONSTRAINT fk_film_actor_actor FOREIGN KEY (actor_id) REFERENCES actor (actor_id), "
+    "CONSTRAINT fk_film_actor_film FOREIGN KEY (film_id) REFERENCES film (film_id))",
+    "CREATE TABLE film_text (film_id SMALLINT NOT NULL, title VARCHAR(255) NOT NULL, "
+    "description TEXT, PRIMARY KEY (film_id), FULLTEXT KEY idx_title_description "
+    "(title, description))",
+    "CREATE TABLE address (address_id SMALLINT UNSIGNED NOT NULL AUTO_INCREMENT, "
+    "address VARCHAR(50) NOT NULL, district VARCHAR(20) NOT NULL, postal_code VARCHAR(10), "
+    "phone VARCHAR(20) NOT NULL, location GEOMETRY NOT NULL, last_update TIMESTAMP NOT NULL "
+    "DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP, PRIMARY KEY (address_id), "
+    "SPATIAL KEY idx_location (location))",
+    "CREATE TABLE staff (staff_id TINYINT UNSIGNED NOT NULL AUTO_INCREMENT, "
+    "first_name VARCHAR(45) NOT NULL, address_id SMALLINT UNSIGNED NOT NULL, picture BLOB, "
+    "email VARCHAR(50), active BOOLEAN NOT NULL DEFAULT TRUE, username VARCHAR(16) NOT NULL, "
+    "password VARCHAR(40) BINARY, last_update TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP "
+    "ON UPDATE CURRENT_TIMESTAMP, PRIMARY KEY (staff_id), CONSTRAINT fk_staff_address "
+    "FOREIGN KEY (address_id) REFERENCES address (address_id))",
+    "CREATE TABLE payment (payment_id SMALLINT UNSIGNED NOT NULL AUTO_INCREMENT, "
+    "staff_id TINYINT UNSIGNED NOT NULL, amount DECIMAL(5,2) NOT NULL, payment_date "
+    "DATETIME NOT NULL, last_update TIMESTAMP NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE "
+    "CURRENT_TIMESTAMP, PRIMARY KEY (payment_id), CONSTRAINT fk_payment_staff FOREIGN KEY "
+    "(staff_id) REFERENCES staff (staff_id))",
+    "CREATE TRIGGER ins_film AFTER INSERT ON film FOR EACH ROW INSERT INTO film_text "
+    "(film_id, title, description) VALUES (new.film_id, new.title, new.description)",
+    "CREATE TRIGGER upd_film AFTER UPDATE ON film FOR EACH ROW UPDATE film_text SET "
+    "title = new.title, description = new.description WHERE film_id = old.film_id",
+    "CREATE TRIGGER del_film AFTER DELETE ON film FOR EACH ROW DELETE FROM film_text "
+    "WHERE film_id = old.film_id",
+    "CREATE VIEW actor_info AS SELECT a.actor_id, a.first_name, COUNT(fa.film_id) AS films "
+    "FROM actor a LEFT JOIN film_actor fa ON fa.actor_id = a.actor_id GROUP BY a.actor_id",
+]
+SAKILA_TABLES = ["language", "actor", "film", "film_actor", "film_text", "address", "staff",
+                 "payment"]
+FEATURES = ["Trailers", "Commentaries", "Deleted Scenes", "Behind the Scenes"]
+RATINGS = ["G", "PG", "PG-13", "R", "NC-17"]
+
+
+def load_sakila_shape(sql: Sql, films: int = 400) -> None:
+    sql.run(*SAKILA_SCHEMA)
+    sql.run("INSERT INTO language (name) VALUES ('English'), ('Italian'), ('Japanese'), "
+            "('Mandarin'), ('French'), ('German')")
+    sql.run("INSERT INTO actor (first_name, last_name) VALUES " + ", ".join(
+        f"('FIRST{i}', 'LAST{i % 37}')" for i in range(200)))
+    sql.run("INSERT INTO film (title, description, release_year, language_id, "
+            "rental_duration, rental_rate, length, replacement_cost, rating, "
+            "special_features) VALUES " + ", ".join(
+                f"('FILM {i}', '{'A story of ' * (i % 7 + 1)}number {i}', {1990 + i % 30}, "
+                f"{1 + i % 6}, {3 + i % 5}, {(i % 5) + 0.99}, {60 + i % 120}, "
+                f"{10 + i % 20}.99, '{RATINGS[i % 5]}', "
+                f"'{','.join(f for j, f in enumerate(FEATURES) if i >> j & 1)}')"
+                for i in range(films)))
+    sql.run("INSERT INTO film_actor (actor_id, film_id) VALUES " + ", ".join(
+        f"({1 + (f * 7 + k * 13) % 200}, {f + 1})" for f in range(films) for k in range(4)))
+    sql.run("INSERT INTO address (address, district, postal_code, phone, location) VALUES "
+            + ", ".join(f"('{i} Main St', 'D{i % 9}', {'NULL' if i % 4 == 0 else f'{i:05d}'}"
+                        f", '555{i:04d}', ST_GeomFromText('POINT({i % 90} {-i % 180})'))"
+                        for i in range(150)))
+    sql.run("INSERT INTO staff (first_name, address_id, picture, email, username, password) "
+            "VALUES ('Mike', 1, x'89504e470d0a1a0a00ff', 'mike@example.org', 'mike', "
+            "'8cb2237d0679ca88db6464eac60da96345513964'), ('Jon', 2, NULL, NULL, 'jon', NULL)")
+    sql.run("INSERT INTO payment (staff_id, amount, payment_date) VALUES " + ", ".join(
+        f"({1 + i % 2}, {i % 12}.{i % 100:02d}, '2005-05-{1 + i % 28:02d} "
+        f"{i % 24:02d}:{i % 60:02d}:00')" for i in range(1500)))
+
+
+class FilmWriter(threading.Thread):
+    """Updates, inserts and deletes of films (their triggers change film_text in the same
+    transaction) and payments until stopped."""
+
+    def __init__(self, server: MariaDBServer, db: str) -> None:
+        super().__init__(daemon=True)
+        self.sql = Sql(server, db)
+        self.stop = threading.Event()
+        self.transactions = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        n = 0
+        try:
+            while not self.stop.is_set():
+                n += 1
+                film = 1 + (n * 37) % 400
+                kind = n % 4
+                if kind == 0:
+                    self.sql.txn(f"UPDATE film SET description = 'changed {n}', rating = "
+                                 f"'{RATINGS[n % 5]}', special_features = 'Trailers' "
+                                 f"WHERE film_id = {film}")
+                elif kind == 1:
+                    self.sql.txn(f"DELETE FROM film_actor WHERE film_id = {film}",
+                                 f"DELETE FROM film WHERE film_id = {film}")
+                elif kind == 2:
+                    self.sql.txn("INSERT INTO film (title, language_id, special_features) "
+                                 f"VALUES ('NEW {n}', 1, 'Commentaries,Behind the Scenes')")
+                else:
+                    self.sql.txn(f"UPDATE payment SET amount = amount + 1 WHERE payment_id = "
+                                 f"{1 + n % 1500}")
+                self.transactions += 1
+                time.sleep(0.002)
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(30)
+        assert self.error is None, self.error
+        self.sql.close()
+
+
+def test_a_sakila_shaped_database_is_dumped_as_the_binlog_encodes_it(
+        mariadb_server: MariaDBServer, tmp_path: Path) -> None:
+    db = "dacc_sakila"
+    sql = fresh_database(mariadb_server, db)
+    uri = source_uri(mariadb_server, f"{db}.*", watermark_table=f"{db}.databus_watermark")
+    sql.run(*setup_statements(BinlogSourceConfig.from_uri(uri)))
+    load_sakila_shape(sql)
+    relay = RelayProc(tmp_path, uri)
+    sources = [f"{db}.{t}" for t in SAKILA_TABLES]
+
+    async def main() -> None:
+        async with _session() as s:
+            relay.start()
+            try:
+                await wait_running(s, relay.url)
+                writer = FilmWriter(mariadb_server, db)
+                writer.start()
+                try:
+                    # Every table of the buffer: no "sources" in the request.
+                    status, doc = await _post_dump(s, relay.url, {"chunk_rows": 100})
+                    assert status == 201, doc
+                    doc = await wait_dump(s, relay.url, doc["id"],
+                                          lambda d: d["state"] not in ("running", "queued"),
+                                          what="finished", timeout=120, every=0.05)
+                    assert doc["state"] == "done", doc
+                    # Every table, and neither the view nor the watermark table.
+                    assert sorted(t["source"] for t in doc["tables"]) == sorted(sources), doc
+                finally:
+                    writer.finish()
+                assert writer.transactions > 0
+                before = await read_stream(s, relay.url)
+                # Every row again through the log, as it is now (triggers off: they
+                # would write film_text a second time; a DROP TRIGGER is no schema
+                # change for the fetcher).
+                sql.run("DROP TRIGGER ins_film", "DROP TRIGGER upd_film",
+                        "DROP TRIGGER del_film")
+                for table in SAKILA_TABLES:
+                    sql.txn("SET FOREIGN_KEY_CHECKS = 0",
+                            f"CREATE TEMPORARY TABLE tmp_{table} AS SELECT * FROM {table}",
+                            f"DELETE FROM {table}",
+                            f"INSERT INTO {table} SELECT * FROM tmp_{table}",
+                            f"DROP TEMPORARY TABLE tmp_{table}", "SET FOREIGN_KEY_CHECKS = 1")
+                await wait_scn(s, relay.url, sql.position())
+                after = await read_stream(s, relay.url)
+            finally:
+                relay.stop()
+        cut = max(r.scn for r in before.records)
+        for source in sources:
+            replica = before.replica(source)
+            rewritten = {r.key: r for r in after.of(source)
+                         if r.scn > cut and r.op == "upsert"}
+            assert replica.keys() == rewritten.keys(), source
+            assert replica == {k: r.row for k, r in rewritten.items()}, source
+            dumped = before.dumped(source)
+            assert dumped, source
+            # Byte-level: a dumped row not changed since has the logged row's value.
+            for rec in dumped:
+                later = [r for r in before.of(source) if r.key == rec.key and r.scn > rec.scn]
+                if not later:
+                    assert rec.fingerprint == rewritten[rec.key].fingerprint, source
+                    assert rec.row == rewritten[rec.key].row, (source, rec.key)
+
+    asyncio.run(main())
+    sql.close()
+
+
+async def _post_dump(session: Any, url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    return await _post(session, url + "/v1/admin/dumps", body)
