@@ -310,9 +310,9 @@ class DumpRelay(RelayProcess):
         with urllib.request.urlopen(request, timeout=10) as resp:
             return json.loads(resp.read())
 
-    def start_dump(self, chunk_rows: int) -> str:
-        return str(self.post("/v1/admin/dumps",
-                             {"sources": [SOURCE], "chunk_rows": chunk_rows})["id"])
+    def start_dump(self, chunk_rows: int, delay_ms: int = 0) -> str:
+        return str(self.post("/v1/admin/dumps", {"sources": [SOURCE], "chunk_rows": chunk_rows,
+                                                 "delay_ms": delay_ms})["id"])
 
     def dump(self, dump_id: str) -> dict[str, Any]:
         """The dump as ``GET /v1/dumps`` lists it."""
@@ -505,8 +505,10 @@ def _reader(server: MariaDBServer, chunk_rows: int, stop: Any) -> None:
 
 
 def writer_period(server: MariaDBServer, relay: DumpRelay, rows: int, rate: float,
-                  seconds: float, load: str, chunk_rows: int, seed: int) -> WriterRun:
-    """One measured period of the writer; ``load``: "none", "dump" or "reader"."""
+                  seconds: float, load: str, chunk_rows: int, seed: int,
+                  delay_ms: int = 0) -> WriterRun:
+    """One measured period of the writer; ``load``: "none", "dump" or "reader";
+    ``delay_ms``: the dump's pause between chunks (its throttle)."""
     ready, go, out = CTX.Semaphore(0), CTX.Event(), CTX.Queue()
     warmup = 1.0
     proc = CTX.Process(target=_writer, args=(
@@ -519,7 +521,7 @@ def writer_period(server: MariaDBServer, relay: DumpRelay, rows: int, rate: floa
     reader_stop = CTX.Event()
     reader = None
     if load == "dump":  # a dump in flight before the writer starts
-        dumps.append(relay.start_dump(chunk_rows))
+        dumps.append(relay.start_dump(chunk_rows, delay_ms))
         deadline = time.monotonic() + 30
         while relay.dump(dumps[-1])["state"] == "queued":
             if time.monotonic() > deadline:
@@ -549,7 +551,7 @@ def writer_period(server: MariaDBServer, relay: DumpRelay, rows: int, rate: floa
                 doc = relay.dump(dumps[-1])
                 if doc["state"] != "done":
                     raise RuntimeError(f"dump {doc['state']}: {doc.get('error')}") from None
-                dumps.append(relay.start_dump(chunk_rows))  # keep one running
+                dumps.append(relay.start_dump(chunk_rows, delay_ms))  # keep one running
     cpu1 = {k: cpu_seconds(p) for k, p in pids.items() if p}
     busy1, steal1, tot1 = machine_cpu()
     locks1 = lock_counters(server)
@@ -559,7 +561,8 @@ def writer_period(server: MariaDBServer, relay: DumpRelay, rows: int, rate: floa
     lat = array.array("d")
     lat.frombytes(raw)
     labels = {"none": "without", "dump": "with dump", "reader": "raw reader"}
-    run = WriterRun(labels[load], list(lat), elapsed)
+    label = labels[load] + (f" (delay_ms {delay_ms})" if delay_ms else "")
+    run = WriterRun(label, list(lat), elapsed)
     wall = max(tot1 - tot0, 1e-9) / (os.cpu_count() or 1)
     run.cpu = {k: (cpu1[k] - cpu0[k]) / wall for k in cpu0}
     run.cpu["other"] = max(0.0, (busy1 - busy0) / wall - sum(run.cpu.values()))
@@ -702,6 +705,9 @@ def main() -> None:
     parser.add_argument("--writer-rates", default="0,1000",
                         help="writer transactions/s, 0 = as fast as it can")
     parser.add_argument("--no-writer", action="store_true", help="skip figures 2 and 3")
+    parser.add_argument("--dump-delays", default="",
+                        help="comma-separated delay_ms values: one more writer period per "
+                        "rate with a dump throttled by each (the knob for the writer's tail)")
     parser.add_argument("--buffer-pool-mb", type=int, default=512,
                         help="InnoDB buffer pool, resized online after start (0: keep the "
                              "test fixture's 64 MB, smaller than a 1M-row table)")
@@ -724,6 +730,7 @@ def main() -> None:
     DumpRelay.parent_dir = args.relay_dir
     sizes = [int(c) for c in args.chunk_rows.split(",") if c.strip()]
     rates = [float(r) for r in args.writer_rates.split(",") if r.strip()]
+    delays = [int(d) for d in args.dump_delays.split(",") if d.strip()]
 
     print(f"# dumps: Python {platform.python_version()}, {os.cpu_count()} cores, "
           f"{args.rows:,} rows, default chunk_rows {args.default_chunk}, best of "
@@ -776,6 +783,7 @@ def main() -> None:
 
         # 2, 3. the writer without and with a dump
         writer_results: list[tuple[float, WriterRun, WriterRun, WriterRun]] = []
+        throttled: list[tuple[float, int, WriterRun]] = []  # rate, delay_ms, run
         if not args.no_writer:
             print(f"\n## writer, {args.writer_seconds:g} s per period (+1 s warm-up), "
                   f"dumps at chunk_rows={args.default_chunk}", flush=True)
@@ -792,6 +800,12 @@ def main() -> None:
                         print("  " + writer_line(w), flush=True)
                         runs.append(w)
                     writer_results.append((rate, pooled(runs[0], runs[2]), runs[1], runs[3]))
+                    for i, delay in enumerate(delays):
+                        w = writer_period(server, relay, args.rows, rate, args.writer_seconds,
+                                          "dump", args.default_chunk, seed=100 * k + 10 + i,
+                                          delay_ms=delay)
+                        print("  " + writer_line(w), flush=True)
+                        throttled.append((rate, delay, w))
             finally:
                 relay.stop()
 
@@ -814,6 +828,13 @@ def main() -> None:
             print(f"   control, a raw keyset reader of the table instead of the dump: "
                   f"throughput {reader.rate / without.rate:.3f}, p99 {p99r / p99w:.2f} "
                   f"({p99r * 1e3:.2f} ms)")
+            for rate_t, delay, w in throttled:
+                if rate_t != rate:
+                    continue
+                p99t = percentile(w.latencies, 0.99)
+                print(f"   throttled, delay_ms {delay}: throughput {w.rate / without.rate:.3f}, "
+                      f"p99 {p99t / p99w:.2f} ({p99t * 1e3:.2f} ms), dump "
+                      f"{w.dumped_rows / w.seconds:,.0f} rows/s")
         if series:
             print(f"4. seconds to dump {args.rows:,} rows by chunk_rows: " + ", ".join(
                 f"{d.chunk_rows}: {d.seconds:.1f}" for d in series)

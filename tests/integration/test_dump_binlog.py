@@ -135,7 +135,7 @@ def test_dump_while_writing_equals_the_source(mariadb_server: MariaDBServer,
     writer = Writer(mariadb_server, "dump1", ROWS)
 
     async def main() -> None:
-        async with binlog_relay(tmp_path, uri, capacity_mb=64) as r:
+        async with binlog_relay(tmp_path, uri, capacity_mb=16 + ROWS // 250) as r:
             writer.start()
             try:
                 await asyncio.sleep(0.2)

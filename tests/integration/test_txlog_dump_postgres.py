@@ -52,6 +52,7 @@ from tests.fixtures.servers import PostgresServer
 from tests.integration.binlog_support import BUFFER
 from tests.integration.test_dump_failures import (
     AUTH,
+    STREAM_MB,
     Rec,
     RelayProc,
     Stream,
@@ -368,7 +369,7 @@ def test_dump_while_writing_equals_the_source(postgres_server: PostgresServer,
     code, err = _dump_setup(uri, "--check")
     assert code == 0, err
     chunk_rows = max(50, ROWS // 8)
-    config = relay_config(tmp_path, {BUFFER: uri}, capacity_mb=64)
+    config = relay_config(tmp_path, {BUFFER: uri}, capacity_mb=max(64, STREAM_MB))
 
     async def main() -> tuple[PgStream, dict[str, Any], list[str], list[Writer]]:
         async with running_relay(config) as r:

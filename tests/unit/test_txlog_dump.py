@@ -130,7 +130,7 @@ def test_a_dump_while_writing_equals_the_source(tmp_path: Path) -> None:
             time.sleep(0.0005)
 
     async def main() -> None:
-        config = relay_config(tmp_path, {BUFFER: db.uri(TABLES)}, capacity_mb=32)
+        config = relay_config(tmp_path, {BUFFER: db.uri(TABLES)}, capacity_mb=32 + ROWS // 500)
         async with running_relay(config) as r:
             thread = threading.Thread(target=writer, daemon=True)
             thread.start()
