@@ -98,6 +98,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -578,7 +579,11 @@ def writer_period(server: MariaDBServer, relay: DumpRelay, rows: int, rate: floa
         run.dumped_rows = sum(d["progress"]["rows"] for d in docs) - rows0
         run.overtaken = sum(t["overtaken"] for d in docs for t in d["tables"])
         if docs[-1]["state"] in ("queued", "running"):
-            relay.post(f"/v1/admin/dumps/{docs[-1]['id']}/cancel")
+            try:
+                relay.post(f"/v1/admin/dumps/{docs[-1]['id']}/cancel")
+            except urllib.error.HTTPError as exc:
+                if exc.code != 409:  # 409: it ended on its own meanwhile
+                    raise
         deadline = time.monotonic() + 60
         while relay.dump(dumps[-1])["state"] in ("queued", "running"):
             if time.monotonic() > deadline:
