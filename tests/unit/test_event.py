@@ -13,6 +13,7 @@ from databus._hashing import stable_key_hash
 from databus.errors import EventFormatError
 from databus.event import (
     EOW_SOURCE_ID,
+    HEADER,
     HEADER_SIZE,
     HEARTBEAT_SOURCE_ID,
     KeyKind,
@@ -76,6 +77,27 @@ def test_round_trip(
         assert h.partition_key == key and h.key_kind is KeyKind.INT
     else:
         assert h.partition_key == stable_key_hash(event.key_bytes)
+
+
+@given(scn=int64, source_id=st.integers(0, 32767), key=keys, value=st.binary(max_size=64),
+       fingerprint=st.integers(0, (1 << 64) - 1), from_snapshot=st.booleans())
+def test_encoding_is_the_documented_header_with_its_crc(
+    scn: int, source_id: int, key: object, value: bytes, fingerprint: int,
+    from_snapshot: bool,
+) -> None:
+    """The encoder packs the header in two pieces around its CRC: byte for byte the
+    one-struct layout of docs/wire-format.md, the CRC over every other header byte."""
+    data = encode_event(scn=scn, source_id=source_id, op=Op.UPSERT, key=key,  # type: ignore[arg-type]
+                        value=value, timestamp_ns=7, partition_id=3,
+                        schema_fingerprint=fingerprint, from_snapshot=from_snapshot)
+    event = decode_event(data)
+    h, key_bytes = event.header, event.key_bytes
+    fields = [0xDB, 1, int(Op.UPSERT), h.flags, 0, zlib.crc32(value, zlib.crc32(key_bytes)),
+              len(data), scn, 7, 3, source_id, h.partition_key, fingerprint, len(key_bytes)]
+    unsigned = bytearray(HEADER.pack(*fields))
+    crc = zlib.crc32(bytes(unsigned[8:]), zlib.crc32(bytes(unsigned[:4])))
+    struct.pack_into(">I", unsigned, 4, crc)
+    assert data == bytes(unsigned) + key_bytes + value
 
 
 def test_header_layout_is_documented_size_and_big_endian() -> None:
