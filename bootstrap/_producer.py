@@ -27,7 +27,7 @@ from databus._hashing import stable_key_hash
 from databus.bootstrap._component import BackgroundComponent, ComponentStatus
 from databus.bootstrap._storage import BootstrapStorage, LogWindow, StoredEvent
 from databus.checkpoint import Checkpoint
-from databus.client._relay_puller import FellOffRelay, RelayPuller
+from databus.client import FellOffRelay, RelayPuller
 from databus.errors import DatabusError, EventFormatError, SourceError
 from databus.event import EOW_SOURCE_ID, HEADER_SIZE, iter_events, restamp_source_id
 

@@ -16,7 +16,7 @@ from databus.client._checkpoint_store import (
 from databus.client._client import ClientMetrics, DatabusClient, RetryBudgetExhausted
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._events import DataEvent, EndOfWindow, Window
-from databus.client._relay_puller import FellOffRelay, RelayError
+from databus.client._relay_puller import FellOffRelay, RelayError, RelayPuller
 from databus.client._runner import CallbackTimeout, ConsumerError
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "MemoryCheckpointStore",
     "PostgresCheckpointStore",
     "RelayError",
+    "RelayPuller",
     "RetryBudgetExhausted",
     "Window",
     "ZooKeeperCheckpointStore",

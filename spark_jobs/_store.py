@@ -15,7 +15,7 @@ happens here, on the driver:
   after re-checking that the applier and retention did not invalidate the plan. A job
   killed at any earlier point leaves the old snapshot and state untouched.
 
-Table and state names are the bootstrap store's (``databus.bootstrap._sql``;
+Table and state names are the bootstrap store's (``databus.bootstrap``;
 docs/bootstrap.md describes the layout).
 """
 
@@ -33,7 +33,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from databus.bootstrap._sql import (
+from databus.bootstrap import (
     APPLIED_SCN,
     APPLIER_NEW_KEYS,
     APPLIER_ROWS,

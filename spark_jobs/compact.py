@@ -22,7 +22,7 @@ from functools import partial
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from databus.bootstrap._sql import log_table, snapshot_table
+from databus.bootstrap import log_table, snapshot_table
 from databus.spark_jobs._common import (
     POSTGRES_JAR,
     JobSummary,

@@ -29,18 +29,20 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from databus.bootstrap._storage import open_storage, stored_event
+from databus.bootstrap import open_storage, stored_event
 from databus.errors import ConfigError, DatabusError
 from databus.event import KeyKind, Op, decode_key, encode_event
-from databus.fetchers.mysql import DumpColumn, partition_column, select_sql
-from databus.fetchers.mysql._schema import TableShape
-from databus.fetchers.mysql._types import (
-    _EPOCH_ORDINAL,
+from databus.fetchers.mysql import (
+    EPOCH_ORDINAL,
     ColumnSpec,
+    DumpColumn,
     Kind,
+    TableShape,
     encode_row,
+    partition_column,
     row_key_function,
     row_writers,
+    select_sql,
 )
 from databus.schemas import Schema
 from databus.spark_jobs._arrow_avro import Column, from_row, record_columns
@@ -278,14 +280,14 @@ def _native(spec: ColumnSpec) -> Callable[[Any], Any]:
     """A Python value from an Arrow column -> the fetcher's Avro-native value."""
     kind = spec.kind
     if kind is Kind.DATE:
-        return lambda v: v if isinstance(v, str) else v.toordinal() - _EPOCH_ORDINAL
+        return lambda v: v if isinstance(v, str) else v.toordinal() - EPOCH_ORDINAL
     if kind in (Kind.DATETIME, Kind.TIMESTAMP):
         def micros(v: Any) -> Any:
             if isinstance(v, str | int):
                 return v
             if v.tzinfo is not None:
                 return (v - _EPOCH_UTC) // _MICROSECOND
-            days = v.toordinal() - _EPOCH_ORDINAL
+            days = v.toordinal() - EPOCH_ORDINAL
             return (days * 86_400 + v.hour * 3600 + v.minute * 60 + v.second) * 1_000_000 \
                 + v.microsecond
 
@@ -485,11 +487,11 @@ class PreparedSeed:
         so that writers do not also wait for Spark to start."""
         if not self.stamp_pending:
             return
-        from databus.fetchers.mysql._server import _cursor, current_position
+        from databus.fetchers.mysql import current_position, source_cursor
 
         assert self.mysql is not None and self.lock is not None
         shape, config = self.mysql.shape, self.mysql.config
-        with _cursor(self.lock, config, "locking the table") as cur:
+        with source_cursor(self.lock, config, "locking the table") as cur:
             cur.execute(f"LOCK TABLES `{shape.database}`.`{shape.table}` READ")
         self.scn = current_position(self.lock, config).scn
         self.timestamp_ns = time.time_ns()
@@ -557,8 +559,12 @@ def prepare_seed(
 
 def _prepare_mysql(store_url: str, url: str, table: str | None, source: str | None,
                    scn: int | None, lock: bool) -> PreparedSeed:
-    from databus.fetchers.mysql import BinlogSourceConfig
-    from databus.fetchers.mysql._server import _cursor, connect, current_position
+    from databus.fetchers.mysql import (
+        BinlogSourceConfig,
+        connect_source,
+        current_position,
+        source_cursor,
+    )
 
     if lock and scn is not None:
         raise ConfigError("give either --lock (the job stamps the dump) or --scn, not both")
@@ -571,14 +577,14 @@ def _prepare_mysql(store_url: str, url: str, table: str | None, source: str | No
     config = BinlogSourceConfig.from_uri(url)
     database, name = _mysql_table(config, table)
     jars = [str(jdbc_jar(POSTGRES_JAR)), str(jdbc_jar(MARIADB_JAR))]
-    conn = connect(config, "seeding")
+    conn = connect_source(config, "seeding")
     try:
         shape, columns, estimate = _mysql_shape(conn, config, database, name)
         partition = None
         column = partition_column(shape)
         # Range bounds only set the stride: Spark's first and last ranges are open, so
         # rows written before the lock is taken are read all the same.
-        with _cursor(conn, config, "reading the key range") as cur:
+        with source_cursor(conn, config, "reading the key range") as cur:
             if column is not None:
                 q = f"`{column.replace('`', '``')}`"
                 cur.execute(f"SELECT MIN({q}), MAX({q}) FROM `{database}`.`{name}`")

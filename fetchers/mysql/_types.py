@@ -359,6 +359,7 @@ def encode_row(writers: Sequence[Writer], values: Sequence[Native]) -> bytes:
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 _EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
+EPOCH_ORDINAL = _EPOCH_ORDINAL  # public: DATE values are days since it (spark_jobs)
 _US_PER_DAY = 86_400_000_000
 _EXACT = decimal.Context(prec=100)  # above DECIMAL's 65 digits: scaleb never rounds
 
