@@ -37,6 +37,13 @@ class SqliteStorage(SqlStorage):
         self.key_hash = key_hash
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
+        # Connections inside a transaction now, and whether close() was called: a
+        # connection is closed by the thread using it, never under it (sqlite3 does
+        # not guard a connection shared across threads: closing it from another
+        # thread mid-statement crashes the process). A component's thread can outlive
+        # its task (a thread cannot be cancelled), so close() may come mid-apply.
+        self._busy: set[sqlite3.Connection] = set()
+        self._closed = False
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._transaction(write=True) as cur:
@@ -46,6 +53,8 @@ class SqliteStorage(SqlStorage):
         return sql.replace("%s", "?")
 
     def _connection(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StorageUnavailableError(f"{self.where} is closed")
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
@@ -58,30 +67,48 @@ class SqliteStorage(SqlStorage):
             raise StorageUnavailableError(f"cannot open {self.where}: {exc}") from None
         self._local.conn = conn
         with self._lock:
+            if self._closed:
+                conn.close()
+                raise StorageUnavailableError(f"{self.where} is closed")
             self._all.append(conn)
         return conn
 
     @contextlib.contextmanager
     def _transaction(self, *, write: bool) -> Iterator[Cursor]:
         conn = self._connection()
-        cur = conn.cursor()
+        with self._lock:
+            if self._closed:
+                raise StorageUnavailableError(f"{self.where} is closed")
+            self._busy.add(conn)
         try:
-            cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-        except sqlite3.OperationalError as exc:
-            raise StorageUnavailableError(f"{self.where} is busy: {exc}") from None
-        try:
-            yield cur
-        except BaseException:
-            conn.rollback()
-            raise
-        else:
-            conn.commit()
+            cur = conn.cursor()
+            try:
+                cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.OperationalError as exc:
+                raise StorageUnavailableError(f"{self.where} is busy: {exc}") from None
+            try:
+                yield cur
+            except BaseException:
+                conn.rollback()
+                raise
+            else:
+                conn.commit()
+            finally:
+                cur.close()
         finally:
-            cur.close()
+            with self._lock:
+                self._busy.discard(conn)
+                orphan = self._closed
+            if orphan:  # close() came while this thread was using it
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
 
     def close(self) -> None:
         with self._lock:
-            conns, self._all = self._all, []
+            self._closed = True
+            # Idle connections close now; busy ones when their transaction ends.
+            conns = [c for c in self._all if c not in self._busy]
+            self._all = []
         for conn in conns:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
