@@ -150,7 +150,14 @@ class DumpManager:
         for worker in workers:
             worker.thread.join(max(0.0, deadline - time.monotonic()))
         for worker in workers:
-            worker.close_source()
+            # Each worker closes its source as it exits (loop()). One still running is in
+            # a statement: its connection is not closed under it from here (a sqlite3
+            # connection closed by another thread mid-statement crashes the process);
+            # the worker closes it when that statement returns and it sees the stop.
+            if worker.thread.is_alive():
+                log.warning("dump worker of buffer %s did not stop within %.1f s; it "
+                            "closes its connection when its statement returns",
+                            worker.port.buffer, timeout)
 
     def _worker(self, buffer: str) -> None:
         worker = self._workers.get(buffer)
