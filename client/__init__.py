@@ -6,13 +6,13 @@ See DESIGN section 10 and ``docs/client.md``.
 """
 
 from databus.client._bootstrap_puller import BootstrapError, BootstrapTooOld
+from databus.client._checkpoint_postgres import PostgresCheckpointStore
 from databus.client._checkpoint_store import (
     CheckpointStore,
     FileCheckpointStore,
     MemoryCheckpointStore,
-    PostgresCheckpointStore,
-    ZooKeeperCheckpointStore,
 )
+from databus.client._checkpoint_zookeeper import ZooKeeperCheckpointStore
 from databus.client._client import ClientMetrics, DatabusClient, RetryBudgetExhausted
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._events import DataEvent, EndOfWindow, Window

@@ -20,12 +20,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from databus.checkpoint import Checkpoint, Mode
-from databus.client._checkpoint_store import (
-    CheckpointStore,
-    PostgresCheckpointStore,
-    ZooKeeperCheckpointStore,
-    decode_envelope,
-)
+from databus.client import CheckpointStore, PostgresCheckpointStore, ZooKeeperCheckpointStore
+from databus.client._checkpoint_envelope import decode_envelope
 from databus.errors import CheckpointError, ConfigError, ConnectionLostError, DatabusError
 from tests.fixtures.servers import PostgresServer, ZooKeeperServer
 

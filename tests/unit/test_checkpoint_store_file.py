@@ -24,13 +24,15 @@ from pathlib import Path
 import pytest
 
 from databus.checkpoint import Checkpoint, Mode
-from databus.client._checkpoint_store import (
+from databus.client._checkpoint_envelope import (
     MAX_ENVELOPE_BYTES,
+    decode_envelope,
+    encode_envelope,
+)
+from databus.client._checkpoint_store import (
     CheckpointStore,
     FileCheckpointStore,
     MemoryCheckpointStore,
-    decode_envelope,
-    encode_envelope,
 )
 from databus.errors import CheckpointError, ConfigError, DatabusError
 
