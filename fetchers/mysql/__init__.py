@@ -6,8 +6,10 @@ keys, heartbeats and the server settings it needs are described in
 ``docs/binlog-fetcher.md``.
 """
 
+from databus.fetchers.mysql._avro_writers import encode_row, row_writers
 from databus.fetchers.mysql._errors import ScnNotAvailableError, SourceMisconfiguredError
 from databus.fetchers.mysql._fetcher import BinlogFetcher
+from databus.fetchers.mysql._keys import EPOCH_ORDINAL, row_key_function
 from databus.fetchers.mysql._schema import TableShape
 from databus.fetchers.mysql._scn import binlog_file_number, make_scn, split_scn
 from databus.fetchers.mysql._select import (
@@ -22,14 +24,7 @@ from databus.fetchers.mysql._select import (
 )
 from databus.fetchers.mysql._server import connect as connect_source
 from databus.fetchers.mysql._server import current_position, source_cursor
-from databus.fetchers.mysql._types import (
-    EPOCH_ORDINAL,
-    ColumnSpec,
-    Kind,
-    encode_row,
-    row_key_function,
-    row_writers,
-)
+from databus.fetchers.mysql._types import ColumnSpec, Kind
 from databus.fetchers.mysql._uri import BinlogSourceConfig, TableSelector
 
 __all__ = [

@@ -27,6 +27,8 @@ import pymysql
 from databus.errors import DumpSetupError, SourceError
 from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
 from databus.fetchers._cursor import cursor_from_json, cursor_to_json
+from databus.fetchers.mysql._avro_writers import encode_row, row_writers
+from databus.fetchers.mysql._keys import row_key_function
 from databus.fetchers.mysql._select import (
     TableLayout,
     UnmappableTableError,
@@ -34,7 +36,6 @@ from databus.fetchers.mysql._select import (
     table_layout,
 )
 from databus.fetchers.mysql._server import connect, current_shapes, source_cursor, source_error
-from databus.fetchers.mysql._types import encode_row, row_key_function, row_writers
 from databus.fetchers.mysql._uri import BinlogSourceConfig
 
 __all__ = ["MysqlDumpSource", "setup_statements"]

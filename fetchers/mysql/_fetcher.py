@@ -63,7 +63,10 @@ from databus.fetchers._api import (
     FetcherContext,
     WindowSink,
 )
+from databus.fetchers.mysql._avro_writers import encode_row
+from databus.fetchers.mysql._binlog_values import RowDecoder
 from databus.fetchers.mysql._errors import SourceMisconfiguredError
+from databus.fetchers.mysql._keys import KeyOf, row_key_function
 from databus.fetchers.mysql._schema import (
     QueryKind,
     TableShape,
@@ -80,7 +83,6 @@ from databus.fetchers.mysql._server import (
     resolve_start,
     source_error,
 )
-from databus.fetchers.mysql._types import KeyOf, RowDecoder, encode_row, row_key_function
 from databus.fetchers.mysql._uri import SYSTEM_DATABASES, BinlogSourceConfig, TableSelector
 from databus.schemas import Schema
 

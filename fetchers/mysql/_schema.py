@@ -28,8 +28,9 @@ from typing import Any
 from pymysqlreplication.constants import FIELD_TYPE
 
 from databus.errors import SourceError
+from databus.fetchers.mysql._binlog_values import python_codec
 from databus.fetchers.mysql._errors import SourceMisconfiguredError
-from databus.fetchers.mysql._types import ColumnSpec, Kind, avro_field_type, python_codec
+from databus.fetchers.mysql._types import ColumnSpec, Kind, avro_field_type
 from databus.schemas import Schema
 
 __all__ = [

@@ -43,19 +43,15 @@ from decimal import Decimal
 from typing import Any
 
 from databus.errors import SourceError
+from databus.fetchers.mysql._binlog_values import _date_value, _datetime_value
+from databus.fetchers.mysql._keys import _EXACT
 from databus.fetchers.mysql._schema import (
     INFORMATION_SCHEMA_COLUMNS,
     INFORMATION_SCHEMA_PRIMARY_KEYS,
     TableShape,
     shape_from_information_schema,
 )
-from databus.fetchers.mysql._types import (
-    _EXACT,
-    ColumnSpec,
-    Kind,
-    _date_value,
-    _datetime_value,
-)
+from databus.fetchers.mysql._types import ColumnSpec, Kind
 
 Convert = Callable[[Any], Any]
 

@@ -12,18 +12,11 @@ import pytest
 from pymysqlreplication.constants import FIELD_TYPE
 
 from databus.event import decode_key, encode_key
+from databus.fetchers.mysql._avro_writers import encode_row, row_writers
+from databus.fetchers.mysql._binlog_values import RowDecoder, python_codec
+from databus.fetchers.mysql._keys import key_value, row_key_function
 from databus.fetchers.mysql._schema import TableShape
-from databus.fetchers.mysql._types import (
-    ColumnSpec,
-    Kind,
-    RowDecoder,
-    decimal_fixed_size,
-    encode_row,
-    key_value,
-    python_codec,
-    row_key_function,
-    row_writers,
-)
+from databus.fetchers.mysql._types import ColumnSpec, Kind, decimal_fixed_size
 from databus.schemas import AvroCodec
 
 UTC = dt.UTC
