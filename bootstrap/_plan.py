@@ -103,6 +103,10 @@ def start(checkpoint: Checkpoint, facts: StoreFacts, n_sources: int, *, replay: 
                       bootstrap_source_index=0, bootstrap_since_scn=since)
 
 
+def _first_defined_or_none(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
+
+
 def _first_defined(*values: int | None) -> int:
     for value in values:
         if value is not None:
@@ -191,6 +195,36 @@ def check_sources(checkpoint: Checkpoint, n_sources: int) -> None:
             f"bootstrap_source_index {index} is beyond the {n_sources} source(s) requested: "
             "continue a bootstrap with the same sources it began with"
         )
+
+
+def store_behind(checkpoint: Checkpoint, facts: StoreFacts) -> str | None:
+    """Why the store cannot go on with this bootstrap yet, or None when it can.
+
+    A snapshot in progress promises rows reflecting at least its start SCN (the catch-up
+    starts there); a catch-up promises the log up to its target. A store that lost
+    recent commits (a crash with ``synchronous_commit = off``, a failover to a lagging
+    replica, a restore) would serve older rows or a shorter log, and the changes in
+    between would never reach the consumer: a silent gap. So the server serves nothing
+    and hands the same checkpoint back until the producer and the applier have written
+    them again, as a relay does for an SCN it does not hold yet (a checkpoint naming a
+    future SCN gets the same answer: it is waited for, never an error).
+    """
+    # What the store's snapshot reflects and where its log ends: before the first
+    # apply (or the first append) that is the log's floor, where its history starts.
+    if checkpoint.mode is Mode.BOOTSTRAP_SNAPSHOT:
+        need, what = checkpoint.bootstrap_start_scn, "applied"
+        have = _first_defined_or_none(facts.applied_scn, facts.log_floor_scn)
+    elif checkpoint.mode is Mode.BOOTSTRAP_CATCHUP:
+        need, what = checkpoint.bootstrap_target_scn, "logged"
+        have = _first_defined_or_none(facts.producer_scn, facts.log_floor_scn)
+        if need is not None and need <= checkpoint.window_scn:
+            return None  # nothing left to read
+    else:
+        return None
+    if need is not None and need >= 0 and (have is None or have < need):
+        return (f"the bootstrap store has {what} up to SCN {have}, behind this bootstrap's "
+                f"SCN {need}")
+    return None
 
 
 def _require(checkpoint: Checkpoint, mode: Mode) -> None:

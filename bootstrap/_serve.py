@@ -13,6 +13,7 @@ say) until it has ``max_bytes`` of events, so an empty phase costs no round trip
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from databus.event import WindowChecksum, decode_header, encode_eow
 from databus.filters import FilterSpec
 
 # Steps per response at most: bounds a request's time when many phases are empty.
+log = logging.getLogger("databus.bootstrap.serve")
+
 _MAX_STEPS = 16
 
 
@@ -45,6 +48,8 @@ class Served:
     phase: str = "snapshot"
     # How the bootstrap began, when this request began it: "snapshot" or "log".
     started_as: str | None = None
+    # Why it stopped early with the store behind its checkpoint (see _plan.store_behind).
+    waiting: str | None = None
 
     @property
     def done(self) -> bool:
@@ -104,6 +109,13 @@ class Bootstrapper:
         _plan.check_sources(out.checkpoint, len(names))
         for _ in range(_MAX_STEPS):
             if out.done or len(out.body) >= max_bytes:
+                break
+            # Before each read: a store behind this bootstrap (it lost commits, or a
+            # checkpoint names its future) serves nothing yet; the client asks again.
+            behind = _plan.store_behind(out.checkpoint, self.facts())
+            if behind is not None:
+                out.waiting = behind
+                log.debug("bootstrap waits: %s", behind)
                 break
             if out.checkpoint.mode is Mode.BOOTSTRAP_SNAPSHOT:
                 self._snapshot_step(out, names, spec, max_bytes)

@@ -115,3 +115,29 @@ def test_a_checkpoint_for_other_sources_or_with_a_bad_key_is_refused() -> None:
         _plan.check_sources(cp, 2)
     with pytest.raises(CheckpointError, match="what the server sent"):
         _plan.snapshot_after_key(cp)
+
+
+def test_a_store_that_went_back_in_time_is_waited_for_not_served() -> None:
+    """A store that lost recent commits (a crash with synchronous_commit off, a lagging
+    replica): a snapshot must not go on with rows older than its start SCN, nor a
+    catch-up end before its target; the server waits until the store is back."""
+    snapshot = Checkpoint(-1, mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=300,
+                          bootstrap_source_index=0)
+    catchup = Checkpoint(250, mode=Mode.BOOTSTRAP_CATCHUP, bootstrap_start_scn=250,
+                         bootstrap_target_scn=300, bootstrap_source_index=0)
+    behind = StoreFacts(applied_scn=280, producer_scn=290, log_floor_scn=0)
+    caught_up = StoreFacts(applied_scn=300, producer_scn=310, log_floor_scn=0)
+    assert "applied up to SCN 280" in (_plan.store_behind(snapshot, behind) or "")
+    assert "logged up to SCN 290" in (_plan.store_behind(catchup, behind) or "")
+    assert _plan.store_behind(snapshot, caught_up) is None
+    assert _plan.store_behind(catchup, caught_up) is None
+    # Before the first apply the snapshot is the log's floor (empty): no wait for it.
+    fresh = Checkpoint(-1, mode=Mode.BOOTSTRAP_SNAPSHOT, bootstrap_start_scn=5,
+                       bootstrap_source_index=0)
+    assert _plan.store_behind(fresh, StoreFacts(applied_scn=None, producer_scn=None,
+                                                log_floor_scn=5)) is None
+    # A catch-up with nothing left to read does not wait; an online checkpoint never.
+    done = Checkpoint(300, mode=Mode.BOOTSTRAP_CATCHUP, bootstrap_start_scn=250,
+                      bootstrap_target_scn=300, bootstrap_source_index=0)
+    assert _plan.store_behind(done, behind) is None
+    assert _plan.store_behind(Checkpoint(10**6), behind) is None
