@@ -11,6 +11,7 @@ instead of failing the fetcher.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ class SqliteSession(DbSession):
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
     conn: sqlite3.Connection | None = None
+    _owner: int | None = None  # the thread that connected, and uses the connection
 
     def connect(self) -> None:
         path = self.source.path
@@ -45,11 +47,22 @@ class SqliteSession(DbSession):
             )
         except sqlite3.Error as exc:
             raise self.translate(exc) from exc
+        self._owner = threading.get_ident()
 
     def close(self) -> None:
         conn, self.conn = self.conn, None
-        if conn is not None:
-            conn.close()
+        if conn is None:
+            return
+        if self._owner is not None and threading.get_ident() != self._owner:
+            # From another thread (the relay stopping a fetcher that did not stop in
+            # time): sqlite3 does not guard a connection shared across threads, and
+            # closing it under a running statement can crash the process. interrupt() is
+            # the call that is safe from another thread: a statement in progress fails
+            # ("interrupted") in its own thread; the connection goes with its last
+            # reference.
+            conn.interrupt()
+            return
+        conn.close()
 
     @property
     def _conn(self) -> sqlite3.Connection:

@@ -601,3 +601,40 @@ def test_sqlite_error_classification(tmp_path: Path) -> None:
     assert session.translate(sqlite3.OperationalError("database is locked")).retriable
     assert not session.translate(sqlite3.DatabaseError("file is not a database")).retriable
     assert not session.translate(sqlite3.OperationalError("no such table: t")).retriable
+
+
+def test_a_session_closed_from_another_thread_interrupts_its_statement(tmp_path: Path) -> None:
+    """The relay closes a fetcher that did not stop in time from its own thread: the
+    fetcher thread's long statement is interrupted (a clear error there), never the
+    connection closed under it (which can crash the process)."""
+
+    from databus.errors import DatabusError
+    from databus.fetchers.txlog._sqlite import SqliteSession
+    from databus.fetchers.txlog._uri import parse_source
+
+    db = tmp_path / "x.db"
+    sqlite3.connect(db).close()
+    session = SqliteSession(parse_source(f"sqlite://{db}?tables=t"))
+    started = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        session.connect()
+        started.set()
+        try:
+            with session.guard():  # a statement that runs for minutes unless interrupted
+                session.query("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 "
+                              "FROM c WHERE x < 2000000000) SELECT count(*) FROM c")
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(10)
+    time.sleep(0.2)  # inside the statement
+    session.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    (exc,) = outcome
+    assert isinstance(exc, DatabusError) and "interrupt" in str(exc), exc
