@@ -84,6 +84,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
         headers["X-Databus-Target-Scn"] = str(target)
     if served.started_as is not None:
         headers["X-Databus-Bootstrap-Strategy"] = served.started_as
+    if served.waiting is not None:
+        headers["X-Databus-Bootstrap-Waiting"] = served.waiting
     stats = request.app[STATS]
     stats.bytes_served += len(served.body)
     stats.events_served += served.events

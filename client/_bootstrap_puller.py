@@ -62,6 +62,9 @@ class BootstrapBatch:
     server: str
     source_names: dict[int, str]
     pending_event_size: int | None
+    # Why the server served nothing yet: the store is behind this bootstrap (it lost
+    # commits, or the checkpoint names an SCN the store has not reached).
+    waiting: str | None = None
 
 
 class BootstrapPuller(FailoverPuller):
@@ -145,6 +148,7 @@ class BootstrapPuller(FailoverPuller):
                 server=url,
                 source_names=names,
                 pending_event_size=pending,
+                waiting=headers.get("X-Databus-Bootstrap-Waiting"),
             )
 
         try:

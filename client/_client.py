@@ -634,6 +634,7 @@ class DatabusClient:
         decoder.reset()
         p.runner.submit([BootstrapMark(end=False)], gen, 0)
         want = self.max_request_bytes
+        waiting_for: str | None = None  # the store-behind reason last logged
         while True:
             await p.budget.wait_for(min(64 * 1024, want))
             batch = await puller.fetch(position, max_bytes=max(min(want, p.budget.free), 1))
@@ -681,6 +682,10 @@ class DatabusClient:
             if items:
                 self._submit(p, gen, items, len(batch.body))
             if checkpoint == position and not done and not batch.body:
+                if batch.waiting is not None and batch.waiting != waiting_for:
+                    log.warning("bootstrap service %s: %s; waiting for it", batch.server,
+                                batch.waiting)
+                waiting_for = batch.waiting
                 await asyncio.sleep(self.backoff_initial)  # nothing yet: do not spin
             position = checkpoint
             if done:

@@ -99,6 +99,9 @@ def test_int64_extremes_reach_sql_and_work(storage: BootstrapStorage) -> None:
             async with await boot.get("/v1/bootstrap/stream",
                                       checkpoint=_catchup(bootstrap_target_scn=top)) as resp:
                 assert resp.status == 200, await resp.text()
+                # A target the store never reached is waited for, and says so.
+                assert await resp.read() == b""
+                assert "behind" in resp.headers["X-Databus-Bootstrap-Waiting"]
 
     asyncio.run(main())
 
