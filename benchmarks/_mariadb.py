@@ -22,7 +22,21 @@ from databus.fetchers.mysql._scn import BinlogPosition  # noqa: E402
 from tests.fixtures._mariadb import MariaDBServer, launch  # noqa: E402
 from tests.fixtures._procs import shutdown  # noqa: E402
 
-__all__ = ["MariaDBServer", "connect", "mariadb", "master_position", "source_uri"]
+__all__ = ["COLUMNS", "MariaDBServer", "connect", "mariadb", "master_position", "source_uri"]
+
+
+# The items table of the MariaDB benchmarks (fetcher_mysql.py, dump.py): 8 columns of
+# the common types, the same row shape in both.
+COLUMNS = """
+    id BIGINT NOT NULL PRIMARY KEY,
+    customer_id INT NOT NULL,
+    status VARCHAR(16) NOT NULL,
+    amount DECIMAL(12,2) NOT NULL,
+    qty SMALLINT NOT NULL,
+    price DOUBLE NOT NULL,
+    note VARCHAR(100) NULL,
+    created DATETIME(6) NOT NULL
+"""
 
 
 @contextmanager

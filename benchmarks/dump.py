@@ -106,7 +106,14 @@ from typing import Any
 
 import pymysql
 import pymysql.cursors
-from _mariadb import MariaDBServer, connect, mariadb, master_position, source_uri
+from _mariadb import (
+    COLUMNS,
+    MariaDBServer,
+    connect,
+    mariadb,
+    master_position,
+    source_uri,
+)
 from _relay_proc import (
     RelayProcess,
     code_version,
@@ -128,16 +135,6 @@ POLL_S = 0.05
 MIB = 1 << 20
 _server_ids = iter(range(9001, 1 << 30))
 
-COLUMNS = """
-    id BIGINT NOT NULL PRIMARY KEY,
-    customer_id INT NOT NULL,
-    status VARCHAR(16) NOT NULL,
-    amount DECIMAL(12,2) NOT NULL,
-    qty SMALLINT NOT NULL,
-    price DOUBLE NOT NULL,
-    note VARCHAR(100) NULL,
-    created DATETIME(6) NOT NULL
-"""
 SELECT_FROM_SEQ = (
     "SELECT seq, seq % 9973, ELT(seq % 4 + 1, 'NEW', 'PAID', 'SHIPPED', 'CANCELLED'), "
     "(seq % 100000) / 100, seq % 50, seq * 0.37, "

@@ -54,7 +54,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _mariadb import MariaDBServer, connect, mariadb, master_position, source_uri
+from _mariadb import (
+    COLUMNS,
+    MariaDBServer,
+    connect,
+    mariadb,
+    master_position,
+    source_uri,
+)
 from _relay_proc import code_version, loadavg, start_pyspy, summarize_pyspy
 from pymysql.constants import CLIENT
 from pymysqlreplication import BinLogStreamReader
@@ -71,16 +78,6 @@ TXN_ROWS = 100
 MIB = 1 << 20
 _server_ids = iter(range(7001, 1 << 30))
 
-COLUMNS = """
-    id BIGINT NOT NULL PRIMARY KEY,
-    customer_id INT NOT NULL,
-    status VARCHAR(16) NOT NULL,
-    amount DECIMAL(12,2) NOT NULL,
-    qty SMALLINT NOT NULL,
-    price DOUBLE NOT NULL,
-    note VARCHAR(100) NULL,
-    created DATETIME(6) NOT NULL
-"""
 STATUSES = ("NEW", "PAID", "SHIPPED", "CANCELLED")
 
 

@@ -1,30 +1,8 @@
 """TOML config files loaded into frozen, validated dataclasses (DESIGN section 12).
 
-Components declare their config as frozen dataclasses with type hints and validate in
-``__post_init__``; ``from_mapping``/``load_toml`` map TOML tables and arrays of tables onto
-them by those hints, so no component writes parsing code. Supported hints: ``int``,
-``float`` (an int is accepted), ``str``, ``bool``, ``Secret``, ``pathlib.Path``, enums (by
-value), ``Literal[...]``, ``X | None``, unions (the first option that fits),
-``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict[str, X]``/``Mapping[str, X]`` and
-nested dataclasses. Prefer tuples to lists: a frozen dataclass holding a list is not
-really frozen.
-
-Every error is a ``ConfigError`` naming the file and the dotted key path, for example
-``relay.toml: relay.buffers[1].capacity_mb: expected int, got str``. Unknown keys are
-errors (typos must fail loudly), and so are missing keys without a default.
-
-String values may use ``${NAME}`` (the environment variable must be set) and
-``${NAME:-default}`` (the default when NAME is unset or empty, as in the shell); ``$${``
-is a literal ``${``. Interpolation happens in string values only, never in keys. A string
-that used interpolation may fill an int, float or bool field (``port = "${PORT}"``).
-
-Secrets never reach logs: ``Secret`` prints as ``***``, ``redact_uri`` hides the password
-of a URI, ``BufferConfig``'s repr shows its source redacted, and error messages name keys
-and types but do not quote values (the one exception: a wrong choice for a ``Literal`` or
-enum field is quoted when it was written literally in the file, not taken from the
-environment).
-
-The code: ``_loader`` (the generic TOML-to-dataclass loader), ``_secrets`` (``Secret``,
+How a file maps onto the dataclasses (the supported hints, ``${NAME}`` interpolation,
+error messages, what never reaches a log) is in ``_loader``'s docstring. The code:
+``_loader`` (the generic TOML-to-dataclass loader), ``_secrets`` (``Secret``,
 ``redact_uri``), ``_checks`` (validation helpers), ``_relay`` and ``_bootstrap`` (each
 component's options); a whole file is a ``DatabusConfig``, read by ``load_config``.
 """

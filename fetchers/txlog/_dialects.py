@@ -130,6 +130,7 @@ class SqlDialect(ABC):
     watermark_columns: tuple[Column, ...] | None = None
     default_schema = "main"
     watermark_ttl_sql = ""  # ``created_at`` older than an hour
+    now_default = "CURRENT_TIMESTAMP"
 
     def watermark_shape(self) -> TableShape:
         """The watermark table, as the install statements see it before it exists."""
@@ -143,14 +144,10 @@ class SqlDialect(ABC):
         return (f"CREATE TABLE IF NOT EXISTS {self.table(shape.ref)} (id {id_type} NOT NULL "
                 f"PRIMARY KEY, created_at {ts_type} NOT NULL DEFAULT {self.now_default})")
 
-    now_default = "CURRENT_TIMESTAMP"
-
     def chunk_sql(self, shape: TableShape, *, after: bool, limit: int) -> str:
         """A dump chunk: the table's columns as ``rows_sql`` selects them, in key order,
         after the key ``k0, k1, ...`` (row comparison) when ``after``."""
-        columns = ", ".join(self.select_expr("t", c) for c in shape.columns)
-        keys = [f"t.{self.q(k)}" for k in shape.key]
-        sql = f"SELECT {columns} FROM {self.table(shape.ref)} t"
+        sql, keys = self._dump_select(shape)
         if after:
             params = ", ".join(self.param(f"k{i}") for i in range(len(keys)))
             sql += f" WHERE ({', '.join(keys)}) > ({params})"
@@ -158,12 +155,18 @@ class SqlDialect(ABC):
 
     def keys_sql(self, shape: TableShape, count: int) -> str:
         """The rows whose key is one of ``count`` keys (parameters ``k<i>_<j>``)."""
+        sql, keys = self._dump_select(shape)
+        terms = [" AND ".join(f"{k} = {self.param(f'k{i}_{j}')}" for j, k in enumerate(keys))
+                 for i in range(count)]
+        return (sql + " WHERE " + " OR ".join(f"({t})" for t in terms)
+                + f" ORDER BY {', '.join(keys)}")
+
+    def _dump_select(self, shape: TableShape) -> tuple[str, list[str]]:
+        """``SELECT`` of the table's columns as ``rows_sql`` selects them (alias ``t``),
+        and its key columns, qualified."""
         columns = ", ".join(self.select_expr("t", c) for c in shape.columns)
-        terms = [" AND ".join(f"t.{self.q(k)} = {self.param(f'k{i}_{j}')}"
-                              for j, k in enumerate(shape.key)) for i in range(count)]
-        order = ", ".join(f"t.{self.q(k)}" for k in shape.key)
-        return (f"SELECT {columns} FROM {self.table(shape.ref)} t WHERE "
-                + " OR ".join(f"({t})" for t in terms) + f" ORDER BY {order}")
+        return (f"SELECT {columns} FROM {self.table(shape.ref)} t",
+                [f"t.{self.q(k)}" for k in shape.key])
 
     # -- shared pieces -------------------------------------------------------------
 

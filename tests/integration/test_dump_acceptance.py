@@ -336,7 +336,7 @@ def test_a_sakila_shaped_database_is_dumped_as_the_binlog_encodes_it(
                 writer.start()
                 try:
                     # Every table of the buffer: no "sources" in the request.
-                    status, doc = await _post_dump(s, relay.url, {"chunk_rows": 100})
+                    status, doc = await _post(s, relay.url + "/v1/admin/dumps", {"chunk_rows": 100})
                     assert status == 201, doc
                     doc = await wait_dump(s, relay.url, doc["id"],
                                           lambda d: d["state"] not in ("running", "queued"),
@@ -382,6 +382,3 @@ def test_a_sakila_shaped_database_is_dumped_as_the_binlog_encodes_it(
     asyncio.run(main())
     sql.close()
 
-
-async def _post_dump(session: Any, url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    return await _post(session, url + "/v1/admin/dumps", body)
