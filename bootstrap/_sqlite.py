@@ -52,34 +52,33 @@ class SqliteStorage(SqlStorage):
     def _q(self, sql: str) -> str:
         return sql.replace("%s", "?")
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._closed:
-            raise StorageUnavailableError(f"{self.where} is closed")
+    def _acquire(self) -> sqlite3.Connection:
+        """This thread's connection, opened on first use and marked busy until its
+        transaction ends (``close()`` leaves a busy connection to its thread)."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
-        try:
-            conn = sqlite3.connect(self.path, timeout=self._busy_timeout,
-                                   isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-        except sqlite3.Error as exc:
-            raise StorageUnavailableError(f"cannot open {self.where}: {exc}") from None
-        self._local.conn = conn
+        opened = conn is None and not self._closed
+        if opened:
+            try:
+                conn = sqlite3.connect(self.path, timeout=self._busy_timeout,
+                                       isolation_level=None, check_same_thread=False)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+            except sqlite3.Error as exc:
+                raise StorageUnavailableError(f"cannot open {self.where}: {exc}") from None
+            self._local.conn = conn
         with self._lock:
-            if self._closed:
-                conn.close()
+            if self._closed or conn is None:
+                if opened and conn is not None:
+                    conn.close()
                 raise StorageUnavailableError(f"{self.where} is closed")
-            self._all.append(conn)
+            if opened:
+                self._all.append(conn)
+            self._busy.add(conn)
         return conn
 
     @contextlib.contextmanager
     def _transaction(self, *, write: bool) -> Iterator[Cursor]:
-        conn = self._connection()
-        with self._lock:
-            if self._closed:
-                raise StorageUnavailableError(f"{self.where} is closed")
-            self._busy.add(conn)
+        conn = self._acquire()
         try:
             cur = conn.cursor()
             try:

@@ -25,7 +25,6 @@ chunk's rows.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,8 +39,6 @@ from databus.fetchers.txlog._session import DbSession, check_table, missing_obje
 from databus.fetchers.txlog._uri import TableSpec, TxlogSource
 
 __all__ = ["TxlogDumpSource"]
-
-log = logging.getLogger("databus.fetchers.txlog.dump")
 
 
 class TxlogDumpSource:
@@ -137,19 +134,19 @@ class TxlogDumpSource:
             path = self.source.path
             writable = path is None or os.access(path, os.W_OK)
             return [] if writable else [f"GRANT SELECT, INSERT, DELETE ON {table} TO <user>"]
-        log = dialect.table(dialect.delete_log(ref))
+        delete_log = dialect.table(dialect.delete_log(ref))
         (select, insert, delete, txlog, deletes), = session.query(
             "SELECT has_table_privilege(current_user, %(t)s, 'SELECT'), "
             "has_table_privilege(current_user, %(t)s, 'INSERT'), "
             "has_table_privilege(current_user, %(t)s, 'DELETE'), "
             "has_table_privilege(current_user, %(txlog)s, 'INSERT'), "
             "has_table_privilege(current_user, %(log)s, 'INSERT')",
-            {"t": table, "txlog": dialect.txlog, "log": log})
+            {"t": table, "txlog": dialect.txlog, "log": delete_log})
         out = []
         if not (select and insert and delete):
             out.append(f"GRANT SELECT, INSERT, DELETE ON {table} TO <user>")
         if not (txlog and deletes):
-            out.append(f"GRANT INSERT ON {dialect.txlog}, {log} TO <user> (the capture "
+            out.append(f"GRANT INSERT ON {dialect.txlog}, {delete_log} TO <user> (the capture "
                        "triggers of the watermark table write them as this user)")
         return out
 
