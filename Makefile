@@ -6,14 +6,17 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := mariadb-server postgresql zookeeper openjdk-17-jre-headless \
-	libpostgresql-jdbc-java libmariadb-java
+	libpostgresql-jdbc-java libmariadb-java gcc zlib1g-dev redis-server
 # The import packages, mapped from top-level folders (pyproject's package-dir).
 SUBPACKAGES := relay bootstrap client fetchers spark_jobs
 
 .PHONY: test demo deps venv lint typecheck unit integration bench bench-deps clean
 
+# The unit suite runs a second time on the pure-Python event core (databus.batch): both
+# twins pass the same tests.
 test: deps venv lint typecheck
 	$(BIN)/pytest
+	DATABUS_PURE_PYTHON=1 $(BIN)/pytest tests/unit -q
 
 # The whole pipeline on embedded defaults (SQLite source with triggers, a relay, a
 # consumer keeping a replica), with a live status view; ends with the replica check.
@@ -40,7 +43,8 @@ deps:
 
 venv: $(BIN)/.installed
 
-$(BIN)/.installed: pyproject.toml
+# The compiled event core is built by the install (setup.py); its sources rebuild it.
+$(BIN)/.installed: pyproject.toml setup.py databus/batch/_native.pyx databus/batch/_wire.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,spark]'

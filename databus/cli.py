@@ -54,11 +54,22 @@ def _command_modules() -> list[str]:
     return modules
 
 
+def _version_line() -> str:
+    """``databus 0.1.0 (event core: native)``, or ``python`` and why when the compiled
+    batch module is not in use."""
+    from databus import batch
+
+    core = batch.IMPLEMENTATION
+    if batch.WHY_PURE:
+        core += f"; {batch.WHY_PURE}"
+    return f"databus {__version__} (event core: {core})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="databus", description="Change data capture: relays, bootstrap, client tools."
     )
-    parser.add_argument("--version", action="version", version=f"databus {__version__}")
+    parser.add_argument("--version", action="version", version=_version_line())
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )

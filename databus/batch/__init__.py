@@ -1,0 +1,72 @@
+"""Batch APIs over whole bodies and buffer slices: scan and verify, window framing,
+key hashes, decoding into consumer events, encoding a window's events.
+
+Two twins with one API: ``_native`` (Cython, compiled by the package's build) and
+``_python`` (the reference, written with ``databus.event``'s one-event functions).
+The compiled one is used when it imports; ``DATABUS_PURE_PYTHON=1`` forces the twin.
+``IMPLEMENTATION`` says which is active ("native" or "python"); ``twin(name)`` gives
+either module by name (the tests run both).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import ModuleType
+
+from databus.batch import _python
+from databus.batch._scan import FIELDS, Scan, WindowFrames
+
+log = logging.getLogger("databus.batch")
+
+
+def _load() -> tuple[ModuleType, str | None]:
+    if os.environ.get("DATABUS_PURE_PYTHON", "") not in ("", "0"):
+        return _python, "DATABUS_PURE_PYTHON is set"
+    try:
+        from databus.batch import _native  # type: ignore[attr-defined]
+    except ImportError as exc:
+        return _python, f"the compiled module did not import ({exc})"
+    return _native, None
+
+
+_impl, WHY_PURE = _load()
+if _impl is _python and WHY_PURE and "DATABUS_PURE_PYTHON" not in WHY_PURE:
+    # A build without a compiler: said once, then the twin does the work.
+    log.warning("databus: %s; using the pure-Python event core", WHY_PURE)
+IMPLEMENTATION: str = _impl.IMPLEMENTATION
+
+scan = _impl.scan
+frame_windows = _impl.frame_windows
+window_checksum = _impl.window_checksum
+decode_events = _impl.decode_events
+encode_event = _impl.encode_event
+encode_events = _impl.encode_events
+key_hashes = _impl.key_hashes
+restamp = _impl.restamp
+stable_key_hash = _impl.stable_key_hash
+
+
+def twin(name: str) -> ModuleType:
+    """The module of one twin: "python" always, "native" if it was built."""
+    if name == "python":
+        return _python
+    if name == "native":
+        from databus.batch import _native  # type: ignore[attr-defined]
+
+        return _native  # type: ignore[no-any-return]
+    raise ValueError(f"no twin named {name!r}")
+
+
+def native_available() -> bool:
+    try:
+        twin("native")
+    except ImportError:
+        return False
+    return True
+
+
+__all__ = ["FIELDS", "IMPLEMENTATION", "WHY_PURE", "Scan", "WindowFrames", "decode_events",
+           "encode_event", "encode_events", "frame_windows", "key_hashes",
+           "native_available", "restamp", "scan", "stable_key_hash", "twin",
+           "window_checksum"]

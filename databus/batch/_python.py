@@ -1,0 +1,252 @@
+"""The pure-Python twin of the batch APIs: the reference the compiled ``_native``
+module must equal, result for result and error for error (same offset, same reason,
+same message). It is written with the one-event functions of ``databus.event``, so
+the per-event rules exist once in Python; ``_native.pyx`` restates them in C.
+"""
+
+from __future__ import annotations
+
+import zlib
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from databus._hashing import stable_key_hash
+from databus.batch._scan import Scan, WindowFrames
+from databus.errors import EventFormatError
+from databus.event import (
+    _CRC_OFFSET,
+    _OPS,
+    _U32,
+    EOW_SOURCE_ID,
+    FLAG_FROM_SNAPSHOT,
+    HEADER_SIZE,
+    Buffer,
+    EventHeader,
+    Key,
+    _check_body,
+    _pack,
+    decode_data_key,
+    decode_header,
+    encode_key,
+)
+
+IMPLEMENTATION = "python"
+
+
+def scan(buf: Buffer, start: int = 0, stop: int | None = None, *,
+         verify_body: bool = True) -> Scan:
+    """Every event of ``buf[start:stop]`` in one pass: header checks and CRC, framing,
+    and (``verify_body``) the body CRC. Stops at the first bad or cut-off event."""
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    end = len(view) if stop is None else stop
+    if not 0 <= start <= end <= len(view):
+        raise ValueError(f"scan range [{start}, {stop}) is outside the {len(view)} bytes")
+    view = view[:end]
+    out = Scan()
+    o_off, o_len, o_scn, o_ts = out.offset, out.length, out.scn, out.timestamp
+    o_op, o_flags, o_pid, o_sid = out.op, out.flags, out.partition_id, out.source_id
+    o_pkey, o_klen, o_fp, o_hcrc, o_bcrc = (out.partition_key, out.key_length,
+                                            out.fingerprint, out.header_crc, out.body_crc)
+    pos = start
+    try:
+        while pos < end:
+            h = _checked_header(view, pos, end, verify_body)
+            o_off.append(pos)
+            o_len.append(h.total_length)
+            o_scn.append(h.scn)
+            o_ts.append(h.timestamp_ns)
+            o_op.append(h.op)
+            o_flags.append(h.flags)
+            o_pid.append(h.partition_id)
+            o_sid.append(h.source_id)
+            o_pkey.append(h.partition_key)
+            o_klen.append(h.key_length)
+            o_fp.append(h.schema_fingerprint)
+            o_hcrc.append(h.header_crc)
+            o_bcrc.append(h.body_crc)
+            pos += h.total_length
+    except EventFormatError as exc:
+        out.error = exc
+    out.count = len(o_off)
+    out.end = pos
+    return out
+
+
+def _checked_header(view: memoryview, pos: int, end: int, verify_body: bool) -> EventHeader:
+    header = decode_header(view, pos)
+    if verify_body:
+        _check_body(view, pos, header)
+    elif pos + header.total_length > end:
+        raise EventFormatError("truncated event", offset=pos, reason="truncated")
+    return header
+
+
+def event_error(buf: Buffer, pos: int, end: int, verify_body: bool) -> EventFormatError:
+    """The error ``scan`` gives for the bad event at ``pos`` (the compiled twin finds
+    the event, this builds its error: one wording for both)."""
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    try:
+        _checked_header(view[:end], pos, end, verify_body)
+    except EventFormatError as exc:
+        return exc
+    raise AssertionError(f"the twins disagree on the event at {pos}")  # a bug, not input
+
+
+def data_key(buf: bytes, s: Scan, i: int) -> Key:
+    """The checked key of data event ``i`` of a scan (``decode_data_key``)."""
+    start, end = s.key_span(i)
+    return decode_data_key(s.header(i), buf[start:end], s.offset[i])
+
+
+def frame_windows(s: Scan, window: int | None = None, count: int = 0,
+                  crc: int = 0) -> WindowFrames:
+    """Window framing over a scan: each EOW's count and checksum of the data events
+    before it, and the first torn window (an SCN change before the open window's EOW,
+    once it holds a data event). ``window``/``count``/``crc`` carry an open window
+    over from the previous body."""
+    eows, counts, crcs = array("q"), array("q"), array("I")
+    broken = -1
+    scns, sids, hcrcs = s.scn, s.source_id, s.header_crc
+    pack = _U32.pack
+    for i in range(s.count):
+        scn = scns[i]
+        if scn != window:
+            if window is not None and count:
+                broken = i
+                break
+            window, count, crc = scn, 0, 0
+        sid = sids[i]
+        if sid >= 0:
+            count += 1
+            crc = zlib.crc32(pack(hcrcs[i]), crc)
+        elif sid == EOW_SOURCE_ID:
+            eows.append(i)
+            counts.append(count)
+            crcs.append(crc)
+            window, count, crc = None, 0, 0
+    return WindowFrames(eows, counts, crcs, broken, window, count, crc)
+
+
+def window_checksum(s: Scan, first: int = 0, stop: int | None = None, count: int = 0,
+                    crc: int = 0) -> tuple[int, int]:
+    """(count, checksum) of the data events ``first..stop`` of a scan, carried on."""
+    sids, hcrcs = s.source_id, s.header_crc
+    pack = _U32.pack
+    for i in range(first, s.count if stop is None else stop):
+        if sids[i] >= 0:
+            count += 1
+            crc = zlib.crc32(pack(hcrcs[i]), crc)
+    return count, crc
+
+
+def decode_events(
+    buf: bytes, s: Scan, first: int, stop: int, names: Mapping[int, str],
+    value_decoder: Callable[[int, int], tuple[Callable[[bytes], Any], Any]],
+    make_event: Callable[..., Any], from_bootstrap: bool,
+) -> list[Any]:
+    """The data events ``first..stop`` of a scan of ``buf`` (control events are
+    skipped), each as ``make_event(scn, source, op, key, value, timestamp_ns, schema,
+    partition_key, from_bootstrap, from_dump)``.
+
+    Keys are decoded and checked against the partition key (``decode_data_key``).
+    ``value_decoder(source_id, fingerprint)`` gives ``(decode, schema)`` and is asked
+    again only when the source or fingerprint changes from the previous event;
+    ``decode(value_bytes)`` is called once per event with a non-empty value (else the
+    value is None). An unknown source id is an ``EventFormatError``."""
+    out: list[Any] = []
+    append = out.append
+    last: tuple[int, int] | None = None
+    decode: Callable[[bytes], Any] | None = None
+    schema: Any = None
+    for i in range(first, stop):
+        sid = s.source_id[i]
+        if sid < 0:
+            continue
+        offset = s.offset[i]
+        source = names.get(sid)
+        if source is None:
+            raise EventFormatError(f"unknown source id {sid}", offset=offset,
+                                   reason="unknown source")
+        key = data_key(buf, s, i)
+        fp = s.fingerprint[i]
+        if last != (sid, fp):
+            last = (sid, fp)
+            decode, schema = value_decoder(sid, fp)
+        assert decode is not None
+        value_start, end = s.value_span(i)
+        value = decode(buf[value_start:end]) if end > value_start else None
+        append(make_event(s.scn[i], source, _OPS[s.op[i]], key, value, s.timestamp[i],
+                          schema, s.partition_key[i], from_bootstrap,
+                          bool(s.flags[i] & FLAG_FROM_SNAPSHOT)))
+    return out
+
+
+def encode_events(
+    scn: int, ops: Sequence[int], source_ids: Sequence[int], keys: Sequence[Key],
+    values: Sequence[bytes], fingerprints: Sequence[int], *, timestamp_ns: int = 0,
+    partition_id: int = 0, from_snapshot: bool = False,
+) -> list[bytes]:
+    """The events of one window (header and both CRCs), one per row of the columns."""
+    n = len(ops)
+    if not len(source_ids) == len(keys) == len(values) == len(fingerprints) == n:
+        raise ValueError("encode_events: the columns differ in length")
+    return [encode_event(scn, ops[i], source_ids[i], keys[i], values[i], fingerprints[i],
+                         timestamp_ns, partition_id, from_snapshot) for i in range(n)]
+
+
+def encode_event(scn: int, op: int, source_id: int, key: Key, value: bytes,
+                 fingerprint: int = 0, timestamp_ns: int = 0, partition_id: int = 0,
+                 from_snapshot: bool = False) -> bytes:
+    """One data event, as ``databus.event.encode_event`` with positional arguments."""
+    if source_id < 0:
+        raise EventFormatError("data events need a source id >= 0", reason="bad field")
+    if op not in (1, 2):
+        raise EventFormatError("data events cannot have the control opcode"
+                               if op == 0 else f"unknown opcode {op}", reason="bad field")
+    kind, key_bytes, partition_key = encode_key(key)
+    flags = int(kind) | (FLAG_FROM_SNAPSHOT if from_snapshot else 0)
+    return _pack(op, flags, scn, timestamp_ns, partition_id, source_id, partition_key,
+                 fingerprint, key_bytes, bytes(value))
+
+
+def key_hashes(buf: Buffer, s: Scan, first: int = 0, stop: int | None = None) -> array[int]:
+    """``stable_key_hash`` of each event's key bytes (0 for control events)."""
+    view = memoryview(buf)
+    out = array("q")
+    for i in range(first, s.count if stop is None else stop):
+        if s.source_id[i] < 0:
+            out.append(0)
+            continue
+        start = s.offset[i] + HEADER_SIZE
+        out.append(stable_key_hash(bytes(view[start:start + s.key_length[i]])))
+    return out
+
+
+def restamp(buf: Buffer, offset: int, length: int, source_id: int) -> bytes:
+    """The event at ``offset`` with its source id replaced and its header CRC redone."""
+    out = bytearray(memoryview(buf)[offset:offset + length])
+    out[34:36] = source_id.to_bytes(2, "big", signed=True)
+    crc = zlib.crc32(out[8:HEADER_SIZE], zlib.crc32(out[:_CRC_OFFSET]))
+    out[_CRC_OFFSET:_CRC_OFFSET + 4] = crc.to_bytes(4, "big")
+    return bytes(out)
+
+
+__all__ = [
+    "IMPLEMENTATION",
+    "data_key",
+    "decode_events",
+    "encode_event",
+    "encode_events",
+    "event_error",
+    "frame_windows",
+    "key_hashes",
+    "restamp",
+    "scan",
+    "stable_key_hash",
+    "window_checksum",
+]

@@ -1,0 +1,55 @@
+"""The compiled twin of databus.batch (Cython, linked with the machine's zlib).
+
+Everything else about the package is in pyproject.toml. The extension is optional: on
+a machine without a C compiler, zlib headers or Cython the build says so in one
+warning line and the package runs on the pure-Python twin (databus.batch._python).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that turns a failed compile into one warning line."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler at all (CCompilerError, PlatformError...)
+            self._warn(exc)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self._warn(exc)
+
+    @staticmethod
+    def _warn(exc: Exception) -> None:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"WARNING: databus: the compiled batch module was not built ({first}); "
+              "the pure-Python twin will be used", file=sys.stderr)
+
+
+def _extensions() -> list[Extension]:
+    ext = Extension(
+        "databus.batch._native",
+        ["databus/batch/_native.pyx"],
+        include_dirs=["databus/batch"],
+        libraries=["z"],
+        extra_compile_args=["-O3"],
+    )
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        print("WARNING: databus: Cython is not installed; the pure-Python twin will be used",
+              file=sys.stderr)
+        return []
+    return list(cythonize([ext], language_level=3, quiet=True))
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

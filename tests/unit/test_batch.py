@@ -1,0 +1,368 @@
+"""The batch APIs (databus.batch): both twins, the same results and the same errors.
+
+``core`` runs each test against the pure-Python twin and the compiled one; in CI (the
+``CI`` variable set) a missing compiled module fails instead of skipping, since the
+build is part of ``make test``. The differential tests feed both twins the same valid,
+mutated and hostile bodies and compare every field, error offset, reason and message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import zlib
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from databus import batch
+from databus._hashing import stable_key_hash
+from databus.batch import FIELDS, Scan
+from databus.errors import EventFormatError
+from databus.event import (
+    EOW_SOURCE_ID,
+    HEADER_SIZE,
+    WindowChecksum,
+    decode_data_key,
+    encode_control,
+    encode_eow,
+    encode_event,
+    iter_events,
+    restamp_source_id,
+)
+from databus.event import Op as EventOp
+from tests.event_forging import forge, reseal
+
+
+def _native_or_skip() -> ModuleType:
+    try:
+        return batch.twin("native")
+    except ImportError:
+        if os.environ.get("CI"):
+            raise  # CI builds the module: its absence is a failure
+        pytest.skip("the compiled batch module is not built")
+
+
+@pytest.fixture(params=["python", "native"])
+def core(request: pytest.FixtureRequest) -> ModuleType:
+    if request.param == "native":
+        return _native_or_skip()
+    return batch.twin("python")
+
+
+@pytest.fixture
+def both() -> tuple[ModuleType, ModuleType]:
+    return batch.twin("python"), _native_or_skip()
+
+
+def _window(scn: int, rows: list[tuple[object, bytes]], source_id: int = 1) -> list[bytes]:
+    events = [encode_event(scn=scn, source_id=source_id, op=EventOp.UPSERT, key=k,  # type: ignore[arg-type]
+                           value=v, timestamp_ns=scn * 10, schema_fingerprint=0xF00D)
+              for k, v in rows]
+    check = WindowChecksum()
+    for e in events:
+        check.add_event(e)
+    return [*events, encode_eow(scn=scn, event_count=check.count, checksum=check.crc)]
+
+
+KEYS: list[object] = [1, -5, 2**63 - 1, -(2**63), "abc", "", "é✓", b"", b"\x00\xff",
+                      (1, "a"), ()]
+
+
+def _body() -> bytes:
+    out: list[bytes] = []
+    for scn in range(10, 14):
+        out += _window(scn, [(k, b"v" * i) for i, k in enumerate(KEYS)])
+    return b"".join(out)
+
+
+def _as_tuple(s: Scan) -> tuple[Any, ...]:
+    err = s.error
+    return (s.count, s.end, *(list(getattr(s, name)) for name, _ in FIELDS),
+            None if err is None else (err.offset, err.reason, str(err)))
+
+
+def test_the_active_core_is_the_native_one_unless_forced() -> None:
+    forced = os.environ.get("DATABUS_PURE_PYTHON", "") not in ("", "0")
+    if forced:
+        assert batch.IMPLEMENTATION == "python"
+    elif batch.native_available():
+        assert batch.IMPLEMENTATION == "native" and batch.WHY_PURE is None
+
+
+def test_scan_gives_what_iter_events_gives(core: ModuleType) -> None:
+    body = _body()
+    s = core.scan(body).check()
+    headers = list(iter_events(body))
+    assert s.count == len(headers) and s.end == len(body) and s.error is None
+    for i, (offset, header) in enumerate(headers):
+        assert s.offset[i] == offset
+        assert s.header(i) == header
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_scan_takes_any_buffer_and_a_range(core: ModuleType, kind: type) -> None:
+    body = _body()
+    events = list(iter_events(body))
+    second, fourth = events[1][0], events[3][0]
+    s = core.scan(kind(body), second, fourth).check()
+    assert list(s.offset) == [second, events[2][0]] and s.end == fourth
+    with pytest.raises(ValueError):
+        core.scan(body, 10, 5)
+    with pytest.raises(ValueError):
+        core.scan(body, 0, len(body) + 1)
+
+
+def test_scan_of_an_mmap(core: ModuleType, tmp_path: Any) -> None:
+    import mmap
+
+    body = _body()
+    path = tmp_path / "ring"
+    path.write_bytes(body)
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        s = core.scan(mm)
+        assert s.check().count == len(list(iter_events(body)))
+        del s
+
+
+def test_empty_body(core: ModuleType) -> None:
+    s = core.scan(b"")
+    assert (s.count, s.end, s.error) == (0, 0, None)
+    frames = core.frame_windows(s)
+    assert list(frames.eows) == [] and frames.broken == -1 and frames.window is None
+
+
+# -- the same errors ---------------------------------------------------------------------
+
+
+def test_every_truncation_gives_the_same_error(both: tuple[ModuleType, ModuleType]) -> None:
+    py, nat = both
+    body = _body()[:900]
+    for cut in range(len(body) + 1):
+        for verify in (True, False):
+            assert _as_tuple(py.scan(body[:cut], verify_body=verify)) == \
+                _as_tuple(nat.scan(body[:cut], verify_body=verify)), cut
+
+
+def test_every_bit_flip_gives_the_same_error(both: tuple[ModuleType, ModuleType]) -> None:
+    py, nat = both
+    body = bytearray(_body()[:700])
+    for i in range(len(body)):
+        for bit in (0x01, 0x80):
+            body[i] ^= bit
+            a, b = py.scan(body), nat.scan(body)
+            assert a.error is not None  # every byte is covered by a CRC or a check
+            assert _as_tuple(a) == _as_tuple(b), i
+            body[i] ^= bit
+
+
+def _one() -> bytes:
+    return encode_event(scn=7, source_id=1, op=EventOp.UPSERT, key="k", value=b"value")
+
+
+HOSTILE: dict[str, bytes] = {
+    "length past the end": forge(_one(), total_length=10_000),
+    "a claimed 2 GiB length": forge(_one(), total_length=2**31),
+    "the largest u32 length": forge(_one(), total_length=2**32 - 1),
+    "key longer than the event": forge(_one(), key_length=2**32 - 1),
+    "zero-length key": forge(_one(), key=b""),
+    "total shorter than the header": forge(_one(), total_length=10),
+    "slice ending mid-header": _one()[:30],
+    "a body that is not a multiple of anything": b"\xdb\x01\x00",
+    "zeros": bytes(200),
+    "control opcode on a data source": forge(_one(), op=0),
+    "unknown flags": forge(_one(), flags=0x80),
+    "unknown opcode": forge(_one(), op=9),
+    "unknown version": reseal(bytes([0xDB, 2]) + _one()[2:]),
+    "bad magic": reseal(bytes([0xDC]) + _one()[1:]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_input_gives_the_same_error(both: tuple[ModuleType, ModuleType],
+                                            name: str) -> None:
+    py, nat = both
+    body = _one() + HOSTILE[name]
+    for verify in (True, False):
+        a, b = py.scan(body, verify_body=verify), nat.scan(body, verify_body=verify)
+        assert _as_tuple(a) == _as_tuple(b)
+        if name != "zero-length key":
+            assert a.error is not None and a.error.offset == len(_one()) and a.count == 1
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_differential_random_and_mutated_bodies(data: st.DataObject) -> None:
+    py, nat = batch.twin("python"), _native_or_skip()
+    base = data.draw(st.sampled_from([_body()[:400], _body()[:1500], b""]))
+    body = bytearray(base)
+    for _ in range(data.draw(st.integers(0, 4))):
+        action = data.draw(st.sampled_from(["flip", "cut", "insert", "garbage"]))
+        if action == "flip" and body:
+            i = data.draw(st.integers(0, len(body) - 1))
+            body[i] ^= 1 << data.draw(st.integers(0, 7))
+        elif action == "cut":
+            del body[data.draw(st.integers(0, len(body))):]
+        elif action == "insert":
+            i = data.draw(st.integers(0, len(body)))
+            body[i:i] = data.draw(st.binary(max_size=60))
+        else:
+            body += data.draw(st.binary(max_size=120))
+    if data.draw(st.booleans()) and len(body) > HEADER_SIZE:
+        body[:] = reseal(body)  # CRCs that check out over whatever it holds
+    verify = data.draw(st.booleans())
+    assert _as_tuple(py.scan(bytes(body), verify_body=verify)) == \
+        _as_tuple(nat.scan(bytes(body), verify_body=verify))
+
+
+# -- window framing ----------------------------------------------------------------------
+
+
+def test_frame_windows_counts_every_window(core: ModuleType) -> None:
+    body = _body()
+    frames = core.frame_windows(core.scan(body))
+    expected = [(i, (count, checksum)) for i, (off, h) in enumerate(iter_events(body))
+                if h.source_id == EOW_SOURCE_ID
+                for count, checksum in [struct.unpack_from(">II", body, off + HEADER_SIZE)]]
+    assert list(frames.eows) == [i for i, _ in expected]
+    assert list(zip(frames.counts, frames.crcs, strict=True)) == [c for _, c in expected]
+    assert frames.broken == -1 and frames.window is None
+
+
+def test_frame_windows_carries_an_open_window(core: ModuleType) -> None:
+    events = _window(20, [(1, b"a"), (2, b"b"), (3, b"c")])
+    first = core.frame_windows(core.scan(b"".join(events[:2])))
+    assert (first.window, first.count) == (20, 2) and list(first.eows) == []
+    rest = core.frame_windows(core.scan(b"".join(events[2:])), first.window, first.count,
+                              first.crc)
+    count, checksum = struct.unpack_from(">II", events[-1], HEADER_SIZE)
+    assert (list(rest.counts), list(rest.crcs)) == ([count], [checksum])
+    assert core.window_checksum(core.scan(b"".join(events))) == (count, checksum)
+
+
+def test_frame_windows_finds_a_torn_window(core: ModuleType) -> None:
+    a, b = _window(30, [(1, b"x"), (2, b"y")]), _window(31, [(3, b"z")])
+    body = b"".join([a[0], *b])  # window 30 never ended
+    frames = core.frame_windows(core.scan(body))
+    assert frames.broken == 1
+    # A control event alone does not open a window that can tear.
+    marker = encode_control(scn=29, source_id=-5)
+    assert core.frame_windows(core.scan(marker + b"".join(b))).broken == -1
+
+
+# -- keys, hashes, decoding ------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.binary(max_size=600))
+def test_stable_key_hash_is_blake2b(key: bytes) -> None:
+    nat = _native_or_skip()
+    assert nat.stable_key_hash(key) == stable_key_hash(key)
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    assert nat.stable_key_hash(key) == int.from_bytes(digest, "big") & ((1 << 63) - 1)
+
+
+def test_key_hashes(core: ModuleType) -> None:
+    body = _body()
+    s = core.scan(body)
+    hashes = core.key_hashes(body, s)
+    for i in range(s.count):
+        start, end = s.key_span(i)
+        want = stable_key_hash(body[start:end]) if s.source_id[i] >= 0 else 0
+        assert hashes[i] == want
+
+
+def _decoder(sid: int, fp: int) -> tuple[Any, Any]:
+    return (lambda data: ("decoded", sid, fp, data)), ("schema", fp)
+
+
+def test_decode_events_gives_checked_keys_and_values(core: ModuleType) -> None:
+    body = _body()
+    s = core.scan(body)
+    events = core.decode_events(body, s, 0, s.count, {1: "db.t"}, _decoder, lambda *a: a,
+                                False)
+    data = [(off, h) for off, h in iter_events(body) if h.source_id >= 0]
+    assert len(events) == len(data)
+    for (off, h), ev in zip(data, events, strict=True):
+        key = decode_data_key(h, body[off + HEADER_SIZE:off + HEADER_SIZE + h.key_length])
+        value_bytes = body[off + HEADER_SIZE + h.key_length:off + h.total_length]
+        value = ("decoded", 1, 0xF00D, value_bytes) if value_bytes else None
+        assert ev == (h.scn, "db.t", h.op, key, value, h.timestamp_ns, ("schema", 0xF00D),
+                      h.partition_key, False, False)
+        assert type(ev[3]) is type(key)
+
+
+@pytest.mark.parametrize("change", [
+    {"key": b"\xff\xfe", "flags": 2},  # a string key that is not UTF-8
+    {"key": b"[1, 2]", "flags": 3},  # composite JSON, not canonical
+    {"key": b"1234567", "flags": 1},  # an int key of 7 bytes
+    {"partition_key": 12345},  # a partition key that is not the key's
+    {"source_id": 9},  # a source nobody named
+])
+def test_decode_events_rejects_forged_keys_alike(
+        both: tuple[ModuleType, ModuleType], change: dict[str, Any]) -> None:
+    event = encode_event(scn=3, source_id=1, op=EventOp.DELETE, key="abc", value=b"")
+    body = _window(3, [(5, b"ok")])[0] + forge(event, **change)
+    errors = []
+    for twin in both:
+        s = twin.scan(body).check()
+        with pytest.raises(EventFormatError) as info:
+            twin.decode_events(body, s, 0, s.count, {1: "db.t"}, _decoder, lambda *a: a,
+                               False)
+        errors.append((info.value.offset, info.value.reason, str(info.value)))
+    assert errors[0] == errors[1] and errors[0][0] > 0
+
+
+# -- encoding ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_encode_event_is_byte_identical(core: ModuleType, key: object) -> None:
+    want = encode_event(scn=-4, source_id=300, op=EventOp.DELETE, key=key, value=b"v" * 70,  # type: ignore[arg-type]
+                        timestamp_ns=2**62, partition_id=-3, schema_fingerprint=2**64 - 1,
+                        from_snapshot=True)
+    assert core.encode_event(-4, 2, 300, key, b"v" * 70, 2**64 - 1, 2**62, -3, True) == want
+    batch_out = core.encode_events(9, [1, 2], [1, 1], [key, key], [b"a", memoryview(b"b")],
+                                   [0, 1], timestamp_ns=5)
+    assert batch_out == [
+        encode_event(scn=9, source_id=1, op=EventOp.UPSERT, key=key, value=b"a",  # type: ignore[arg-type]
+                     timestamp_ns=5),
+        encode_event(scn=9, source_id=1, op=EventOp.DELETE, key=key, value=b"b",  # type: ignore[arg-type]
+                     timestamp_ns=5, schema_fingerprint=1),
+    ]
+
+
+@pytest.mark.parametrize("args", [
+    (1, 1, 1, True, b""),  # a bool key
+    (1, 1, 1, "\ud800", b""),  # a lone surrogate
+    (1, 1, 1, 2**64, b""),  # an int key beyond int64
+    (1, 1, 1, 1.5, b""),  # an unsupported key type
+    (2**63, 1, 1, 1, b""),  # an SCN beyond int64
+    (1, 1, 40_000, 1, b""),  # a source id beyond int16
+    (1, 1, -1, 1, b""),  # a negative source id
+    (1, 0, 1, 1, b""),  # the control opcode
+])
+def test_encode_event_errors_alike(both: tuple[ModuleType, ModuleType],
+                                   args: tuple[Any, ...]) -> None:
+    messages = []
+    for twin in both:
+        with pytest.raises(EventFormatError) as info:
+            twin.encode_event(*args)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    with pytest.raises(ValueError):
+        both[1].encode_events(1, [1], [1, 2], [1], [b""], [0])
+
+
+def test_restamp_is_restamp_source_id(core: ModuleType) -> None:
+    body = _body()
+    s = core.scan(body)
+    for i in range(s.count):
+        event = body[s.offset[i]:s.offset[i] + s.length[i]]
+        assert core.restamp(body, s.offset[i], s.length[i], 77) == \
+            restamp_source_id(event, 77)
+    assert zlib.crc32(b"") == 0
