@@ -20,10 +20,14 @@ windows are never checked against their EOW: the server builds them from stored 
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
+from typing import Any
 
+from databus import batch
+from databus.batch import Scan
 from databus.checkpoint import Checkpoint, Mode
 from databus.client._events import DataEvent, DumpMarker, EndOfWindow, Item, StartOfWindow
 from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
@@ -38,7 +42,6 @@ from databus.event import (
     check_control_fields,
     decode_data_key,
     decode_dump_marker,
-    iter_events,
 )
 from databus.schemas import AvroCodec, Schema
 
@@ -86,6 +89,7 @@ class ResponseDecoder:
         self._pending: list[DataEvent | DumpMarker] = []
         self._held_bytes = 0
         self._spilled = False  # the open window's events go out as they arrive
+        self._last_scan: tuple[bytes, Scan] | None = None
 
     def reset(self, *, at_window_start: bool = True, framing: Framing = Framing.RELAY) -> None:
         """A new pull position: a window in progress is abandoned. ``at_window_start``
@@ -144,12 +148,24 @@ class ResponseDecoder:
 
     def missing_fingerprints(self, body: bytes) -> set[int]:
         """Schema fingerprints used in ``body`` that the codec cannot resolve yet."""
+        s = self._scan(body)
+        if s.error is not None and s.error.reason != "body crc":
+            raise s.error  # as a header walk would (the body CRCs are checked in decode)
         missing: set[int] = set()
-        for _, header in iter_events(body, verify_body=False):
-            fp = header.schema_fingerprint
-            if header.source_id >= 0 and fp and fp not in missing and not self.codec.has(fp):
+        has = self.codec.has
+        for fp, sid in set(zip(s.fingerprint, s.source_id, strict=True)):
+            if sid >= 0 and fp and not has(fp):
                 missing.add(fp)
         return missing
+
+    def _scan(self, body: bytes) -> Scan:
+        # One scan per body: missing_fingerprints and decode of the same body share it.
+        last = self._last_scan
+        if last is not None and last[0] is body:
+            return last[1]
+        s = batch.scan(body)
+        self._last_scan = (body, s)
+        return s
 
     def decode(self, body: bytes, source_names: Mapping[int, str],
                checkpoint: Checkpoint | None = None) -> list[Item]:
@@ -192,16 +208,27 @@ class ResponseDecoder:
             )
 
     def _decode(self, body: bytes, source_names: Mapping[int, str]) -> Iterable[Item]:
-        # Hot path: each event's CRCs are checked once (by iter_events), then fields
-        # are sliced straight out of the body.
-        readers = self.reader_schemas
+        # Hot path: one scan checks every CRC and gives the header fields as arrays;
+        # runs of data events between control events are counted into the window
+        # checksum and decoded in one batch call each (databus.batch).
+        s = self._scan(body)
+        self._last_scan = None
+        s.check()
         framing = self.framing
         snapshot = framing is Framing.SNAPSHOT
         bootstrap = framing is not Framing.RELAY
         verify = self.verify_windows and not bootstrap
         check = self._check
-        for offset, header in iter_events(body):
-            scn = header.scn
+        n = s.count
+        scns, sids, offsets = s.scn, s.source_id, s.offset
+        frames = batch.frame_windows(s, self._window, check.count, check.crc)
+        controls = list(frames.controls)
+        controls.append(n)
+        next_control = 0
+        i = 0
+        while i < n:
+            scn = scns[i]
+            offset = offsets[i]
             if scn != self._window and not snapshot:
                 if self._window is not None and check.count:
                     # A new window began before the previous one's EOW: torn stream.
@@ -211,51 +238,79 @@ class ResponseDecoder:
                     )
                 self._window = scn
                 check = self._check = WindowChecksum()
-            source_id = header.source_id
-            if source_id < 0:
-                check_control_fields(header, offset)
-                if source_id in (DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID):
-                    marker = self._marker(body, offset, header, source_names)
-                    if marker is None:
-                        continue
-                    if self._spilled:
-                        yield marker
-                    else:
-                        self._pending.append(marker)
-                    continue
-                if source_id != EOW_SOURCE_ID:
-                    continue  # other control events (heartbeats) carry nothing to deliver
-                count, checksum = _EOW.unpack_from(body, offset + HEADER_SIZE)
-                if verify and self._whole and (count != check.count or checksum != check.crc):
-                    raise EventFormatError(
-                        f"window {scn}: {check.count} events and checksum "
-                        f"{check.crc:08x}, EOW says {count} and {checksum:08x}",
-                        offset=offset, reason=WINDOW_CHECK,
-                    )
-                self._window = None
-                self._whole = True
-                held, self._pending = self._pending, []
-                self._held_bytes = 0
-                self._spilled = False
-                if held:
-                    if snapshot:
-                        yield StartOfWindow(scn)  # a snapshot window: only now is its SCN known
-                    yield from held
-                yield EndOfWindow(scn, header.timestamp_ns, count)
+            source_id = sids[i]
+            if source_id >= 0:
+                while controls[next_control] < i:
+                    next_control += 1
+                stop = controls[next_control]
+                if not snapshot and 0 <= frames.broken < stop:
+                    stop = max(frames.broken, i + 1)
+                check.count, check.crc = batch.window_checksum(s, i, stop, check.count,
+                                                               check.crc)
+                events = self._data_events(body, s, i, stop, source_names, bootstrap)
+                if self._spilled:
+                    yield from events
+                else:
+                    self._pending.extend(events)
+                    self._held_bytes += sum(s.length[i:stop])
+                i = stop
                 continue
-            check.add(header.header_crc)
-            source = source_names.get(source_id)
-            if source is None:
+            i += 1
+            header = s.header(i - 1)
+            check_control_fields(header, offset)
+            if source_id in (DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID):
+                marker = self._marker(body, offset, header, source_names)
+                if marker is None:
+                    continue
+                if self._spilled:
+                    yield marker
+                else:
+                    self._pending.append(marker)
+                continue
+            if source_id != EOW_SOURCE_ID:
+                continue  # other control events (heartbeats) carry nothing to deliver
+            count, checksum = _EOW.unpack_from(body, offset + HEADER_SIZE)
+            if verify and self._whole and (count != check.count or checksum != check.crc):
                 raise EventFormatError(
-                    f"unknown source id {source_id}", offset=offset, reason="unknown source"
+                    f"window {scn}: {check.count} events and checksum "
+                    f"{check.crc:08x}, EOW says {count} and {checksum:08x}",
+                    offset=offset, reason=WINDOW_CHECK,
                 )
-            event = self._data_event(body, offset, header, source, readers.get(source),
-                                     bootstrap)
-            if self._spilled:
-                yield event
-            else:
-                self._pending.append(event)
-                self._held_bytes += header.total_length
+            self._window = None
+            self._whole = True
+            held, self._pending = self._pending, []
+            self._held_bytes = 0
+            self._spilled = False
+            if held:
+                if snapshot:
+                    yield StartOfWindow(scn)  # a snapshot window: only now is its SCN known
+                yield from held
+            yield EndOfWindow(scn, header.timestamp_ns, count)
+
+    def _data_events(self, body: bytes, s: Scan, first: int, stop: int,
+                     source_names: Mapping[int, str], bootstrap: bool) -> list[DataEvent]:
+        """The data events ``first..stop`` of a scan, decoded in one batch call; a value
+        that does not decode is found again event by event for its exact error."""
+        codec, readers = self.codec, self.reader_schemas
+
+        def value_decoder(source_id: int, fingerprint: int
+                          ) -> tuple[Callable[[bytes], Any], Schema | None]:
+            reader = readers.get(source_names[source_id])
+            if not fingerprint:
+                return functools.partial(codec.decode, writer=0, reader=reader), reader
+            return (codec.decoder(fingerprint, reader),
+                    reader if reader is not None else codec.schema(fingerprint))
+
+        try:
+            events: list[DataEvent] = batch.decode_events(
+                body, s, first, stop, source_names, value_decoder, DataEvent, bootstrap)
+        except (SchemaError, UnknownSchemaError):
+            for i in range(first, stop):  # raises the first event's error, with its offset
+                source = source_names[s.source_id[i]]
+                self._data_event(body, s.offset[i], s.header(i), source, readers.get(source),
+                                 bootstrap)
+            raise
+        return events
 
     def _marker(self, body: bytes, offset: int, header: EventHeader,
                 source_names: Mapping[int, str]) -> DumpMarker | None:

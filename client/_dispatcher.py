@@ -127,6 +127,12 @@ class Dispatcher:
     def bootstrapping(self) -> bool:
         return self._bootstrapping
 
+    def continues(self, event: DataEvent) -> bool:
+        """True when ``event`` only continues the open window's current source run:
+        ``feed`` would give just its DATA call, and a SUCCESS answer changes nothing
+        (the runner's fast path calls the consumer without building calls)."""
+        return event.scn == self._window and event.source == self._source
+
     def feed(self, item: Item) -> list[Call]:
         """The calls to make for one incoming item."""
         calls: list[Call] = []

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from databus.checkpoint import Checkpoint
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._dispatcher import Call, CallKind, Dispatcher, Step
-from databus.client._events import Item
+from databus.client._events import DataEvent, Item
 from databus.errors import DatabusError
 
 log = logging.getLogger("databus.client")
@@ -76,6 +76,10 @@ _METHODS = {
     CallKind.DUMP_END: "on_dump_end",
 }
 _NO_ARGS = (CallKind.START_BOOTSTRAP, CallKind.END_BOOTSTRAP)
+# Calls whose SUCCESS answer changes nothing in the dispatcher (``Dispatcher.result``
+# returns CONTINUE with no follow-up): the runner does not report it.
+_PLAIN_KINDS = frozenset({CallKind.START_WINDOW, CallKind.START_SOURCE, CallKind.DATA,
+                          CallKind.END_SOURCE, CallKind.DUMP_START, CallKind.DUMP_END})
 
 
 def _args(call: Call) -> tuple[object, ...]:
@@ -235,7 +239,20 @@ class Runner:
     def _dispatch(self, items: list[Item], gen: int) -> bool:
         dispatcher = self.dispatcher
         pending: list[tuple[Call, Future[CallbackResult | None]]] = []
+        fast = not self._workers
+        success = CallbackResult.SUCCESS
         for item in items:
+            if fast and type(item) is DataEvent and dispatcher.continues(item):
+                # The hot path: an event inside the open window's source run. Only an
+                # answer other than SUCCESS needs the dispatcher (``Dispatcher.result``
+                # of a DATA call with SUCCESS changes nothing).
+                result = self._invoke_all("on_data_event", (item,), gen)
+                if result is success:
+                    continue
+                if self._apply(Call(CallKind.DATA, item.scn, item.source, item), result,
+                               gen) is None:
+                    return False
+                continue
             if self._stopping.is_set() and not dispatcher.in_window:
                 return False  # stopping: never begin another window
             for call in dispatcher.feed(item):
@@ -269,6 +286,8 @@ class Runner:
             current = calls.pop(0)
             result = (CallbackResult.SUCCESS if current.quiet
                       else self._invoke(current, gen))
+            if result is CallbackResult.SUCCESS and current.kind in _PLAIN_KINDS:
+                continue  # the dispatcher's answer is known: CONTINUE, nothing to follow
             follow = self._apply(current, result, gen)
             if follow is None:
                 return False
@@ -299,7 +318,11 @@ class Runner:
         return follow
 
     def _invoke(self, call: Call, gen: int) -> CallbackResult | None:
-        return self._invoke_all(_METHODS[call.kind], _args(call), gen)
+        method = _METHODS[call.kind]
+        if not self._targets.get(method, True):
+            # No consumer overrides it: Consumer's default answers SUCCESS.
+            return CallbackResult.SUCCESS if gen == self.generation else None
+        return self._invoke_all(method, _args(call), gen)
 
     def _invoke_all(self, method: str, args: tuple[object, ...], gen: int
                     ) -> CallbackResult | None:

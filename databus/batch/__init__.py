@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from databus.batch import _python
 from databus.batch._scan import FIELDS, Scan, WindowFrames
@@ -36,15 +37,28 @@ if _impl is _python and WHY_PURE and "DATABUS_PURE_PYTHON" not in WHY_PURE:
     log.warning("databus: %s; using the pure-Python event core", WHY_PURE)
 IMPLEMENTATION: str = _impl.IMPLEMENTATION
 
-scan = _impl.scan
-frame_windows = _impl.frame_windows
-window_checksum = _impl.window_checksum
-decode_events = _impl.decode_events
-encode_event = _impl.encode_event
-encode_events = _impl.encode_events
-key_hashes = _impl.key_hashes
-restamp = _impl.restamp
-stable_key_hash = _impl.stable_key_hash
+if TYPE_CHECKING:  # both twins have the reference's signatures
+    from databus.batch._python import (
+        decode_events,
+        encode_event,
+        encode_events,
+        frame_windows,
+        key_hashes,
+        restamp,
+        scan,
+        stable_key_hash,
+        window_checksum,
+    )
+else:
+    scan = _impl.scan
+    frame_windows = _impl.frame_windows
+    window_checksum = _impl.window_checksum
+    decode_events = _impl.decode_events
+    encode_event = _impl.encode_event
+    encode_events = _impl.encode_events
+    key_hashes = _impl.key_hashes
+    restamp = _impl.restamp
+    stable_key_hash = _impl.stable_key_hash
 
 
 def twin(name: str) -> ModuleType:

@@ -178,8 +178,8 @@ def frame_windows(s, window=None, int64_t count=0, uint32_t crc=0):
     cdef const short[::1] sids = s.source_id if n else _H
     cdef const unsigned int[::1] hcrcs = s.header_crc if n else _I
     cdef array eows = clone(_Q, n, False), counts = clone(_Q, n, False)
-    cdef array crcs = clone(_I, n, False)
-    cdef Py_ssize_t k = 0
+    cdef array crcs = clone(_I, n, False), controls = clone(_Q, n, False)
+    cdef Py_ssize_t k = 0, c = 0
     cdef Py_ssize_t broken = -1
     cdef bint open_ = window is not None
     cdef int64_t win = window if open_ else 0
@@ -197,16 +197,26 @@ def frame_windows(s, window=None, int64_t count=0, uint32_t crc=0):
             if sid >= 0:
                 count += 1
                 crc = _crc_u32(crc, hcrcs[i])
-            elif sid == EOW:
+                continue
+            controls.data.as_longlongs[c] = i
+            c += 1
+            if sid == EOW:
                 eows.data.as_longlongs[k] = i
                 counts.data.as_longlongs[k] = count
                 crcs.data.as_uints[k] = crc
                 k += 1
                 open_, count, crc = False, 0, 0
+        if broken >= 0:
+            for i in range(broken, n):
+                if sids[i] < 0:
+                    controls.data.as_longlongs[c] = i
+                    c += 1
     resize(eows, k)
     resize(counts, k)
     resize(crcs, k)
-    return WindowFrames(eows, counts, crcs, broken, win if open_ else None, count, crc)
+    resize(controls, c)
+    return WindowFrames(controls, eows, counts, crcs, broken, win if open_ else None, count,
+                        crc)
 
 
 def window_checksum(s, Py_ssize_t first=0, stop=None, int64_t count=0, uint32_t crc=0):

@@ -109,7 +109,7 @@ def frame_windows(s: Scan, window: int | None = None, count: int = 0,
     before it, and the first torn window (an SCN change before the open window's EOW,
     once it holds a data event). ``window``/``count``/``crc`` carry an open window
     over from the previous body."""
-    eows, counts, crcs = array("q"), array("q"), array("I")
+    controls, eows, counts, crcs = array("q"), array("q"), array("q"), array("I")
     broken = -1
     scns, sids, hcrcs = s.scn, s.source_id, s.header_crc
     pack = _U32.pack
@@ -124,12 +124,17 @@ def frame_windows(s: Scan, window: int | None = None, count: int = 0,
         if sid >= 0:
             count += 1
             crc = zlib.crc32(pack(hcrcs[i]), crc)
-        elif sid == EOW_SOURCE_ID:
+            continue
+        controls.append(i)
+        if sid == EOW_SOURCE_ID:
             eows.append(i)
             counts.append(count)
             crcs.append(crc)
             window, count, crc = None, 0, 0
-    return WindowFrames(eows, counts, crcs, broken, window, count, crc)
+    for i in range(broken if broken >= 0 else s.count, s.count):
+        if sids[i] < 0:
+            controls.append(i)
+    return WindowFrames(controls, eows, counts, crcs, broken, window, count, crc)
 
 
 def window_checksum(s: Scan, first: int = 0, stop: int | None = None, count: int = 0,

@@ -99,8 +99,11 @@ class WindowFrames:
     count and checksum start it). ``broken`` is the index of the first event whose SCN
     differs from the open window's before that window's EOW (-1: none): a torn stream.
     ``count``/``crc``/``window`` describe the window still open at the end.
+    ``controls`` holds the index of every control event (EOWs included), so a reader
+    can take the runs of data events between them whole.
     """
 
+    controls: array[int]
     eows: array[int]
     counts: array[int]
     crcs: array[int]

@@ -13,7 +13,7 @@ allocates one ``BytesIO`` per call, which also keeps the codec thread-safe.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from io import BytesIO
 from typing import Any
 
@@ -98,6 +98,13 @@ class AvroCodec:
             ) from exc
         return buf.getvalue()
 
+    def decoder(self, writer: Schema | int, reader: Schema | None = None
+                ) -> Callable[[BytesLike], Any]:
+        """``decode`` of one writer (and reader) schema as a function of the bytes."""
+        if not isinstance(writer, Schema):
+            writer = self.schema(writer)
+        return _decoder(writer, reader)
+
     def decode(self, data: BytesLike, writer: Schema | int, reader: Schema | None = None) -> Any:
         """Decode ``data`` written with ``writer`` (a schema or its fingerprint).
 
@@ -107,20 +114,31 @@ class AvroCodec:
         """
         if not isinstance(writer, Schema):
             writer = self.schema(writer)
+        return _decoder(writer, reader)(data)
+
+
+def _decoder(writer: Schema, reader: Schema | None) -> Callable[[BytesLike], Any]:
+    # ``AvroCodec.decode`` with the schema lookups done once (a batch of events of one
+    # writer schema calls the result per value).
+    if reader is None or reader.fingerprint == writer.fingerprint:
+        parsed, reader_parsed = (reader or writer).parsed, None
+    else:
+        parsed, reader_parsed = writer.parsed, reader.parsed
+
+    def decode(data: BytesLike) -> Any:
         buf = BytesIO(data)
         try:
-            if reader is None or reader.fingerprint == writer.fingerprint:
-                value = schemaless_reader(buf, (reader or writer).parsed, None)
-            else:
-                value = schemaless_reader(buf, writer.parsed, reader.parsed)
-        except Exception as exc:  # EOFError, ValueError, UnicodeDecodeError, IndexError...
+            value = schemaless_reader(buf, parsed, reader_parsed)
+        except Exception as exc:
             raise _decode_error(exc, len(data), writer, reader) from exc
-        if buf.read(1):
+        if buf.tell() != len(data):
             raise SchemaError(
-                f"{len(data) - buf.tell() + 1} trailing bytes after a value of writer schema "
+                f"{len(data) - buf.tell()} trailing bytes after a value of writer schema "
                 f"{writer.name} (0x{writer.fingerprint:016x}): corrupted or wrong schema"
             )
         return value
+
+    return decode
 
 
 def _decode_error(exc: Exception, size: int, writer: Schema, reader: Schema | None) -> SchemaError:

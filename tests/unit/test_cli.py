@@ -16,7 +16,22 @@ from databus import cli
 def test_version_from_installed_entry_point() -> None:
     exe = Path(sys.executable).with_name("databus")
     out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == f"databus {databus.__version__}"
+    from databus import batch
+
+    line = out.stdout.strip()
+    assert line.startswith(f"databus {databus.__version__} (event core: ")
+    # It names the core this interpreter runs (the child inherits DATABUS_PURE_PYTHON).
+    assert f"(event core: {batch.IMPLEMENTATION}" in line
+
+
+def test_version_says_when_the_twin_is_forced() -> None:
+    import os
+
+    exe = Path(sys.executable).with_name("databus")
+    env = {**os.environ, "DATABUS_PURE_PYTHON": "1"}
+    out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True,
+                         env=env)
+    assert "(event core: python; DATABUS_PURE_PYTHON is set)" in out.stdout
 
 
 def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
