@@ -362,7 +362,9 @@ class _Query:
     """Just enough of an aiohttp request for ``_buffer_for`` (it reads ``query``)."""
 
     def __init__(self, **query: str) -> None:
-        self.query = query
+        from multidict import MultiDict
+
+        self.query = MultiDict(query)
 
 
 def breakdown(events: int, event_bytes: int, max_bytes: int, capacity_mb: int,
@@ -370,7 +372,7 @@ def breakdown(events: int, event_bytes: int, max_bytes: int, capacity_mb: int,
     """Per-request costs of the serving path without HTTP, in this process.
 
     Uses the real ``Relay`` (in-process, synthetic fetcher) and the server's own
-    ``_buffer_for`` to build the filter predicate, so it measures the code the relay
+    ``_buffer_for`` to build the filter, so it measures the code the relay
     runs. Returns (name, seconds per operation, note) rows, best of ``repeat``, and the
     windows/s of a minimal Python header walk (this machine's speed, right now: the
     floor of any per-event scan written in Python).
@@ -423,14 +425,12 @@ def breakdown(events: int, event_bytes: int, max_bytes: int, capacity_mb: int,
         t_cp = best(lambda: Checkpoint.loads(first.checkpoint.dumps()))
         rows.append(("checkpoint loads + dumps (per request)", t_cp, ""))
         spec = json.dumps({source: {"type": "mod", "n": filter_n, "buckets": [0]}})
-        res = _buffer_for(relay, _Query(filter=spec))
-        kwargs = {"needs_key": res[2]} if len(res) > 2 else {}
-        predicate = res[1]
+        _, select = _buffer_for(relay, _Query(filter=spec))  # type: ignore[arg-type]
 
         def filtered_pass() -> None:
             cp = Checkpoint.flexible()
             while True:
-                r = buf.read(cp, max_bytes=max_bytes, predicate=predicate, **kwargs)
+                r = buf.read(cp, max_bytes=max_bytes, select=select)
                 if r.wait_after_scn is not None:
                     return
                 cp = r.checkpoint

@@ -62,6 +62,15 @@ from pathlib import Path
 
 from sortedcontainers import SortedDict
 
+from databus.batch import (
+    CompiledFilter,
+    FilterPlan,
+    Predicate,
+    ReadState,
+    compile_filter,
+    gather,
+    select_events,
+)
 from databus.checkpoint import LATEST_SCN, Checkpoint, NothingNew, ServeFrom, decide
 from databus.errors import DatabusError, EventFormatError, ScnNotFoundError
 from databus.event import (
@@ -90,8 +99,6 @@ _PAD_MAGIC = b"PAD"
 _HDR_SCN = struct.Struct(">q")
 _HDR_SOURCE = struct.Struct(">h")
 _HDR_CRC = struct.Struct(">I")
-# What a reader needs of a header: total length, SCN, source id, partition key, key length.
-_SCAN = struct.Struct(">12xIq10xhq8xI")
 _U32 = struct.Struct(">I")
 _SEQ_SLOT_UNSET = -1
 
@@ -173,7 +180,7 @@ class ReadResult:
 
 
 # A source filter as the relay sees it: (source_id, partition_key, key bytes) -> pass?
-EventPredicate = Callable[[int, int, bytes], bool]
+EventPredicate = Predicate
 
 
 class EventBuffer:
@@ -542,17 +549,27 @@ class EventBuffer:
         max_bytes: int,
         predicate: EventPredicate | None = None,
         needs_key: bool = True,
+        select: FilterPlan | CompiledFilter | None = None,
     ) -> ReadResult:
         """Serve whole events after ``checkpoint``, at most ``max_bytes`` of them.
 
-        ``predicate`` decides per data event (source id, partition key, key bytes; the
-        key is passed as b"" unless ``needs_key``, which saves a copy per event);
-        EOW events always pass so the consumer's checkpoint advances through filtered
-        windows. Raises ``ScnNotFoundError`` if the checkpoint is too old.
+        ``select`` says which data events a request wants (``databus.batch.FilterPlan``,
+        or one compiled by ``databus.batch.compile_filter`` to reuse over reads);
+        ``predicate`` is the per-event form of the same (source id, partition key, key
+        bytes; the key is passed as b"" unless ``needs_key``). EOW events always pass so
+        the consumer's checkpoint advances through filtered windows. Raises
+        ``ScnNotFoundError`` if the checkpoint is too old.
 
         A "from the latest" checkpoint comes back as the concrete SCN it stood for, so
         a long poll that reads again waits for exactly the windows after it.
         """
+        if predicate is not None:
+            base = select.plan if isinstance(select, CompiledFilter) else select
+            base = base if base is not None else FilterPlan()
+            select = FilterPlan(wanted=base.wanted, filters=base.filters,
+                                resolve=base.resolve, predicate=predicate,
+                                needs_key=needs_key or base.needs_key)
+        flt = compile_filter(select) if isinstance(select, FilterPlan) else select
         for _ in range(_READ_ATTEMPTS):
             with self._lock:
                 decision = decide(
@@ -567,9 +584,7 @@ class EventBuffer:
                     return ReadResult(b"", checkpoint, 0, 0, wait_after_scn=after)
                 start = self._scan_start(decision.after_scn)
             try:
-                return self._read_from(
-                    checkpoint, decision, start, tail, max_bytes, predicate, needs_key
-                )
+                return self._read_from(checkpoint, decision, start, tail, max_bytes, flt)
             except _Overwritten:
                 # The writer evicted bytes under the scan. Decide again: a checkpoint
                 # that is really gone now gets scn_not_found; one still held (only
@@ -593,113 +608,65 @@ class EventBuffer:
         start: int,
         tail: int,
         max_bytes: int,
-        predicate: EventPredicate | None,
-        needs_key: bool,
+        flt: CompiledFilter | None,
     ) -> ReadResult:
-        # The hot loop of the relay: one unpack of five header fields per event, no
-        # objects per event, and bytes copied once per run of consecutive passing events.
+        # The hot loop of the relay is ``databus.batch.select_events`` (compiled), one
+        # call per run of the ring between padding; this loop walks the laps, tells
+        # padding from damage and checks that the writer left the bytes alone.
         cap = self.capacity
         ring = self._ring
-        unpack = _SCAN.unpack_from
-        after = decision.after_scn
-        partial_scn = decision.partial_scn
-        chunks: list[bytes] = []
-        size = events = windows = 0
-        run_start = run_end = -1  # physical [start, end) of passing bytes not yet copied
+        st = ReadState(decision.after_scn, max_bytes, decision.partial_scn,
+                       decision.skip_events, cp_scn=checkpoint.window_scn,
+                       cp_offset=checkpoint.window_offset)
         pos = start
-        cp_scn, cp_offset = checkpoint.window_scn, checkpoint.window_offset
-        win_scn = None
-        win_seen = skip = 0  # passing data events of the current window so far
-        pending: int | None = None
-        first_pos: int | None = None  # absolute position of the first byte served
-        cp_size = 0  # bytes served up to the last event that moved the checkpoint
-        while pos < tail:
+        first_pos: int | None = None
+        while pos < tail and not st.full:
             phys = pos % cap
             if cap - phys < HEADER_SIZE:
                 pos += cap - phys
                 continue
-            if ring[phys] == _PAD:
-                if not self._is_pad_marker(pos):
-                    if self._head > pos:
-                        raise _Overwritten
-                    if size:
-                        break  # serve what precedes the damage; the next read reports it
-                    log.error(
-                        "buffer %s: no event and no pad marker at position %d; refusing "
-                        "to skip bytes that may be damage (restart the relay to recover "
-                        "the verified windows)", self.path, pos,
-                    )
-                    raise BufferCorruptedError(
-                        f"buffer {self.path.stem} is damaged at position {pos}"
-                    )
-                pos += cap - phys
-                continue
-            total, scn, source_id, pkey, key_len = unpack(ring, phys)
+            stop = min(cap, phys + (tail - pos))
+            served_before = st.first is not None
+            end = select_events(ring, phys, stop, st, flt)
+            if not served_before and st.first is not None:
+                first_pos = pos + (st.first - phys)  # absolute: where serving began
             # Fields read from bytes the writer may since have overwritten are only
-            # trusted if the head is still at or before this header.
+            # trusted if the head is still at or before where this run began.
             if self._head > pos:
                 raise _Overwritten
-            if scn <= after:
-                pos += total  # before the serving point
+            pos += end - phys
+            if st.full or end == stop:
                 continue
-            if scn != win_scn:
-                win_scn, win_seen = scn, 0
-                skip = decision.skip_events if scn == partial_scn else 0
-            if source_id >= 0:
-                if predicate is not None:
-                    key = (bytes(ring[phys + HEADER_SIZE : phys + HEADER_SIZE + key_len])
-                           if key_len and needs_key else b"")
-                    if not predicate(source_id, pkey, key):
-                        pos += total
-                        continue
-                if win_seen < skip:
-                    win_seen += 1
-                    pos += total
-                    continue
-            elif win_seen < skip and source_id != EOW_SOURCE_ID:
-                # A control event (a dump marker) before a data event the checkpoint
-                # already consumed: it was served with that event, not again.
-                pos += total
+            if cap - end < HEADER_SIZE:
+                continue  # the rest of the lap is padding by geometry (next turn)
+            if ring[end] == _PAD and self._is_pad_marker(pos):
+                pos += cap - end
                 continue
-            if size + total > max_bytes:
-                if cp_size == 0:
-                    # Nothing that moves the checkpoint fits (at most markers do): the
-                    # client needs room for them and this event together.
-                    pending = size + total
-                break
-            if first_pos is None:
-                first_pos = pos
-            if phys != run_end:
-                if run_start >= 0:
-                    chunks.append(bytes(ring[run_start:run_end]))
-                run_start = phys
-            run_end = phys + total
-            size += total
-            pos += total
-            if source_id == EOW_SOURCE_ID:
-                windows += 1
-                cp_scn, cp_offset = scn, -1
-                cp_size = size
-            elif source_id >= 0:
-                win_seen += 1
-                events += 1
-                cp_scn, cp_offset = scn, win_seen
-                cp_size = size
-        if run_start >= 0:
-            chunks.append(bytes(ring[run_start:run_end]))
+            if self._head > pos:
+                raise _Overwritten
+            if st.size:
+                break  # serve what precedes the damage; the next read reports it
+            log.error(
+                "buffer %s: no event and no pad marker at position %d; refusing "
+                "to skip bytes that may be damage (restart the relay to recover "
+                "the verified windows)", self.path, pos,
+            )
+            raise BufferCorruptedError(f"buffer {self.path.stem} is damaged at position {pos}")
+        cp_size = st.cp_size
+        data = gather(ring, st.runs, cp_size)
         if first_pos is not None and self._head > first_pos:
             raise _Overwritten  # bytes already copied may have been overwritten
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        if cp_size < size:
-            # Markers after the last event that moves the checkpoint: a checkpoint cannot
-            # say they were consumed, so they go with the next response (served here and
-            # again there, a consumer would see them twice; served alone, forever).
-            data = data[:cp_size]
-        cp = Checkpoint(cp_scn, cp_offset) if cp_size else checkpoint
+        # Markers after the last event that moves the checkpoint (``size > cp_size``)
+        # are cut off: a checkpoint cannot say they were consumed, so they go with the
+        # next response (served here and again there, a consumer would see them twice;
+        # served alone, forever).
+        cp = Checkpoint(st.cp_scn, st.cp_offset) if cp_size else checkpoint
+        pending = st.pending if st.full else None
         wait = None
+        partial_scn = decision.partial_scn
         if not data and pending is None:
-            wait = partial_scn - 1 if partial_scn is not None else after
-        return ReadResult(data, cp, events, windows, pending, wait)
+            wait = partial_scn - 1 if partial_scn is not None else decision.after_scn
+        return ReadResult(data, cp, st.events, st.windows, pending, wait)
 
     def _skip_pad(self, pos: int) -> int:
         """The position of the event at or after ``pos``: past the end-of-lap padding if

@@ -51,10 +51,11 @@ from databus._serving import (
     ServingLimits,
     install,
 )
+from databus.batch import CompiledFilter, FilterPlan, compile_filter
 from databus.checkpoint import WHOLE_WINDOW, Checkpoint, Mode
 from databus.errors import ConfigError, ScnNotFoundError, UnknownSourceError
 from databus.filters import SourceFilter
-from databus.relay._buffer import BufferCorruptedError, EventBuffer, EventPredicate, ReadResult
+from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
 from databus.relay._dump_api import add_dump_routes
 from databus.relay._relay import Relay
 from databus.schemas import Schema
@@ -133,17 +134,16 @@ def _source_buffer(relay: Relay, name: str) -> tuple[str, int | None]:
     return entry.buffer, entry.id
 
 
-def _buffer_for(
-    relay: Relay, request: web.Request
-) -> tuple[str, EventPredicate | None, bool]:
-    """The buffer a stream request reads, its per-event predicate, and whether the
-    predicate needs key bytes.
+def _buffer_for(relay: Relay, request: web.Request) -> tuple[str, CompiledFilter | None]:
+    """The buffer a stream request reads and which of its data events the request
+    wants (None: all), compiled for ``EventBuffer.read``.
 
     A configured source whose table does not exist yet is served like one with no
     events (a long poll waits), not as ``unknown_source``: a consumer may start before
-    the schema migration. One named by a pattern has no id yet, so the predicate looks
-    ids it does not know up by name, once per id: the relay gives a source its id before
-    it writes an event with it, so events of the table created meanwhile pass."""
+    the schema migration. One named by a pattern has no id yet, so the filter looks ids
+    it does not know up by name, once per id (``FilterPlan.resolve``): the relay gives
+    a source its id before it writes an event with it, so events of the table created
+    meanwhile pass."""
     names = sources_param(request)
     spec = filter_param(request)
     catalog = relay.catalog
@@ -164,47 +164,26 @@ def _buffer_for(
     filters = {name: (_source_buffer(relay, name)[1], f) for name, f in spec.filters.items()}
     needs_key = any(f.needs_key for _, f in filters.values())
     if not located and not filters:
-        return buffer_name, None, False
+        return buffer_name, None
     everything = not located
-    # Per source id: (subscribed, its filter or None); ids not in it are decided by name.
-    known: dict[int, tuple[bool, SourceFilter | None]] = {
-        source_id: (True, None) for source_id in (i for _, i in located.values())
-        if source_id is not None
-    }
-    for source_id, source_filter in filters.values():
-        if source_id is not None:
-            known[source_id] = (everything or source_id in known, source_filter)
+    wanted = {i for _, i in located.values() if i is not None}
     late_names = {n for n, (_, i) in located.items() if i is None}
     late_filters = {n: f for n, (i, f) in filters.items() if i is None}
-    wanted_ids = None if everything else frozenset(i for i, (w, _) in known.items() if w)
 
     def late(source_id: int) -> tuple[bool, SourceFilter | None]:
         try:
             name = catalog.by_id(source_id).name
         except UnknownSourceError:
             return everything, None
-        decision = (everything or name in late_names, late_filters.get(name))
-        known[source_id] = decision
-        return decision
+        return everything or name in late_names, late_filters.get(name)
 
-    if not late_names and not late_filters:
-        # Every source has an id: the plain form (no lookups on the per-event path).
-        plain = {i: f for i, (_, f) in known.items() if f is not None}
-
-        def predicate(source_id: int, pkey: int, key: bytes) -> bool:
-            if wanted_ids is not None and source_id not in wanted_ids:
-                return False
-            f = plain.get(source_id)
-            return f is None or f.passes(pkey, key)
-
-        return buffer_name, predicate, needs_key
-
-    def lazy_predicate(source_id: int, pkey: int, key: bytes) -> bool:
-        decision = known.get(source_id)
-        wanted, f = decision if decision is not None else late(source_id)
-        return wanted and (f is None or f.passes(pkey, key))
-
-    return buffer_name, lazy_predicate, needs_key
+    plan = FilterPlan(
+        wanted=None if everything else frozenset(wanted),
+        filters={i: f for i, f in filters.values() if i is not None},
+        resolve=late if late_names or late_filters else None,
+        needs_key=needs_key,
+    )
+    return buffer_name, compile_filter(plan)
 
 
 # -- handlers -----------------------------------------------------------------------
@@ -226,12 +205,12 @@ async def stream(request: web.Request) -> web.Response:
         cfg.max_bytes_cap,
     )
     wait_ms = int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, cfg.max_wait_ms)
-    buffer_name, predicate, needs_key = _buffer_for(relay, request)
+    buffer_name, select = _buffer_for(relay, request)
     buffer = relay.buffers[buffer_name]
     notifier = request.app[NOTIFIERS][buffer_name]
     stats = request.app[STATS]
     deadline = time.monotonic() + wait_ms / 1000
-    read = functools.partial(buffer.read, predicate=predicate, needs_key=needs_key)
+    read = functools.partial(buffer.read, select=select)
     # The first slice at once (all a consumer that keeps up needs); the rest of a big
     # body in the bulk lane, one slice per loop turn (_read_rest).
     first = min(max_bytes, FIRST_SLICE)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from databus.batch import _python
 from databus.batch._scan import FIELDS, Scan, WindowFrames
+from databus.batch._select import FilterPlan, Predicate, ReadState
 
 log = logging.getLogger("databus.batch")
 
@@ -39,13 +40,17 @@ IMPLEMENTATION: str = _impl.IMPLEMENTATION
 
 if TYPE_CHECKING:  # both twins have the reference's signatures
     from databus.batch._python import (
+        CompiledFilter,
+        compile_filter,
         decode_events,
         encode_event,
         encode_events,
         frame_windows,
+        gather,
         key_hashes,
         restamp,
         scan,
+        select_events,
         stable_key_hash,
         window_checksum,
     )
@@ -59,6 +64,10 @@ else:
     key_hashes = _impl.key_hashes
     restamp = _impl.restamp
     stable_key_hash = _impl.stable_key_hash
+    CompiledFilter = _impl.CompiledFilter
+    compile_filter = _impl.compile_filter
+    select_events = _impl.select_events
+    gather = _impl.gather
 
 
 def twin(name: str) -> ModuleType:
@@ -80,7 +89,9 @@ def native_available() -> bool:
     return True
 
 
-__all__ = ["FIELDS", "IMPLEMENTATION", "WHY_PURE", "Scan", "WindowFrames", "decode_events",
-           "encode_event", "encode_events", "frame_windows", "key_hashes",
-           "native_available", "restamp", "scan", "stable_key_hash", "twin",
-           "window_checksum"]
+__all__ = [
+    "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "FilterPlan", "Predicate",
+    "ReadState", "Scan", "WindowFrames", "compile_filter", "decode_events", "encode_event",
+    "encode_events", "frame_windows", "gather", "key_hashes", "native_available", "restamp", "scan",
+    "select_events", "stable_key_hash", "twin", "window_checksum",
+]

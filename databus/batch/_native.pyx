@@ -9,7 +9,7 @@ read: a length field pointing past the end (or claiming 2 GiB) only ever yields 
 error, never a read outside the buffer.
 """
 
-from cpython.array cimport array, clone, resize
+from cpython.array cimport array, clone, resize, resize_smart
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int16_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
@@ -423,3 +423,255 @@ def restamp(buf, Py_ssize_t offset, Py_ssize_t length, int source_id):
     db_put16(p + 34, <uint16_t><int16_t>source_id)
     db_put32(p + 4, _header_crc(p))
     return out
+
+
+# -- the relay's read rules ------------------------------------------------------------
+
+DEF F_ALL = 0
+DEF F_REJECT = 1
+DEF F_MOD = 2
+DEF F_HASH = 3
+DEF F_RANGE = 4
+DEF F_INTERVAL = 5
+DEF F_PY = 6
+
+
+cdef class _Rule:
+    """One source's decision, ready for C: pass all, reject, or one filter's numbers."""
+    cdef int kind
+    cdef int64_t n, lo, hi
+    cdef bint no_hi
+    cdef array los, his
+    cdef object py
+
+
+cdef bint _in_ranges(_Rule r, int64_t v) noexcept:
+    # Sorted disjoint inclusive ranges: the last one starting at or before v.
+    cdef Py_ssize_t a = 0, b = len(r.los), m
+    cdef const long long *los = r.los.data.as_longlongs
+    while a < b:
+        m = (a + b) // 2
+        if los[m] <= v:
+            a = m + 1
+        else:
+            b = m
+    return a > 0 and v <= r.his.data.as_longlongs[a - 1]
+
+
+cdef _Rule _make_rule(bint wanted, object f):
+    cdef _Rule r = _Rule()
+    if not wanted:
+        r.kind = F_REJECT
+        return r
+    if f is None:
+        r.kind = F_ALL
+        return r
+    name = type(f).__name__
+    ranges = None
+    if name in ("ModFilter", "HashFilter"):
+        r.kind = F_MOD if name == "ModFilter" else F_HASH
+        r.n = f.n
+        ranges = f.buckets.ranges
+    elif name == "RangeFilter":
+        r.kind = F_RANGE
+        r.n = f.size
+        ranges = f.ids.ranges
+    elif name == "IntervalFilter":
+        r.kind = F_INTERVAL
+        r.lo = f.lo
+        r.no_hi = f.hi > 0x7FFFFFFFFFFFFFFF
+        r.hi = 0 if r.no_hi else f.hi
+    else:
+        r.kind = F_PY
+        r.py = f
+    if ranges is not None:
+        r.los = _pyarray("q", [lo for lo, _ in ranges])
+        r.his = _pyarray("q", [hi for _, hi in ranges])
+    return r
+
+
+cdef class CompiledFilter:
+    """See ``databus.batch._python.CompiledFilter``."""
+    cdef public object plan
+    cdef public bint needs_key
+    cdef list _rules
+    cdef object _predicate
+
+    def __init__(self, plan):
+        self.plan = plan
+        self._predicate = plan.predicate
+        self.needs_key = plan.needs_key
+        self._rules = [None] * 32768
+
+    cdef _Rule rule(self, int source_id):
+        cdef object r = self._rules[source_id]
+        if r is not None:
+            return <_Rule>r
+        plan = self.plan
+        wanted = plan.wanted
+        if (plan.resolve is None or source_id in plan.filters
+                or (wanted is not None and source_id in wanted)):
+            decision = (wanted is None or source_id in wanted, plan.filters.get(source_id))
+        else:
+            decision = plan.resolve(source_id)
+        r = _make_rule(decision[0], decision[1])
+        self._rules[source_id] = r
+        return <_Rule>r
+
+    cdef bint passes_c(self, int source_id, int64_t pkey, const unsigned char *key,
+                       int64_t key_len) except -1:
+        cdef _Rule r = self.rule(source_id)
+        cdef uint64_t mag
+        cdef bint ok
+        if r.kind == F_REJECT:
+            return False
+        if r.kind == F_ALL:
+            ok = True
+        elif r.kind == F_MOD:
+            mag = <uint64_t>(-pkey) if pkey < 0 else <uint64_t>pkey  # abs(-2**63) too
+            ok = _in_ranges(r, <int64_t>(mag % <uint64_t>r.n))
+        elif r.kind == F_HASH:
+            ok = _in_ranges(r, db_stable_key_hash(key, key_len) % r.n)
+        elif r.kind == F_RANGE:
+            ok = pkey >= 0 and _in_ranges(r, pkey // r.n)
+        elif r.kind == F_INTERVAL:
+            ok = r.lo <= pkey and (r.no_hi or pkey < r.hi)
+        else:
+            ok = bool(r.py.passes(pkey, key[:key_len] if key_len and self.needs_key else b""))
+        if ok and self._predicate is not None:
+            ok = bool(self._predicate(source_id, pkey,
+                                      key[:key_len] if key_len and self.needs_key else b""))
+        return ok
+
+    def passes(self, source_id, pkey, key):
+        cdef const unsigned char[::1] data = _bytes_view(key)
+        return self.passes_c(source_id, pkey, &data[0] if data.shape[0] else NULL,
+                             data.shape[0])
+
+
+def compile_filter(plan):
+    return CompiledFilter(plan)
+
+
+cdef int _add_run(array runs, int64_t start, int64_t end) except -1:
+    cdef Py_ssize_t n = len(runs)
+    resize_smart(runs, n + 2)
+    runs.data.as_longlongs[n] = start
+    runs.data.as_longlongs[n + 1] = end
+    return 0
+
+
+def gather(buf, array runs, Py_ssize_t limit):
+    """See ``databus.batch._python.gather``: one allocation, one memcpy per run."""
+    cdef const unsigned char[::1] data = _bytes_view(buf)
+    cdef Py_ssize_t k, n = len(runs), total = 0, left = limit, start, end
+    cdef const long long *r = runs.data.as_longlongs
+    for k in range(0, n, 2):
+        if left <= 0:
+            break
+        start, end = r[k], r[k + 1]
+        if not (0 <= start <= end <= data.shape[0]):
+            raise ValueError("gather: a run outside the buffer")
+        end = min(end, start + left)
+        total += end - start
+        left -= end - start
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char *p = <unsigned char *>PyBytes_AS_STRING(out)
+    left = total
+    for k in range(0, n, 2):
+        if left <= 0:
+            break
+        start, end = r[k], r[k + 1]
+        end = min(end, start + left)
+        memcpy(p, &data[start], end - start)
+        p += end - start
+        left -= end - start
+    return out
+
+
+def select_events(buf, Py_ssize_t pos, Py_ssize_t stop, st, CompiledFilter flt):
+    """See ``databus.batch._python.select_events``."""
+    cdef const unsigned char[::1] data = _bytes_view(buf)
+    if not (0 <= pos <= stop <= data.shape[0]):
+        raise ValueError("select_events: range outside the buffer")
+    cdef const unsigned char *base = &data[0] if data.shape[0] else NULL
+    cdef const unsigned char *p
+    cdef int64_t after = st.after, max_bytes = st.max_bytes
+    cdef bint has_partial = st.partial_scn is not None
+    cdef int64_t partial_scn = st.partial_scn if has_partial else 0
+    cdef int64_t skip_events = st.skip_events
+    cdef bint has_win = st.win_scn is not None
+    cdef int64_t win_scn = st.win_scn if has_win else 0
+    cdef int64_t win_seen = st.win_seen, skip = st.skip, size = st.size
+    cdef int64_t events = st.events, windows = st.windows
+    cdef int64_t cp_scn = st.cp_scn, cp_offset = st.cp_offset, cp_size = st.cp_size
+    cdef bint has_first = st.first is not None
+    cdef int64_t first = st.first if has_first else 0
+    cdef array runs = st.runs
+    cdef int64_t run_start = -1, run_end = -1
+    cdef int64_t total, scn, pkey, key_len
+    cdef int source_id
+    cdef bint full = False
+    cdef object pending = None
+    while pos < stop:
+        p = base + pos
+        if stop - pos < HEADER_SIZE or p[0] != MAGIC:
+            break
+        total = db_be32(p + 12)
+        key_len = db_be32(p + 52)
+        if total < HEADER_SIZE + key_len or total > stop - pos:
+            break
+        scn = <int64_t>db_be64(p + 16)
+        if scn <= after:
+            pos += total
+            continue
+        source_id = <int16_t>db_be16(p + 34)
+        if not has_win or scn != win_scn:
+            has_win, win_scn, win_seen = True, scn, 0
+            skip = skip_events if has_partial and scn == partial_scn else 0
+        if source_id >= 0:
+            if flt is not None:
+                pkey = <int64_t>db_be64(p + 36)
+                if not flt.passes_c(source_id, pkey, p + HEADER_SIZE, key_len):
+                    pos += total
+                    continue
+            if win_seen < skip:
+                win_seen += 1
+                pos += total
+                continue
+        elif win_seen < skip and source_id != EOW:
+            pos += total
+            continue
+        if size + total > max_bytes:
+            if cp_size == 0:
+                pending = size + total
+            full = True
+            break
+        if not has_first:
+            has_first, first = True, pos
+        if pos != run_end:
+            if run_start >= 0:
+                _add_run(runs, run_start, run_end)
+            run_start = pos
+        run_end = pos + total
+        size += total
+        pos += total
+        if source_id == EOW:
+            windows += 1
+            cp_scn, cp_offset, cp_size = scn, -1, size
+        elif source_id >= 0:
+            win_seen += 1
+            events += 1
+            cp_scn, cp_offset, cp_size = scn, win_seen, size
+    if run_start >= 0:
+        _add_run(runs, run_start, run_end)
+    st.win_scn = win_scn if has_win else None
+    st.win_seen, st.skip, st.size = win_seen, skip, size
+    st.events, st.windows = events, windows
+    st.cp_scn, st.cp_offset, st.cp_size = cp_scn, cp_offset, cp_size
+    st.first = first if has_first else None
+    if full:
+        st.full = True
+        if pending is not None:
+            st.pending = pending
+    return pos

@@ -6,6 +6,7 @@ the per-event rules exist once in Python; ``_native.pyx`` restates them in C.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -13,6 +14,7 @@ from typing import Any
 
 from databus._hashing import stable_key_hash
 from databus.batch._scan import Scan, WindowFrames
+from databus.batch._select import FilterPlan, ReadState
 from databus.errors import EventFormatError
 from databus.event import (
     _CRC_OFFSET,
@@ -241,17 +243,133 @@ def restamp(buf: Buffer, offset: int, length: int, source_id: int) -> bytes:
     return bytes(out)
 
 
-__all__ = [
-    "IMPLEMENTATION",
-    "data_key",
-    "decode_events",
-    "encode_event",
-    "encode_events",
-    "event_error",
-    "frame_windows",
-    "key_hashes",
-    "restamp",
-    "scan",
-    "stable_key_hash",
-    "window_checksum",
-]
+
+
+# -- the relay's read rules ------------------------------------------------------------
+
+# What the read rules need of a header: total length, SCN, source id, partition key,
+# key length (the ring's events were checked when they were written).
+_READ_FIELDS = struct.Struct(">12xIq10xhq8xI")
+_MAGIC = 0xDB
+
+
+class CompiledFilter:
+    """A ``FilterPlan`` made ready for ``select_events`` (decisions cached per id)."""
+
+    __slots__ = ("_known", "needs_key", "plan")
+
+    def __init__(self, plan: FilterPlan) -> None:
+        self.plan = plan
+        self.needs_key = plan.needs_key
+        self._known: dict[int, tuple[bool, Any]] = {}
+
+    def _decide(self, source_id: int) -> tuple[bool, Any]:
+        plan = self.plan
+        wanted = plan.wanted
+        if (plan.resolve is None or source_id in plan.filters
+                or (wanted is not None and source_id in wanted)):
+            decision = (wanted is None or source_id in wanted, plan.filters.get(source_id))
+        else:
+            decision = plan.resolve(source_id)
+        self._known[source_id] = decision
+        return decision
+
+    def passes(self, source_id: int, pkey: int, key: bytes) -> bool:
+        decision = self._known.get(source_id)
+        wanted, f = decision if decision is not None else self._decide(source_id)
+        if not wanted or (f is not None and not f.passes(pkey, key)):
+            return False
+        predicate = self.plan.predicate
+        return predicate is None or predicate(source_id, pkey, key)
+
+
+def compile_filter(plan: FilterPlan) -> CompiledFilter:
+    return CompiledFilter(plan)
+
+
+def select_events(buf: Buffer, pos: int, stop: int, st: ReadState,
+                  flt: CompiledFilter | None) -> int:
+    """Apply the read rules (``_select``) to the events in ``buf[pos:stop]``.
+
+    Returns where it stopped: ``stop``; the event that did not fit (``st.full``); or
+    bytes that are not an event start (a first byte other than the magic, or lengths
+    that do not fit before ``stop``), which the caller tells apart (padding, damage)."""
+    unpack = _READ_FIELDS.unpack_from
+    view = memoryview(buf)
+    needs_key = flt is not None and flt.needs_key
+    after, partial_scn, skip_events = st.after, st.partial_scn, st.skip_events
+    max_bytes = st.max_bytes
+    runs = st.runs
+    run_start = run_end = -1  # the run of consecutive passing events in progress
+    while pos < stop:
+        if stop - pos < HEADER_SIZE or buf[pos] != _MAGIC:
+            break
+        total, scn, source_id, pkey, key_len = unpack(buf, pos)
+        if total < HEADER_SIZE + key_len or total > stop - pos:
+            break
+        if scn <= after:
+            pos += total
+            continue
+        if scn != st.win_scn:
+            st.win_scn, st.win_seen = scn, 0
+            st.skip = skip_events if scn == partial_scn else 0
+        if source_id >= 0:
+            if flt is not None:
+                key = (bytes(view[pos + HEADER_SIZE:pos + HEADER_SIZE + key_len])
+                       if key_len and needs_key else b"")
+                if not flt.passes(source_id, pkey, key):
+                    pos += total
+                    continue
+            if st.win_seen < st.skip:
+                st.win_seen += 1
+                pos += total
+                continue
+        elif st.win_seen < st.skip and source_id != EOW_SOURCE_ID:
+            pos += total
+            continue
+        if st.size + total > max_bytes:
+            if st.cp_size == 0:
+                st.pending = st.size + total
+            st.full = True
+            break
+        if st.first is None:
+            st.first = pos
+        if pos != run_end:
+            if run_start >= 0:
+                runs.extend((run_start, run_end))
+            run_start = pos
+        run_end = pos + total
+        st.size += total
+        pos += total
+        if source_id == EOW_SOURCE_ID:
+            st.windows += 1
+            st.cp_scn, st.cp_offset, st.cp_size = scn, -1, st.size
+        elif source_id >= 0:
+            st.win_seen += 1
+            st.events += 1
+            st.cp_scn, st.cp_offset, st.cp_size = scn, st.win_seen, st.size
+    if run_start >= 0:
+        runs.extend((run_start, run_end))
+    return pos
+
+
+def gather(buf: Buffer, runs: array[int], limit: int) -> bytes:
+    """The bytes of ``runs`` (flat start/end pairs of ``buf``), the first ``limit``."""
+    view = memoryview(buf)
+    parts: list[bytes | memoryview] = []
+    left = limit
+    for k in range(0, len(runs), 2):
+        if left <= 0:
+            break
+        start, end = runs[k], runs[k + 1]
+        if not 0 <= start <= end <= len(view):
+            raise ValueError("gather: a run outside the buffer")
+        end = min(end, start + left)
+        parts.append(view[start:end])
+        left -= end - start
+    return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+
+
+__all__ = ["IMPLEMENTATION", "CompiledFilter", "compile_filter", "data_key", "decode_events",
+           "encode_event", "encode_events", "event_error", "frame_windows", "gather", "key_hashes",
+           "restamp", "scan", "select_events", "stable_key_hash", "window_checksum"]

@@ -366,3 +366,117 @@ def test_restamp_is_restamp_source_id(core: ModuleType) -> None:
         assert core.restamp(body, s.offset[i], s.length[i], 77) == \
             restamp_source_id(event, 77)
     assert zlib.crc32(b"") == 0
+
+
+# -- the relay's read rules (select_events, gather) -------------------------------------
+
+
+def _ring_body() -> bytes:
+    """Windows 1..40 of three sources with int, string and bytes keys (a dump marker in
+    some), as an event buffer's ring holds them."""
+    from databus.event import encode_dump_marker
+
+    out: list[bytes] = []
+    for scn in range(1, 41):
+        rows = [(scn * 7 + j - 60, b"x" * j) for j in range(scn % 4)]
+        events = []
+        for j, (k, v) in enumerate(rows):
+            key: object = k if j % 3 == 0 else (f"k{k}" if j % 3 == 1 else str(k).encode())
+            events.append(encode_event(scn=scn, source_id=j % 3, op=EventOp.UPSERT,
+                                       key=key, value=v))  # type: ignore[arg-type]
+        if scn % 9 == 0:
+            events.insert(1, encode_dump_marker(scn=scn, kind="start", source="s", dump_id="d"))
+        check = WindowChecksum()
+        for e in events:
+            if e[34:36] != b"\xff\xfa":
+                check.add_event(e)
+        events.append(encode_eow(scn=scn, event_count=check.count, checksum=check.crc))
+        out += events
+    return b"".join(out)
+
+
+def _plans() -> list[Any]:
+    from databus.batch import FilterPlan
+    from databus.filters import BucketSet, HashFilter, IntervalFilter, ModFilter, RangeFilter
+
+    return [
+        None,
+        FilterPlan(),
+        FilterPlan(wanted=frozenset({1})),
+        FilterPlan(filters={0: ModFilter(3, BucketSet.of([0, 2]))}),
+        FilterPlan(wanted=frozenset({0, 2}), filters={2: HashFilter(4, BucketSet.of([1]))},
+                   needs_key=True),
+        FilterPlan(filters={0: RangeFilter(50, BucketSet.of([(0, 2)]))}),
+        FilterPlan(filters={0: IntervalFilter(-10, 2**63)}),
+        FilterPlan(filters={1: IntervalFilter(-(2**63), 200)}),
+        FilterPlan(resolve=lambda sid: (sid != 2, None)),
+        FilterPlan(predicate=lambda sid, pkey, key: (pkey + len(key)) % 2 == 0,
+                   needs_key=True),
+    ]
+
+
+def _select(twin: ModuleType, body: bytes, plan: Any, after: int, partial: int | None,
+            skip: int, max_bytes: int, cut: int) -> tuple[Any, ...]:
+    from databus.batch import ReadState
+
+    st = ReadState(after, max_bytes, partial, skip, cp_scn=after, cp_offset=-1)
+    flt = None if plan is None else twin.compile_filter(plan)
+    # Two runs, as a ring that wrapped: the first stops at an event boundary.
+    end1 = twin.select_events(body, 0, cut, st, flt)
+    end2 = twin.select_events(body, end1, len(body), st, flt) if not st.full else end1
+    data = twin.gather(body, st.runs, st.cp_size)
+    return (end1, end2, st.size, st.events, st.windows, st.cp_scn, st.cp_offset, st.cp_size,
+            st.pending, st.full, st.first, st.win_scn, st.win_seen, st.skip, data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(plan=st.sampled_from(range(len(_plans()))), after=st.integers(-1, 41),
+       partial=st.one_of(st.none(), st.integers(1, 40)), skip=st.integers(0, 3),
+       max_bytes=st.sampled_from([1, 60, 300, 2000, 1 << 20]), cut_at=st.integers(0, 200))
+def test_select_events_twins_agree(plan: int, after: int, partial: int | None, skip: int,
+                                   max_bytes: int, cut_at: int) -> None:
+    py, nat = batch.twin("python"), _native_or_skip()
+    body = _ring_body()
+    offsets = list(py.scan(body).check().offset) + [len(body)]
+    cut = offsets[min(cut_at, len(offsets) - 1)]
+    assert _select(py, body, _plans()[plan], after, partial, skip, max_bytes, cut) == \
+        _select(nat, body, _plans()[plan], after, partial, skip, max_bytes, cut)
+
+
+@pytest.mark.parametrize("plan", range(len(_plans())))
+def test_select_events_serves_what_the_filters_pass(core: ModuleType, plan: int) -> None:
+    body = _ring_body()
+    chosen = _plans()[plan]
+    got = _select(core, body, chosen, 0, None, 0, 1 << 30, len(body))
+    data = got[-1]
+    served = [(h.source_id, h.partition_key, data[o + HEADER_SIZE:o + HEADER_SIZE
+                                                   + h.key_length])
+              for o, h in iter_events(data) if h.source_id >= 0]
+    expected = []
+    for o, h in iter_events(body):
+        if h.source_id < 0:
+            continue
+        key = body[o + HEADER_SIZE:o + HEADER_SIZE + h.key_length]
+        if chosen is None or batch.twin("python").compile_filter(chosen).passes(
+                h.source_id, h.partition_key, key if chosen.needs_key else b""):
+            expected.append((h.source_id, h.partition_key, key))
+    assert served == expected
+    eows = [h for _, h in iter_events(data) if h.source_id == EOW_SOURCE_ID]
+    assert len(eows) == 40  # EOWs always pass
+
+
+def test_select_events_stops_at_bytes_that_are_not_an_event(core: ModuleType) -> None:
+    from databus.batch import ReadState
+
+    body = _ring_body()
+    s = core.scan(body)
+    first = s.offset[3]
+    damaged = body[:first] + b"\x00" * 20 + body[first + 20:]
+    st = ReadState(0, 1 << 20)
+    assert core.select_events(damaged, 0, len(damaged), st, None) == first
+    liar = body[:first] + forge(body[first:first + s.length[3]], total_length=10**6)
+    st = ReadState(0, 1 << 20)
+    assert core.select_events(liar + body[first + s.length[3]:], 0, len(liar), st,
+                              None) == first
+    with pytest.raises(ValueError):
+        core.gather(body, __import__("array").array("q", [0, len(body) + 1]), 10)
