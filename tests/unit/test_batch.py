@@ -437,7 +437,7 @@ def test_select_events_twins_agree(plan: int, after: int, partial: int | None, s
                                    max_bytes: int, cut_at: int) -> None:
     py, nat = batch.twin("python"), _native_or_skip()
     body = _ring_body()
-    offsets = list(py.scan(body).check().offset) + [len(body)]
+    offsets = [*py.scan(body).check().offset, len(body)]
     cut = offsets[min(cut_at, len(offsets) - 1)]
     assert _select(py, body, _plans()[plan], after, partial, skip, max_bytes, cut) == \
         _select(nat, body, _plans()[plan], after, partial, skip, max_bytes, cut)
