@@ -62,8 +62,9 @@ from functools import lru_cache
 from typing import ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
+from databus.batch import encode_event
 from databus.errors import ConfigError
-from databus.event import HEADER_SIZE, Op, encode_event
+from databus.event import HEADER_SIZE, Op
 from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
 from databus.schemas import Schema
 
@@ -344,18 +345,10 @@ class SyntheticGenerator:
                 )
                 offset = rng.below(_BLOCK_SLACK)
                 payload = self._block[offset : offset + size]
-            out.append(
-                encode_event(
-                    scn=scn,
-                    source_id=source.id,
-                    op=Op.DELETE if kind == _DELETE else Op.UPSERT,
-                    key=key,
-                    value=prefix + _varint(len(payload)) + payload,
-                    timestamp_ns=timestamp_ns,
-                    partition_id=self.partition_id,
-                    schema_fingerprint=source.fingerprint,
-                )
-            )
+            out.append(encode_event(
+                scn, Op.DELETE if kind == _DELETE else Op.UPSERT, source.id, key,
+                prefix + _varint(len(payload)) + payload, source.fingerprint, timestamp_ns,
+                self.partition_id))
         return out
 
 

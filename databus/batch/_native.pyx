@@ -494,29 +494,38 @@ cdef class CompiledFilter:
     """See ``databus.batch._python.CompiledFilter``."""
     cdef public object plan
     cdef public bint needs_key
-    cdef list _rules
+    cdef dict _rules
     cdef object _predicate
+    cdef int _last_id
+    cdef _Rule _last
 
     def __init__(self, plan):
         self.plan = plan
         self._predicate = plan.predicate
         self.needs_key = plan.needs_key
-        self._rules = [None] * 32768
+        self._rules = {}
+        self._last_id = -1
+        self._last = None
 
     cdef _Rule rule(self, int source_id):
-        cdef object r = self._rules[source_id]
-        if r is not None:
-            return <_Rule>r
-        plan = self.plan
-        wanted = plan.wanted
-        if (plan.resolve is None or source_id in plan.filters
-                or (wanted is not None and source_id in wanted)):
-            decision = (wanted is None or source_id in wanted, plan.filters.get(source_id))
-        else:
-            decision = plan.resolve(source_id)
-        r = _make_rule(decision[0], decision[1])
-        self._rules[source_id] = r
-        return <_Rule>r
+        # Events come in runs of one source: the last rule answers most lookups.
+        if source_id == self._last_id:
+            return self._last
+        r = self._rules.get(source_id)
+        if r is None:
+            plan = self.plan
+            wanted = plan.wanted
+            if (plan.resolve is None or source_id in plan.filters
+                    or (wanted is not None and source_id in wanted)):
+                decision = (wanted is None or source_id in wanted,
+                            plan.filters.get(source_id))
+            else:
+                decision = plan.resolve(source_id)
+            r = _make_rule(decision[0], decision[1])
+            self._rules[source_id] = r
+        self._last_id = source_id
+        self._last = <_Rule>r
+        return self._last
 
     cdef bint passes_c(self, int source_id, int64_t pkey, const unsigned char *key,
                        int64_t key_len) except -1:

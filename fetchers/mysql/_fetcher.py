@@ -54,8 +54,9 @@ from pymysqlreplication.row_event import (
 )
 
 from databus._redact import register_uri
+from databus.batch import encode_event
 from databus.errors import DatabusError, SourceError
-from databus.event import Key, Op, encode_event
+from databus.event import Key, Op
 from databus.fetchers._api import (
     ConfiguredSources,
     DumpSource,
@@ -619,9 +620,7 @@ class _Capture:
                 sink.watermark(str(key))
                 append = sink.append  # the dump engine may track this window's keys now
                 continue
-            append(encode_event(scn=scn, source_id=source_id, op=op, key=key, value=value,
-                                timestamp_ns=timestamp_ns, partition_id=partition,
-                                schema_fingerprint=fp))
+            append(encode_event(scn, op, source_id, key, value, fp, timestamp_ns, partition))
         sink.end_window(timestamp_ns)
 
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from databus._redact import register_uri
-from databus.event import Op, encode_event
+from databus.batch import encode_event
+from databus.event import Op
 from databus.fetchers._api import (
     ConfiguredSources,
     DumpSource,
@@ -135,16 +136,12 @@ def assemble_windows(
         codec = table.codec
         for scn, *key in deletes:
             events.setdefault(scn, []).append(encode_event(
-                scn=scn, source_id=table.source_id, op=Op.DELETE, key=normalize_key(key),
-                value=b"", timestamp_ns=times.get(scn, fallback), partition_id=partition_id,
-                schema_fingerprint=codec.fingerprint,
-            ))
+                scn, Op.DELETE, table.source_id, normalize_key(key), b"", codec.fingerprint,
+                times.get(scn, fallback), partition_id))
         for scn, *row in rows:
             events.setdefault(scn, []).append(encode_event(
-                scn=scn, source_id=table.source_id, op=Op.UPSERT, key=codec.key(row),
-                value=codec.encode(row), timestamp_ns=times.get(scn, fallback),
-                partition_id=partition_id, schema_fingerprint=codec.fingerprint,
-            ))
+                scn, Op.UPSERT, table.source_id, codec.key(row), codec.encode(row),
+                codec.fingerprint, times.get(scn, fallback), partition_id))
     return [PendingWindow(scn, times.get(scn, fallback), events[scn], marks.get(scn, []))
             for scn in sorted(events)]
 

@@ -41,12 +41,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from databus.batch import encode_event
 from databus.event import (
     HEADER_SIZE,
     KEY_KIND_MASK,
     Op,
     encode_dump_marker,
-    encode_event,
     encode_key,
 )
 from databus.fetchers._api import DumpRow
@@ -249,10 +249,8 @@ class DumpSink:
             if (source_id, int(kind), key_bytes) in touched:
                 dropped += 1
                 continue
-            target.append(encode_event(
-                scn=scn, source_id=source_id, op=Op.UPSERT, key=row.key, value=row.value,
-                timestamp_ns=timestamp_ns, partition_id=partition,
-                schema_fingerprint=row.fingerprint, from_snapshot=True))
+            target.append(encode_event(scn, Op.UPSERT, source_id, row.key, row.value,
+                                       row.fingerprint, timestamp_ns, partition, True))
             emitted += 1
         if chunk.last:
             target.append_control(encode_dump_marker(
