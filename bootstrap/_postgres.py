@@ -23,7 +23,7 @@ import psycopg2.extensions
 
 from databus._redact import redact, register_uri, split_password
 from databus.bootstrap._sql import Cursor, SqlStorage, log_table
-from databus.bootstrap._storage import StoredEvent
+from databus.bootstrap._storage import LogRows, StoredEvent
 from databus.config import redact_uri
 from databus.errors import ConfigError, StorageUnavailableError
 
@@ -190,7 +190,7 @@ class PostgresStorage(SqlStorage):
     # -- log writes ---------------------------------------------------------------------
 
     def _insert_log(self, cur: Cursor, source_id: int,
-                    rows: list[tuple[int, int, StoredEvent]]) -> None:
+                    rows: LogRows | list[tuple[int, int, StoredEvent]]) -> None:
         copy_into(cur, log_table(source_id), rows)
 
     def _insert_windows(self, cur: Cursor, rows: list[tuple[int, int, int, int]]) -> None:
@@ -242,9 +242,15 @@ def encode_copy(rows: Sequence[tuple[int, int, StoredEvent]]) -> io.BytesIO:
     return out
 
 
-def copy_into(cur: Any, table: str, rows: Sequence[tuple[int, int, StoredEvent]]) -> None:
+def copy_into(cur: Any, table: str,
+              rows: LogRows | Sequence[tuple[int, int, StoredEvent]]) -> None:
+    if isinstance(rows, LogRows):
+        # The producer's rows: encoded straight from the relay response's scan.
+        stream = io.BytesIO(b"".join((_COPY_HEADER, rows.copy_data(), _COPY_TRAILER)))
+    else:
+        stream = encode_copy(rows)
     cur.copy_expert(f"COPY {table} (scn, seq, op, pkey, key_hash, key, event)"
-                    " FROM STDIN WITH (FORMAT binary)", encode_copy(rows))
+                    " FROM STDIN WITH (FORMAT binary)", stream)
 
 
 def copy_windows(cur: Any, rows: Sequence[tuple[int, int, int, int]]) -> None:

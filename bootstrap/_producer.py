@@ -14,6 +14,7 @@ from ``/v1/status``), which becomes the log floor: everything after it is in the
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import logging
@@ -23,13 +24,13 @@ from typing import Any
 
 import aiohttp
 
-from databus._hashing import stable_key_hash
+from databus.batch import frame_windows, scan
 from databus.bootstrap._component import BackgroundComponent, ComponentStatus
-from databus.bootstrap._storage import BootstrapStorage, LogWindow, StoredEvent
+from databus.bootstrap._storage import BootstrapStorage, LogBatch
 from databus.checkpoint import Checkpoint
 from databus.client import FellOffRelay, RelayPuller
 from databus.errors import DatabusError, EventFormatError, SourceError
-from databus.event import EOW_SOURCE_ID, HEADER_SIZE, iter_events, restamp_source_id
+from databus.event import EOW_SOURCE_ID
 
 log = logging.getLogger("databus.bootstrap.producer")
 
@@ -48,55 +49,55 @@ class ProducerStatus(ComponentStatus):
 
 
 class _Assembler:
-    """Splits response bodies into whole windows, keeping a cut window for later."""
+    """Splits response bodies into whole windows (``LogBatch``: no object per event),
+    keeping the bytes of a window cut by the response size for the next body."""
 
     def __init__(self, key_hash: bool) -> None:
         self.key_hash = key_hash
-        self._events: list[StoredEvent] = []
-        self._scn: int | None = None
+        self._held = b""  # the events of a window whose EOW has not arrived yet
         # Schema fingerprint -> source name of the data events of the last ``feed``.
         self.fingerprints: dict[int, str] = {}
 
     def reset(self) -> None:
-        self._events, self._scn = [], None
+        self._held = b""
 
-    def feed(self, body: bytes, names: dict[int, str], ids: dict[str, int]
-             ) -> list[LogWindow]:
-        windows: list[LogWindow] = []
+    def feed(self, body: bytes, names: dict[int, str]) -> LogBatch:
+        """The whole windows of ``body`` (after the held part of a cut window)."""
+        if self._held:
+            body = self._held + body
+        s = scan(body).check()  # header and body CRCs of every event
+        frames = frame_windows(s)
+        sids, scns = s.source_id, s.scn
+        if frames.broken >= 0:
+            b = frames.broken
+            open_scn = scns[b - 1]
+            if sids[b] == EOW_SOURCE_ID:
+                raise EventFormatError(f"EOW of {scns[b]} inside window {open_scn}",
+                                       offset=s.offset[b], reason="torn window")
+            raise EventFormatError(f"window {open_scn} ended without its EOW",
+                                   offset=s.offset[b], reason="missing eow")
+        out = LogBatch(body, s, names, self.key_hash)
+        first = 0
+        for eow in frames.eows:
+            out.scns.append(scns[eow])
+            out.timestamps.append(s.timestamp[eow])
+            out.firsts.append(first)
+            out.stops.append(eow)
+            first = eow + 1
+        self._held = body[s.offset[first]:] if first < s.count else b""
+        out.events = first - bisect.bisect_left(frames.controls, first)
         self.fingerprints = fingerprints = {}
-        key_hash = self.key_hash
-        for offset, header in iter_events(body):
-            end = offset + header.total_length
-            if header.source_id == EOW_SOURCE_ID:
-                if self._scn is not None and self._scn != header.scn:
-                    raise EventFormatError(f"EOW of {header.scn} inside window {self._scn}",
-                                           offset=offset, reason="torn window")
-                windows.append(LogWindow(header.scn, header.timestamp_ns, self._events))
-                self.reset()
+        for sid, fp in set(zip(sids, s.fingerprint, strict=True)):
+            if sid < 0:
                 continue
-            if header.source_id < 0:
-                continue
-            if self._scn is not None and header.scn != self._scn:
-                raise EventFormatError(f"window {self._scn} ended without its EOW",
-                                       offset=offset, reason="missing eow")
-            self._scn = header.scn
-            name = names.get(header.source_id)
+            name = names.get(sid)
             if name is None:
-                raise EventFormatError(f"unknown source id {header.source_id}",
-                                       offset=offset, reason="unknown source")
-            event = body[offset:end]
-            own = ids[name]
-            if own != header.source_id:
-                event = restamp_source_id(event, own)
-            if header.schema_fingerprint:
-                fingerprints[header.schema_fingerprint] = name
-            # The columns come from the header already decoded (a restamp changes only
-            # the source id and the header CRC): what ``stored_event`` gives, unparsed.
-            key = body[offset + HEADER_SIZE:offset + HEADER_SIZE + header.key_length]
-            self._events.append(StoredEvent(name, int(header.op), header.partition_key,
-                                            stable_key_hash(key) if key_hash else 0, key,
-                                            event))
-        return windows
+                i = list(sids).index(sid)
+                raise EventFormatError(f"unknown source id {sid}", offset=s.offset[i],
+                                       reason="unknown source")
+            if fp:
+                fingerprints[fp] = name
+        return out
 
 
 class LogProducer(BackgroundComponent):
@@ -197,10 +198,10 @@ class LogProducer(BackgroundComponent):
                 wanted = set(names.values())
                 if not wanted <= ids.keys():
                     ids = await asyncio.to_thread(storage.ensure_sources, sorted(wanted))
-                windows = assembler.feed(batch.body, names, ids)
+                windows = assembler.feed(batch.body, names)
                 await self._store_schemas(puller, assembler.fingerprints)
                 position = batch.checkpoint
-                if not windows:
+                if not len(windows):
                     continue
                 if appending is not None:
                     await appending  # raises what the previous append raised
@@ -212,14 +213,13 @@ class LogProducer(BackgroundComponent):
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.shield(appending)
 
-    async def _append(self, windows: list[LogWindow], floor: int | None) -> None:
-        committed = Checkpoint.after(windows[-1].scn)
-        stored_windows = [w for w in windows if w.events]
-        await asyncio.to_thread(self.storage.append, stored_windows, committed,
+    async def _append(self, windows: LogBatch, floor: int | None) -> None:
+        committed = Checkpoint.after(windows.last_scn)
+        await asyncio.to_thread(self.storage.append, windows, committed,
                                 log_floor_scn=floor)
         self.status.scn = committed.window_scn
         self.status.windows += len(windows)
-        self.status.events += sum(len(w.events) for w in windows)
+        self.status.events += windows.events
         self.status.batches += 1
 
     async def _store_schemas(self, puller: RelayPuller, fingerprints: dict[int, str]

@@ -17,7 +17,9 @@ from typing import Any, Protocol
 from databus.bootstrap._storage import (
     ApplyResult,
     BootstrapStorage,
+    LogBatch,
     LogRow,
+    LogRows,
     LogWindow,
     RetentionResult,
     SnapshotRow,
@@ -87,7 +89,7 @@ class SqlStorage(BootstrapStorage):
 
     @abstractmethod
     def _insert_log(self, cur: Cursor, source_id: int,
-                    rows: list[tuple[int, int, StoredEvent]]) -> None:
+                    rows: LogRows | list[tuple[int, int, StoredEvent]]) -> None:
         """Bulk insert (scn, seq, event) rows into the source's log table."""
 
     def _insert_windows(self, cur: Cursor, rows: list[tuple[int, int, int, int]]) -> None:
@@ -230,36 +232,46 @@ class SqlStorage(BootstrapStorage):
 
     def append(
         self,
-        windows: Sequence[LogWindow],
+        windows: Sequence[LogWindow] | LogBatch,
         checkpoint: Checkpoint,
         *,
         log_floor_scn: int | None = None,
     ) -> None:
-        names = {e.source for w in windows for e in w.events}
-        ids = self.ensure_sources(sorted(names)) if names else {}
-        coming: dict[int, list[int]] = {}
-        for w in windows:
-            for e in w.events:
-                coming.setdefault(ids[e.source], []).append(w.scn)
+        by_source: dict[int, LogRows | list[tuple[int, int, StoredEvent]]] = {}
+        window_rows: list[tuple[int, int, int, int]] = []
+        if isinstance(windows, LogBatch):
+            names = windows.source_names()
+            ids = self.ensure_sources(sorted(names)) if names else {}
+            split, window_rows = windows.split(ids)
+            by_source.update(split)
+            coming = {source_id: list(rows.scns) for source_id, rows in split.items()}
+            scns = [scn for scn, _, _, _ in window_rows]
+        else:
+            names = {e.source for w in windows for e in w.events}
+            ids = self.ensure_sources(sorted(names)) if names else {}
+            coming = {}
+            for w in windows:
+                for e in w.events:
+                    coming.setdefault(ids[e.source], []).append(w.scn)
+            for window in windows:
+                size = 0
+                for seq, event in enumerate(window.events):
+                    rows = by_source.setdefault(ids[event.source], [])
+                    assert isinstance(rows, list)
+                    rows.append((window.scn, seq, event))
+                    size += len(event.event)
+                window_rows.append((window.scn, window.timestamp_ns, len(window.events), size))
+            scns = [w.scn for w in windows]
         self._prepare_append(coming)
         with self._transaction(write=True) as cur:
             cur.execute("SELECT max(scn) FROM dbus_windows")
             row = cur.fetchone()
             end = None if row is None or row[0] is None else int(row[0])
-            by_source: dict[int, list[tuple[int, int, StoredEvent]]] = {}
-            window_rows = []
             previous = end
-            for window in windows:
-                if previous is not None and window.scn <= previous:
-                    raise ValueError(
-                        f"window {window.scn} does not come after the log's end {previous}"
-                    )
-                previous = window.scn
-                size = 0
-                for seq, event in enumerate(window.events):
-                    by_source.setdefault(ids[event.source], []).append((window.scn, seq, event))
-                    size += len(event.event)
-                window_rows.append((window.scn, window.timestamp_ns, len(window.events), size))
+            for scn in scns:
+                if previous is not None and scn <= previous:
+                    raise ValueError(f"window {scn} does not come after the log's end {previous}")
+                previous = scn
             for source_id, rows in by_source.items():
                 self._insert_log(cur, source_id, rows)
             self._insert_windows(cur, window_rows)

@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from databus.bootstrap._sql import Cursor, SqlStorage, log_table
-from databus.bootstrap._storage import StoredEvent
+from databus.bootstrap._storage import LogRows, StoredEvent
 from databus.errors import ConfigError, StorageUnavailableError
 
 
@@ -121,10 +121,11 @@ class SqliteStorage(SqlStorage):
         )
 
     def _insert_log(self, cur: Cursor, source_id: int,
-                    rows: list[tuple[int, int, StoredEvent]]) -> None:
+                    rows: LogRows | list[tuple[int, int, StoredEvent]]) -> None:
         cur.executemany(
             f"INSERT INTO {log_table(source_id)} (scn, seq, op, pkey, key_hash, key, event)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            rows.tuples() if isinstance(rows, LogRows) else
             [(scn, seq, e.op, e.pkey, e.key_hash, e.key, e.event) for scn, seq, e in rows],
         )
 

@@ -9,11 +9,13 @@ documented in docs/bootstrap.md.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from databus._hashing import stable_key_hash
+from databus.batch import Scan, copy_rows, key_hashes, restamp
 from databus.checkpoint import Checkpoint
 from databus.errors import ConfigError
 from databus.event import HEADER_SIZE, decode_header
@@ -48,6 +50,102 @@ class LogWindow:
     scn: int
     timestamp_ns: int
     events: Sequence[StoredEvent]
+
+
+@dataclass(slots=True)
+class LogRows:
+    """The log rows of one source in an append, columnar: events ``indexes`` of the
+    scan of ``body``, stored at (``scns``, ``seqs``). ``copy_data`` gives them as binary
+    COPY rows, ``tuples`` as (scn, seq, op, pkey, key_hash, key, event) tuples."""
+
+    body: bytes
+    scan: Scan
+    key_hashes: array[int] | None
+    source_id: int
+    indexes: array[int] = field(default_factory=lambda: array("q"))
+    scns: array[int] = field(default_factory=lambda: array("q"))
+    seqs: array[int] = field(default_factory=lambda: array("q"))
+
+    def copy_data(self) -> bytes:
+        return copy_rows(self.body, self.scan, self.indexes, self.scns, self.seqs,
+                         self.key_hashes, self.source_id)
+
+    def tuples(self) -> list[tuple[int, int, int, int, int, bytes, bytes]]:
+        s, body, own = self.scan, self.body, self.source_id
+        out = []
+        for k, i in enumerate(self.indexes):
+            offset, total = s.offset[i], s.length[i]
+            key_start, key_end = s.key_span(i)
+            event = (body[offset:offset + total] if s.source_id[i] == own
+                     else restamp(body, offset, total, own))
+            out.append((self.scns[k], self.seqs[k], s.op[i], s.partition_key[i],
+                        self.key_hashes[i] if self.key_hashes is not None else 0,
+                        body[key_start:key_end], event))
+        return out
+
+    def __len__(self) -> int:
+        return len(self.indexes)
+
+
+@dataclass(slots=True)
+class LogBatch:
+    """Whole windows of one relay response, as the producer appends them, without an
+    object per event: the body, its scan, and each window's SCN, timestamp and index
+    range (``first`` to ``stop``: its events; control events in it are not stored).
+    ``names`` maps the relay's source ids to names."""
+
+    body: bytes
+    scan: Scan
+    names: Mapping[int, str]
+    key_hash: bool
+    scns: array[int] = field(default_factory=lambda: array("q"))
+    timestamps: array[int] = field(default_factory=lambda: array("q"))
+    firsts: array[int] = field(default_factory=lambda: array("q"))
+    stops: array[int] = field(default_factory=lambda: array("q"))
+    events: int = 0  # data events in the windows
+
+    @property
+    def last_scn(self) -> int:
+        return self.scns[-1]
+
+    def __len__(self) -> int:
+        return len(self.scns)
+
+    def source_names(self) -> set[str]:
+        sids = self.scan.source_id
+        ids = {sids[i] for k in range(len(self.scns))
+               for i in range(self.firsts[k], self.stops[k])}
+        return {self.names[i] for i in ids if i >= 0}
+
+    def split(self, ids: Mapping[str, int]
+              ) -> tuple[dict[int, LogRows], list[tuple[int, int, int, int]]]:
+        """The rows per store source id (``ids``: names to the store's ids) and the
+        ``dbus_windows`` rows (scn, timestamp_ns, events, bytes)."""
+        s, names = self.scan, self.names
+        sids, lengths = s.source_id, s.length
+        hashes = key_hashes(self.body, s) if self.key_hash else None
+        own = {sid: ids[name] for sid, name in names.items() if name in ids}
+        by_source: dict[int, LogRows] = {}
+        windows = []
+        for k in range(len(self.scns)):
+            scn = self.scns[k]
+            seq = size = 0
+            for i in range(self.firsts[k], self.stops[k]):
+                sid = sids[i]
+                if sid < 0:
+                    continue
+                target = own[sid]
+                rows = by_source.get(target)
+                if rows is None:
+                    rows = by_source[target] = LogRows(self.body, s, hashes, target)
+                rows.indexes.append(i)
+                rows.scns.append(scn)
+                rows.seqs.append(seq)
+                seq += 1
+                size += lengths[i]
+            if seq:  # a window with no data event (only markers) stores nothing
+                windows.append((scn, self.timestamps[k], seq, size))
+        return by_source, windows
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +237,13 @@ class BootstrapStorage(ABC):
     @abstractmethod
     def append(
         self,
-        windows: Sequence[LogWindow],
+        windows: Sequence[LogWindow] | LogBatch,
         checkpoint: Checkpoint,
         *,
         log_floor_scn: int | None = None,
     ) -> None:
-        """Append whole windows and the producer's checkpoint in one transaction.
+        """Append whole windows and the producer's checkpoint in one transaction
+        (``LogWindow`` objects, or a producer's ``LogBatch``).
 
         ``log_floor_scn`` is given on the very first append: the SCN after which the
         log is complete. Windows must come in increasing SCN order, after the log's end.

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # both twins have the reference's signatures
     from databus.batch._python import (
         CompiledFilter,
         compile_filter,
+        copy_rows,
         decode_events,
         encode_event,
         encode_events,
@@ -68,6 +69,7 @@ else:
     compile_filter = _impl.compile_filter
     select_events = _impl.select_events
     gather = _impl.gather
+    copy_rows = _impl.copy_rows
 
 
 def twin(name: str) -> ModuleType:
@@ -91,7 +93,8 @@ def native_available() -> bool:
 
 __all__ = [
     "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "FilterPlan", "Predicate",
-    "ReadState", "Scan", "WindowFrames", "compile_filter", "decode_events", "encode_event",
-    "encode_events", "frame_windows", "gather", "key_hashes", "native_available", "restamp", "scan",
-    "select_events", "stable_key_hash", "twin", "window_checksum",
+    "ReadState", "Scan", "WindowFrames", "compile_filter", "copy_rows", "decode_events",
+    "encode_event", "encode_events", "frame_windows", "gather", "key_hashes",
+    "native_available", "restamp", "scan", "select_events", "stable_key_hash", "twin",
+    "window_checksum",
 ]

@@ -684,3 +684,64 @@ def select_events(buf, Py_ssize_t pos, Py_ssize_t stop, st, CompiledFilter flt):
         if pending is not None:
             st.pending = pending
     return pos
+
+
+# -- the bootstrap log's binary COPY rows ---------------------------------------------
+
+
+def copy_rows(buf, s, indexes, scns, seqs, key_hashes, int source_id):
+    """See ``databus.batch._python.copy_rows``."""
+    cdef const unsigned char[::1] data = _bytes_view(buf)
+    cdef Py_ssize_t n = len(indexes), k, i, total = 0
+    if not len(scns) == len(seqs) == n:
+        raise ValueError("copy_rows: the columns differ in length")
+    if n == 0:
+        return b""
+    cdef const long long[::1] idx = _as_q(indexes), scn = _as_q(scns), seq = _as_q(seqs)
+    cdef const long long[::1] hashes = _as_q(key_hashes) if key_hashes is not None else None
+    cdef const long long[::1] offs = s.offset, lens = s.length, pkeys = s.partition_key
+    cdef const long long[::1] klens = s.key_length
+    cdef const unsigned char[::1] ops = s.op
+    cdef const short[::1] sids = s.source_id
+    for k in range(n):
+        i = idx[k]
+        if not (0 <= i < s.count) or offs[i] + lens[i] > data.shape[0] or (
+                hashes is not None and i >= hashes.shape[0]):
+            raise ValueError("copy_rows: an index outside the scan or its buffer")
+        total += 2 + 12 + 8 + 6 + 12 + 12 + 4 + klens[i] + 4 + lens[i]
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char *p = <unsigned char *>PyBytes_AS_STRING(out)
+    cdef const unsigned char *ev
+    for k in range(n):
+        i = idx[k]
+        ev = &data[offs[i]]
+        db_put16(p, 7)
+        db_put32(p + 2, 8)
+        db_put64(p + 6, <uint64_t>scn[k])
+        db_put32(p + 14, 4)
+        db_put32(p + 18, <uint32_t>seq[k])
+        db_put32(p + 22, 2)
+        db_put16(p + 26, ops[i])
+        db_put32(p + 28, 8)
+        db_put64(p + 32, <uint64_t>pkeys[i])
+        db_put32(p + 40, 8)
+        db_put64(p + 44, <uint64_t>(hashes[i] if hashes is not None else 0))
+        db_put32(p + 52, <uint32_t>klens[i])
+        p += 56
+        memcpy(p, ev + HEADER_SIZE, klens[i])
+        p += klens[i]
+        db_put32(p, <uint32_t>lens[i])
+        p += 4
+        memcpy(p, ev, lens[i])
+        if sids[i] != source_id:  # stored under the store's own source id
+            db_put16(p + 34, <uint16_t><int16_t>source_id)
+            db_put32(p + 4, _header_crc(p))
+        p += lens[i]
+    return out
+
+
+cdef object _as_q(object values):
+    # An int64 array as is; any other sequence of ints copied into one.
+    if isinstance(values, array) and (<array>values).ob_descr.typecode == b"q":
+        return values
+    return _pyarray("q", values)

@@ -17,7 +17,6 @@ from databus.batch._scan import Scan, WindowFrames
 from databus.batch._select import FilterPlan, ReadState
 from databus.errors import EventFormatError
 from databus.event import (
-    _CRC_OFFSET,
     _OPS,
     _U32,
     EOW_SOURCE_ID,
@@ -31,6 +30,7 @@ from databus.event import (
     decode_data_key,
     decode_header,
     encode_key,
+    restamp_source_id,
 )
 
 IMPLEMENTATION = "python"
@@ -236,11 +236,7 @@ def key_hashes(buf: Buffer, s: Scan, first: int = 0, stop: int | None = None) ->
 
 def restamp(buf: Buffer, offset: int, length: int, source_id: int) -> bytes:
     """The event at ``offset`` with its source id replaced and its header CRC redone."""
-    out = bytearray(memoryview(buf)[offset:offset + length])
-    out[34:36] = source_id.to_bytes(2, "big", signed=True)
-    crc = zlib.crc32(out[8:HEADER_SIZE], zlib.crc32(out[:_CRC_OFFSET]))
-    out[_CRC_OFFSET:_CRC_OFFSET + 4] = crc.to_bytes(4, "big")
-    return bytes(out)
+    return restamp_source_id(memoryview(buf)[offset:offset + length], source_id)
 
 
 
@@ -370,6 +366,42 @@ def gather(buf: Buffer, runs: array[int], limit: int) -> bytes:
     return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
 
-__all__ = ["IMPLEMENTATION", "CompiledFilter", "compile_filter", "data_key", "decode_events",
+
+
+# -- the bootstrap log's binary COPY rows ---------------------------------------------
+
+# PostgreSQL binary COPY, one log row: 7 fields, each a length and its bytes: scn int8,
+# seq int4, op int2, pkey int8, key_hash int8, key bytea, event bytea.
+_COPY_ROW = struct.Struct(">h iq ii ih iq iq")
+_COPY_LEN = struct.Struct(">i")
+
+
+def copy_rows(buf: Buffer, s: Scan, indexes: Sequence[int], scns: Sequence[int],
+              seqs: Sequence[int], key_hashes: Sequence[int] | None,
+              source_id: int) -> bytes:
+    """The binary COPY rows (no header, no trailer) of the log table of ``source_id``
+    for events ``indexes`` of a scan of ``buf``, each stored at (``scns[k]``,
+    ``seqs[k]``) with its key hash (``key_hashes`` by event index; None: 0). An event
+    whose source id differs is stored restamped (``restamp``)."""
+    view = memoryview(buf)
+    out = bytearray()
+    pack, length = _COPY_ROW.pack, _COPY_LEN.pack
+    for k, i in enumerate(indexes):
+        offset, total = s.offset[i], s.length[i]
+        key_start = offset + HEADER_SIZE
+        key = view[key_start:key_start + s.key_length[i]]
+        event = (view[offset:offset + total] if s.source_id[i] == source_id
+                 else restamp(buf, offset, total, source_id))
+        out += pack(7, 8, scns[k], 4, seqs[k], 2, s.op[i], 8, s.partition_key[i], 8,
+                    key_hashes[i] if key_hashes is not None else 0)
+        out += length(len(key))
+        out += key
+        out += length(total)
+        out += event
+    return bytes(out)
+
+
+__all__ = ["IMPLEMENTATION", "CompiledFilter", "compile_filter", "copy_rows", "data_key",
+           "decode_events",
            "encode_event", "encode_events", "event_error", "frame_windows", "gather", "key_hashes",
            "restamp", "scan", "select_events", "stable_key_hash", "window_checksum"]

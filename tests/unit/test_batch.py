@@ -480,3 +480,31 @@ def test_select_events_stops_at_bytes_that_are_not_an_event(core: ModuleType) ->
                               None) == first
     with pytest.raises(ValueError):
         core.gather(body, __import__("array").array("q", [0, len(body) + 1]), 10)
+
+
+# -- the bootstrap log's COPY rows ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("own", [1, 42])
+def test_copy_rows_is_the_producers_copy_encoding(both: tuple[ModuleType, ModuleType],
+                                                  own: int) -> None:
+    from databus.bootstrap import stored_event
+    from databus.bootstrap._postgres import _COPY_HEADER, _COPY_TRAILER, encode_copy
+
+    body = _body()
+    py, nat = both
+    s = py.scan(body)
+    data = [i for i in range(s.count) if s.source_id[i] >= 0][:20]
+    scns = [1000 + k for k in range(len(data))]
+    seqs = [k % 3 for k in range(len(data))]
+    hashes = py.key_hashes(body, s)
+    got = [twin.copy_rows(body, s, data, scns, seqs, hashes, own) for twin in both]
+    assert got[0] == got[1]
+    expected_rows = [(scns[k], seqs[k], stored_event(
+        "s", restamp_source_id(body[s.offset[i]:s.offset[i] + s.length[i]], own)))
+        for k, i in enumerate(data)]
+    stream = encode_copy(expected_rows).getvalue()
+    assert _COPY_HEADER + got[0] + _COPY_TRAILER == stream
+    assert nat.copy_rows(body, s, [], [], [], None, own) == b""
+    with pytest.raises(ValueError):
+        nat.copy_rows(body, s, [s.count], [1], [0], None, own)
