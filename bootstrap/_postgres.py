@@ -161,8 +161,9 @@ class PostgresStorage(SqlStorage):
         for source_id, scns in rows.items():
             # The partition after the last one needed too: crossing a boundary then
             # never waits for DDL in the middle of a burst.
-            indexes = {scn // span for scn in scns}
-            for index in sorted(indexes | {max(indexes) + 1}):
+            # Every partition from the first SCN's to the last one's (the SCNs given may
+            # be just the first and the last), and the one after.
+            for index in range(min(scns) // span, max(scns) // span + 2):
                 if (source_id, index) in self._partitions:
                     continue
                 parent = log_table(source_id)

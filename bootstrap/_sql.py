@@ -244,7 +244,9 @@ class SqlStorage(BootstrapStorage):
             ids = self.ensure_sources(sorted(names)) if names else {}
             split, window_rows = windows.split(ids)
             by_source.update(split)
-            coming = {source_id: list(rows.scns) for source_id, rows in split.items()}
+            # SCNs come sorted: the first and last say which partitions are needed.
+            coming = {source_id: [rows.scns[0], rows.scns[-1]]
+                      for source_id, rows in split.items()}
             scns = [scn for scn, _, _, _ in window_rows]
         else:
             names = {e.source for w in windows for e in w.events}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from databus._hashing import stable_key_hash
-from databus.batch import Scan, copy_rows, key_hashes, restamp
+from databus.batch import Scan, copy_rows, group_rows, key_hashes, restamp
 from databus.checkpoint import Checkpoint
 from databus.errors import ConfigError
 from databus.event import HEADER_SIZE, decode_header
@@ -121,30 +121,15 @@ class LogBatch:
               ) -> tuple[dict[int, LogRows], list[tuple[int, int, int, int]]]:
         """The rows per store source id (``ids``: names to the store's ids) and the
         ``dbus_windows`` rows (scn, timestamp_ns, events, bytes)."""
-        s, names = self.scan, self.names
-        sids, lengths = s.source_id, s.length
+        s = self.scan
         hashes = key_hashes(self.body, s) if self.key_hash else None
-        own = {sid: ids[name] for sid, name in names.items() if name in ids}
-        by_source: dict[int, LogRows] = {}
-        windows = []
-        for k in range(len(self.scns)):
-            scn = self.scns[k]
-            seq = size = 0
-            for i in range(self.firsts[k], self.stops[k]):
-                sid = sids[i]
-                if sid < 0:
-                    continue
-                target = own[sid]
-                rows = by_source.get(target)
-                if rows is None:
-                    rows = by_source[target] = LogRows(self.body, s, hashes, target)
-                rows.indexes.append(i)
-                rows.scns.append(scn)
-                rows.seqs.append(seq)
-                seq += 1
-                size += lengths[i]
-            if seq:  # a window with no data event (only markers) stores nothing
-                windows.append((scn, self.timestamps[k], seq, size))
+        owner = {sid: ids[name] for sid, name in self.names.items() if name in ids}
+        groups, counted = group_rows(s, self.firsts, self.stops, self.scns, owner)
+        by_source = {target: LogRows(self.body, s, hashes, target, *columns)
+                     for target, columns in groups.items()}
+        # A window with no data event (only markers) stores nothing.
+        windows = [(self.scns[k], self.timestamps[k], count, size)
+                   for k, count, size in counted]
         return by_source, windows
 
 

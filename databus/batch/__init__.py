@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # both twins have the reference's signatures
         encode_events,
         frame_windows,
         gather,
+        group_rows,
         key_hashes,
         restamp,
         scan,
@@ -70,6 +71,7 @@ else:
     select_events = _impl.select_events
     gather = _impl.gather
     copy_rows = _impl.copy_rows
+    group_rows = _impl.group_rows
 
 
 def twin(name: str) -> ModuleType:
@@ -94,7 +96,7 @@ def native_available() -> bool:
 __all__ = [
     "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "FilterPlan", "Predicate",
     "ReadState", "Scan", "WindowFrames", "compile_filter", "copy_rows", "decode_events",
-    "encode_event", "encode_events", "frame_windows", "gather", "key_hashes",
+    "encode_event", "encode_events", "frame_windows", "gather", "group_rows", "key_hashes",
     "native_available", "restamp", "scan", "select_events", "stable_key_hash", "twin",
     "window_checksum",
 ]

@@ -745,3 +745,52 @@ cdef object _as_q(object values):
     if isinstance(values, array) and (<array>values).ob_descr.typecode == b"q":
         return values
     return _pyarray("q", values)
+
+
+def group_rows(s, firsts, stops, scns, owner):
+    """See ``databus.batch._python.group_rows``."""
+    cdef const long long[::1] f = _as_q(firsts), t = _as_q(stops), w = _as_q(scns)
+    cdef Py_ssize_t nw = f.shape[0], k, i
+    if not t.shape[0] == w.shape[0] == nw:
+        raise ValueError("group_rows: the columns differ in length")
+    if nw == 0:
+        return {}, []
+    cdef const short[::1] sids = s.source_id
+    cdef const long long[::1] lengths = s.length
+    cdef Py_ssize_t n = sids.shape[0]
+    cdef dict groups = {}
+    cdef list windows = []
+    cdef int last_sid = -1, sid
+    cdef array g_idx = None, g_scn = None, g_seq = None
+    cdef int64_t seq, size, scn
+    for k in range(nw):
+        if not (0 <= f[k] <= t[k] <= n):
+            raise ValueError("group_rows: a window outside the scan")
+        scn = w[k]
+        seq = size = 0
+        for i in range(f[k], t[k]):
+            sid = sids[i]
+            if sid < 0:
+                continue
+            if sid != last_sid:
+                target = owner[sid]
+                group = groups.get(target)
+                if group is None:
+                    group = groups[target] = (_pyarray("q"), _pyarray("q"), _pyarray("q"))
+                g_idx, g_scn, g_seq = group
+                last_sid = sid
+            _push(g_idx, i)
+            _push(g_scn, scn)
+            _push(g_seq, seq)
+            seq += 1
+            size += lengths[i]
+        if seq:
+            windows.append((k, seq, size))
+    return groups, windows
+
+
+cdef inline int _push(array a, long long v) except -1:
+    cdef Py_ssize_t n = len(a)
+    resize_smart(a, n + 1)
+    a.data.as_longlongs[n] = v
+    return 0

@@ -401,7 +401,57 @@ def copy_rows(buf: Buffer, s: Scan, indexes: Sequence[int], scns: Sequence[int],
     return bytes(out)
 
 
-__all__ = ["IMPLEMENTATION", "CompiledFilter", "compile_filter", "copy_rows", "data_key",
-           "decode_events",
-           "encode_event", "encode_events", "event_error", "frame_windows", "gather", "key_hashes",
-           "restamp", "scan", "select_events", "stable_key_hash", "window_checksum"]
+
+
+def group_rows(s: Scan, firsts: Sequence[int], stops: Sequence[int], scns: Sequence[int],
+               owner: Mapping[int, int]
+               ) -> tuple[dict[int, tuple[array[int], array[int], array[int]]],
+                          list[tuple[int, int, int]]]:
+    """The data events of windows ``firsts[k]..stops[k]`` (stored at ``scns[k]``)
+    grouped by ``owner[source id]``: per owner, (event indexes, SCNs, seqs, a seq
+    counting a window's data events in order); and per window with a data event,
+    (k, its data events, their bytes). A source id without an owner is a KeyError."""
+    groups: dict[int, tuple[array[int], array[int], array[int]]] = {}
+    windows: list[tuple[int, int, int]] = []
+    sids, lengths = s.source_id, s.length
+    for k in range(len(firsts)):
+        scn = scns[k]
+        seq = size = 0
+        for i in range(firsts[k], stops[k]):
+            sid = sids[i]
+            if sid < 0:
+                continue
+            target = owner[sid]
+            group = groups.get(target)
+            if group is None:
+                group = groups[target] = (array("q"), array("q"), array("q"))
+            group[0].append(i)
+            group[1].append(scn)
+            group[2].append(seq)
+            seq += 1
+            size += lengths[i]
+        if seq:
+            windows.append((k, seq, size))
+    return groups, windows
+
+
+__all__ = [
+    "IMPLEMENTATION",
+    "CompiledFilter",
+    "compile_filter",
+    "copy_rows",
+    "data_key",
+    "decode_events",
+    "encode_event",
+    "encode_events",
+    "event_error",
+    "frame_windows",
+    "gather",
+    "group_rows",
+    "key_hashes",
+    "restamp",
+    "scan",
+    "select_events",
+    "stable_key_hash",
+    "window_checksum",
+]

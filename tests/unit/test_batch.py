@@ -508,3 +508,21 @@ def test_copy_rows_is_the_producers_copy_encoding(both: tuple[ModuleType, Module
     assert nat.copy_rows(body, s, [], [], [], None, own) == b""
     with pytest.raises(ValueError):
         nat.copy_rows(body, s, [s.count], [1], [0], None, own)
+
+
+def test_group_rows_twins_agree(both: tuple[ModuleType, ModuleType]) -> None:
+    body = _ring_body()
+    py, nat = both
+    s = py.scan(body)
+    frames = py.frame_windows(s)
+    firsts = [0, *[e + 1 for e in frames.eows[:-1]]]
+    stops = list(frames.eows)
+    scns = [s.scn[e] for e in stops]
+    owner = {0: 10, 1: 11, 2: 10}
+    a, b = (twin.group_rows(s, firsts, stops, scns, owner) for twin in both)
+    assert {k: tuple(map(list, v)) for k, v in a[0].items()} == \
+        {k: tuple(map(list, v)) for k, v in b[0].items()}
+    assert a[1] == b[1] and sum(c for _, c, _ in a[1]) == sum(
+        1 for i in range(s.count) if s.source_id[i] >= 0)
+    with pytest.raises(KeyError):
+        nat.group_rows(s, firsts, stops, scns, {0: 1})
