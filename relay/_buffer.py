@@ -68,7 +68,9 @@ from databus.batch import (
     Predicate,
     ReadState,
     compile_filter,
+    frame_windows,
     gather,
+    scan,
     select_events,
 )
 from databus.checkpoint import LATEST_SCN, Checkpoint, NothingNew, ServeFrom, decide
@@ -80,8 +82,6 @@ from databus.event import (
     HEADER,
     HEADER_SIZE,
     WindowChecksum,
-    decode_eow,
-    decode_event,
     decode_header,
     encode_eow,
 )
@@ -100,6 +100,7 @@ _HDR_SCN = struct.Struct(">q")
 _HDR_SOURCE = struct.Struct(">h")
 _HDR_CRC = struct.Struct(">I")
 _U32 = struct.Struct(">I")
+_EOW_VALUE = struct.Struct(">II")
 _SEQ_SLOT_UNSET = -1
 
 
@@ -294,58 +295,69 @@ class EventBuffer:
             return
         self._seq, self._head, tail, self._prev_scn = meta
         self._tail = self._write = self._head
-        pos = self._head
-        while pos < tail:
-            try:
-                end, scn, count = self._verify_window(pos, tail)
-                self._commit_recovered(pos, end, scn, count)
-            except EventFormatError as exc:
-                log.error(
-                    "buffer %s: corrupted window at position %d (%s); dropping it and "
-                    "everything after it (%d bytes)", self.path, pos, str(exc), tail - pos,
-                )
-                break
-            pos = end
+        try:
+            self._verify_windows(self._head, tail)
+        except EventFormatError as exc:
+            log.error(
+                "buffer %s: corrupted window at position %d (%s); dropping it and "
+                "everything after it (%d bytes)", self.path, self._tail, str(exc),
+                tail - self._tail,
+            )
         self._write_meta()
         log.info(
             "buffer %s: recovered %d windows, SCN %s..%s", self.path, self._windows,
             self._min_scn, self._max_scn,
         )
 
-    def _verify_window(self, pos: int, limit: int) -> tuple[int, int, int]:
-        """Check one whole window starting at ``pos``; return (end, scn, events)."""
-        check = WindowChecksum()
-        scn: int | None = None
-        while True:
-            if pos >= limit:
-                raise EventFormatError("window is cut off by the tail", reason="truncated")
+    def _verify_windows(self, pos: int, limit: int) -> None:
+        """Check every window from ``pos`` to ``limit`` (every event's CRCs, every
+        window's count and checksum, one SCN per window) and commit each whole one;
+        raises ``EventFormatError`` at the first that fails. One batch scan per run of
+        the ring between padding (``databus.batch``)."""
+        cap = self.capacity
+        ring = self._ring
+        window: int | None = None  # the window open across a wrap, its count and CRC
+        count = crc = 0
+        win_start = pos
+        while pos < limit:
             pos = self._skip_pad(pos)
             if pos >= limit:
-                raise EventFormatError("window is cut off by the tail", reason="truncated")
-            phys = pos % self.capacity
-            # Copies, not views: an exception must not pin a view of the mmap.
-            header = decode_header(bytes(self._ring[phys : phys + HEADER_SIZE]))
-            if phys + header.total_length > self.capacity or pos + header.total_length > limit:
-                raise EventFormatError("event runs past the ring", offset=phys, reason="bad length")
-            event = decode_event(bytes(self._ring[phys : phys + header.total_length]))
-            if scn is None:
-                scn = header.scn
-            elif header.scn != scn:
-                raise EventFormatError("SCN changes inside a window", offset=phys, reason="bad scn")
-            pos += header.total_length
-            if not header.is_control:
-                self.recovered_sources.setdefault(header.source_id, set()).add(
-                    header.schema_fingerprint
-                )
-            if header.is_eow:
-                eow = decode_eow(event)
-                if eow.event_count != check.count or eow.checksum != check.crc:
-                    raise EventFormatError(
-                        "window count or checksum mismatch", offset=phys, reason="window checksum"
-                    )
-                return pos, scn, check.count
-            if not header.is_control:
-                check.add(header.header_crc)
+                break
+            phys = pos % cap
+            stop = min(cap, phys + (limit - pos))
+            s = scan(ring, phys, stop)
+            frames = frame_windows(s, window, count, crc)
+            scns, sids = s.scn, s.source_id
+            first = 0  # the first event of the current window in this scan
+            for k, eow in enumerate(frames.eows):
+                scn = scns[eow]
+                if (window is not None and window != scn) or min(scns[first:eow + 1]) != scn \
+                        or max(scns[first:eow + 1]) != scn:
+                    raise EventFormatError("SCN changes inside a window", reason="bad scn")
+                if s.length[eow] != HEADER_SIZE + _EOW_VALUE.size or s.key_length[eow]:
+                    raise EventFormatError("EOW payload is not 8 bytes", reason="bad length")
+                stored = _EOW_VALUE.unpack_from(ring, s.offset[eow] + HEADER_SIZE)
+                if stored != (frames.counts[k], frames.crcs[k]):
+                    raise EventFormatError("window count or checksum mismatch",
+                                           offset=s.offset[eow], reason="window checksum")
+                end = pos + (s.offset[eow] + s.length[eow] - phys)
+                self._commit_recovered(win_start, end, scn, frames.counts[k])
+                win_start, first, window = end, eow + 1, None
+            if frames.broken >= 0:
+                raise EventFormatError("SCN changes inside a window", reason="bad scn")
+            if first < s.count:  # a window goes on past this run (a wrap, or the tail)
+                scn = scns[first] if window is None else window
+                if min(scns[first:]) != scn or max(scns[first:]) != scn:
+                    raise EventFormatError("SCN changes inside a window", reason="bad scn")
+                window, count, crc = scn, frames.count, frames.crc
+            for source_id, fingerprint in set(zip(sids, s.fingerprint, strict=True)):
+                if source_id >= 0:
+                    self.recovered_sources.setdefault(source_id, set()).add(fingerprint)
+            if s.error is not None and (s.error.reason != "bad magic" or ring[s.end] != _PAD):
+                raise s.error  # only a pad marker may stop a run before its end
+            pos += s.end - phys
+        if window is not None or win_start < limit:
+            raise EventFormatError("window is cut off by the tail", reason="truncated")
 
     def _commit_recovered(self, start: int, end: int, scn: int, count: int) -> None:
         last = self._max_scn if self._max_scn is not None else self._prev_scn

@@ -71,7 +71,9 @@ def scan(buf: Buffer, start: int = 0, stop: int | None = None, *,
             o_bcrc.append(h.body_crc)
             pos += h.total_length
     except EventFormatError as exc:
-        out.error = exc
+        # Without its traceback: the frames would pin a view of ``buf`` (an mmap'd
+        # ring cannot be closed while one exists).
+        out.error = exc.with_traceback(None)
     out.count = len(o_off)
     out.end = pos
     return out
@@ -95,7 +97,7 @@ def event_error(buf: Buffer, pos: int, end: int, verify_body: bool) -> EventForm
     try:
         _checked_header(view[:end], pos, end, verify_body)
     except EventFormatError as exc:
-        return exc
+        return exc.with_traceback(None)
     raise AssertionError(f"the twins disagree on the event at {pos}")  # a bug, not input
 
 

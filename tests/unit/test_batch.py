@@ -126,6 +126,9 @@ def test_scan_of_an_mmap(core: ModuleType, tmp_path: Any) -> None:
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
         s = core.scan(mm)
         assert s.check().count == len(list(iter_events(body)))
+        mm[100] ^= 0xFF
+        damaged = core.scan(memoryview(mm)[:])
+        assert damaged.error is not None  # and it pins no view: the mmap closes below
         del s
 
 
