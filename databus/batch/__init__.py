@@ -10,6 +10,7 @@ either module by name (the tests run both).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from types import ModuleType
@@ -25,6 +26,8 @@ log = logging.getLogger("databus.batch")
 def _load() -> tuple[ModuleType, str | None]:
     if os.environ.get("DATABUS_PURE_PYTHON", "") not in ("", "0"):
         return _python, "DATABUS_PURE_PYTHON is set"
+    if importlib.util.find_spec("databus.batch._native") is None:
+        return _python, "the compiled module is not built (no C compiler at install?)"
     try:
         from databus.batch import _native  # type: ignore[attr-defined]
     except ImportError as exc:
