@@ -6,11 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := mariadb-server postgresql zookeeper openjdk-17-jre-headless \
-	libpostgresql-jdbc-java libmariadb-java gcc zlib1g-dev redis-server
+	libpostgresql-jdbc-java libmariadb-java gcc zlib1g-dev
 # The import packages, mapped from top-level folders (pyproject's package-dir).
 SUBPACKAGES := relay bootstrap client fetchers spark_jobs
 
-.PHONY: test demo deps venv lint typecheck unit integration bench bench-deps clean
+.PHONY: test demo deps apt venv lint typecheck unit integration bench bench-deps clean
 
 # The unit suite runs a second time on the pure-Python event core (databus.batch): both
 # twins pass the same tests.
@@ -30,8 +30,11 @@ integration: deps venv
 	$(BIN)/pytest tests/integration
 
 deps:
+	@$(MAKE) --no-print-directory apt PACKAGES="$(DEB_PACKAGES)"
+
+apt:
 	@missing=""; \
-	for p in $(DEB_PACKAGES); do \
+	for p in $(PACKAGES); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -65,6 +68,7 @@ typecheck: venv
 bench-deps: $(BIN)/.bench-installed
 
 $(BIN)/.bench-installed: $(BIN)/.installed
+	@$(MAKE) --no-print-directory apt PACKAGES="redis-server"
 	$(BIN)/pip install -q -e '.[dev,spark,bench]'
 	touch $@
 

@@ -1,13 +1,25 @@
-"""One consumer decoding and dispatching 2.5 KB events from a prefilled relay, as a
-ratio of raw fastavro decoding of the same records in the same run (issue 6).
+"""One consumer decoding and dispatching 2.5 KB events from a prefilled relay, as ratios
+of raw fastavro decoding of the same records and of a Redis Streams consumer reading
+the same payloads, all in the same run (issues 6 and 14).
 
     .venv/bin/python benchmarks/client_throughput.py [--events 40000] [--repeat 3]
+        [--no-redis]
 
 The relay is a ``databus relay`` process prefilled by the synthetic fetcher. The client
 (``DatabusClient``, one no-op consumer, default options: checkpoint after every window
 to a memory store) pulls everything: HTTP, CRC and window checks, Avro decode, the
-dispatcher and the callbacks. The reference decodes the same value bytes with
-``fastavro.schemaless_reader`` in a loop. Goal: >= 0.5.
+dispatcher and the callbacks. References, each on the same value bytes:
+
+- raw fastavro: ``fastavro.schemaless_reader`` in a loop (no I/O);
+- the peer: a ``redis-server`` (Debian's, started here on a free port, nothing on
+  disk) holding the same payloads in one stream, read by redis-py with hiredis
+  (``XREAD COUNT 1000`` until all are read) with a no-op callback per entry, and again
+  decoding each payload with fastavro (what a consumer of Avro payloads does; the
+  DatabusClient always decodes).
+
+Goals (issue 14): DatabusClient >= 1.0x the Redis consumer's events/s with 20 events
+per window and >= 0.5x with one; >= 0.5 of raw fastavro decode with 20 per window.
+``make bench-deps`` installs redis-py and hiredis.
 """
 
 from __future__ import annotations
@@ -76,17 +88,109 @@ def fastavro_rate(values: list[bytes], schema: Schema) -> float:
     return len(values) / (time.perf_counter() - start)
 
 
+class RedisServer:
+    """``redis-server`` on a free port in a temp dir, persistence off."""
+
+    def __init__(self) -> None:
+        import shutil
+        import socket
+        import subprocess
+        import tempfile
+
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise SystemExit("redis-server not found: apt-get install redis-server "
+                             "(or run with --no-redis)")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.dir = tempfile.mkdtemp(prefix="databus-bench-redis-")
+        self.proc = subprocess.Popen(
+            [exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def __enter__(self) -> RedisServer:
+        import redis
+
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(port=self.port).ping()
+                return self
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        import shutil
+
+        self.proc.terminate()
+        self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def redis_fill(port: int, values: list[bytes], events: int) -> None:
+    import redis
+
+    r = redis.Redis(port=port)
+    r.delete("bench")
+    pipe = r.pipeline(transaction=False)
+    for i in range(events):
+        pipe.xadd("bench", {"v": values[i % len(values)]})
+        if i % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+    assert r.xlen("bench") == events
+
+
+def redis_rate(port: int, events: int, schema: Schema | None) -> float:
+    """Events/s of one redis-py (hiredis) consumer: XREAD 1000 at a time, a callback
+    per entry (decoding the payload with fastavro when ``schema`` is given)."""
+    import redis
+
+    from redis.utils import HIREDIS_AVAILABLE
+
+    assert HIREDIS_AVAILABLE, "pip install hiredis (make bench-deps): the peer uses it"
+    r = redis.Redis(port=port)
+    parsed = schema.parsed if schema is not None else None
+    seen = 0
+
+    def on_entry(fields: dict[bytes, bytes]) -> None:
+        nonlocal seen
+        if parsed is not None:
+            schemaless_reader(io.BytesIO(fields[b"v"]), parsed, None)
+        seen += 1
+
+    last = "0"
+    start = time.perf_counter()
+    while seen < events:
+        reply = r.xread({"bench": last}, count=1000)
+        for _stream, entries in reply:
+            for entry_id, fields in entries:
+                on_entry(fields)
+            last = entries[-1][0]
+    elapsed = time.perf_counter() - start
+    assert seen == events
+    return events / elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=40_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--events-per-window", type=int, nargs="+", default=[1, 20])
+    parser.add_argument("--no-redis", action="store_true", help="skip the Redis peer")
     args = parser.parse_args()
+    from databus import batch
+
     print(f"# client throughput: {args.events} events of 2500 bytes, best of {args.repeat}; "
-          f"{code_version()}; {loadavg()}")
-    print("| events per window | raw fastavro decode, events/s | DatabusClient, events/s "
-          "| ratio |")
-    print("|---:|---:|---:|---:|")
+          f"event core {batch.IMPLEMENTATION}; {code_version()}; {loadavg()}")
+    print("| events per window | raw fastavro decode, events/s | Redis consumer, events/s "
+          "| Redis consumer + fastavro decode, events/s | DatabusClient, events/s "
+          "| ratio to fastavro | ratio to Redis | ratio to Redis + decode |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for per_window in args.events_per_window:
         windows = args.events // per_window
         source = (f"synthetic://?rate=0&keys=100000&event_bytes=2500"
@@ -99,7 +203,15 @@ def main() -> None:
             events = windows * per_window
             ours = max(client_rate(relay.url, windows, events) for _ in range(args.repeat))
             raw = max(fastavro_rate(values, schema) for _ in range(args.repeat))
-        print(f"| {per_window} | {raw:,.0f} | {ours:,.0f} | {ours / raw:.3f} |")
+        peer = peer_decode = float("nan")
+        if not args.no_redis:
+            with RedisServer() as server:
+                redis_fill(server.port, values, events)
+                peer = max(redis_rate(server.port, events, None) for _ in range(args.repeat))
+                peer_decode = max(redis_rate(server.port, events, schema)
+                                  for _ in range(args.repeat))
+        print(f"| {per_window} | {raw:,.0f} | {peer:,.0f} | {peer_decode:,.0f} | {ours:,.0f} "
+              f"| {ours / raw:.3f} | {ours / peer:.2f} | {ours / peer_decode:.2f} |")
 
 
 if __name__ == "__main__":

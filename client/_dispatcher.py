@@ -41,6 +41,10 @@ from databus.schemas import Schema
 
 
 class CallKind(Enum):
+    # Hashed by identity (members are singletons): Enum's own __hash__ is Python code,
+    # and the runner looks kinds up several times per window.
+    __hash__ = object.__hash__
+
     START_WINDOW = auto()
     START_SOURCE = auto()
     DATA = auto()

@@ -75,6 +75,15 @@ class Checkpoint:
     bootstrap_since_scn: int | None = None
 
     def __post_init__(self) -> None:
+        # The common case first (a client commits one per window): an online
+        # checkpoint of plain ints in range, with no bootstrap field.
+        scn, offset = self.window_scn, self.window_offset
+        if (self.mode is Mode.ONLINE and type(scn) is int and type(offset) is int
+                and LATEST_SCN <= scn <= INT64_MAX and WHOLE_WINDOW <= offset <= INT64_MAX
+                and (offset < 0 or scn >= 0) and self.bootstrap_start_scn is None
+                and self.bootstrap_target_scn is None and self.bootstrap_source_index is None
+                and self.bootstrap_last_key is None and self.bootstrap_since_scn is None):
+            return
         for name in ("window_scn", "window_offset"):
             _require_int(name, getattr(self, name))
         if not isinstance(self.mode, Mode):
