@@ -149,7 +149,6 @@ def redis_rate(port: int, events: int, schema: Schema | None) -> float:
     """Events/s of one redis-py (hiredis) consumer: XREAD 1000 at a time, a callback
     per entry (decoding the payload with fastavro when ``schema`` is given)."""
     import redis
-
     from redis.utils import HIREDIS_AVAILABLE
 
     assert HIREDIS_AVAILABLE, "pip install hiredis (make bench-deps): the peer uses it"
