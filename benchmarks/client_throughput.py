@@ -167,7 +167,7 @@ def redis_rate(port: int, events: int, schema: Schema | None) -> float:
     while seen < events:
         reply = r.xread({"bench": last}, count=1000)
         for _stream, entries in reply:
-            for entry_id, fields in entries:
+            for _entry_id, fields in entries:
                 on_entry(fields)
             last = entries[-1][0]
     elapsed = time.perf_counter() - start
