@@ -110,4 +110,90 @@ static int64_t db_stable_key_hash(const unsigned char *data, size_t len) {
     return (int64_t)(__builtin_bswap64(h[0]) & 0x7fffffffffffffffULL);
 }
 
+/* CRC-32 (zlib's: reflected polynomial 0xEDB88320) with carry-less multiplication, for
+ * x86-64 CPUs that have PCLMULQDQ and SSE4.1: the buffer is folded 64 bytes at a time
+ * into four 128-bit lanes, the lanes into one, then reduced to 32 bits (Barrett), after
+ * Gopal et al., "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ" (Intel,
+ * 2009). zlib's own crc32 does the bytes that do not fill 16, and everything on other
+ * CPUs; tests compare the two on random lengths and contents. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#include <zlib.h>
+#define DB_HAVE_CLMUL_CRC 1
+
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t db_crc32_clmul(uint32_t crc, const unsigned char *p, size_t n) {
+    /* Folding constants: x^(k) mod P for the fold distances, bit-reflected. */
+    const __m128i fold4 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
+    const __m128i fold1 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
+    const __m128i fold64 = _mm_set_epi64x(0, 0x0163cd6124LL);
+    const __m128i barrett = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
+    const __m128i low32 = _mm_setr_epi32(-1, 0, -1, 0);
+    __m128i a, b, c, d, t;
+    size_t whole;
+    if (n < 64)
+        return (uint32_t)crc32(crc, p, (unsigned int)n);
+    whole = n & ~(size_t)15;
+    crc = ~crc;  /* the register as zlib keeps it internally */
+    a = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)crc));
+    b = _mm_loadu_si128((const __m128i *)(p + 16));
+    c = _mm_loadu_si128((const __m128i *)(p + 32));
+    d = _mm_loadu_si128((const __m128i *)(p + 48));
+    p += 64;
+    n -= 64;
+    whole -= 64;
+    while (whole >= 64) {
+#define DB_FOLD(x, k, next) \
+        t = _mm_clmulepi64_si128(x, k, 0x00); \
+        x = _mm_clmulepi64_si128(x, k, 0x11); \
+        x = _mm_xor_si128(_mm_xor_si128(x, t), next)
+        DB_FOLD(a, fold4, _mm_loadu_si128((const __m128i *)p));
+        DB_FOLD(b, fold4, _mm_loadu_si128((const __m128i *)(p + 16)));
+        DB_FOLD(c, fold4, _mm_loadu_si128((const __m128i *)(p + 32)));
+        DB_FOLD(d, fold4, _mm_loadu_si128((const __m128i *)(p + 48)));
+        p += 64;
+        n -= 64;
+        whole -= 64;
+    }
+    DB_FOLD(a, fold1, b);
+    DB_FOLD(a, fold1, c);
+    DB_FOLD(a, fold1, d);
+    while (whole >= 16) {
+        DB_FOLD(a, fold1, _mm_loadu_si128((const __m128i *)p));
+        p += 16;
+        n -= 16;
+        whole -= 16;
+    }
+#undef DB_FOLD
+    /* 128 bits to 64, to 32, then the Barrett reduction. */
+    t = _mm_clmulepi64_si128(a, fold1, 0x10);
+    a = _mm_xor_si128(_mm_srli_si128(a, 8), t);
+    t = _mm_srli_si128(a, 4);
+    a = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(a, low32), fold64, 0x00), t);
+    t = _mm_and_si128(a, low32);
+    t = _mm_clmulepi64_si128(t, barrett, 0x10);
+    t = _mm_and_si128(t, low32);
+    t = _mm_clmulepi64_si128(t, barrett, 0x00);
+    a = _mm_xor_si128(a, t);
+    crc = ~(uint32_t)_mm_extract_epi32(a, 1);
+    return n ? (uint32_t)crc32(crc, p, (unsigned int)n) : crc;
+}
+
+static int db_clmul_usable = -1;
+
+/* CRC-32 of p[0:n] continuing from crc, by the fastest way this CPU has. */
+static inline uint32_t db_crc32(uint32_t crc, const unsigned char *p, size_t n) {
+    if (db_clmul_usable < 0)
+        db_clmul_usable = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    if (db_clmul_usable && n >= 64)
+        return db_crc32_clmul(crc, p, n);
+    return (uint32_t)crc32(crc, p, (unsigned int)n);
+}
+#else
+#include <zlib.h>
+static inline uint32_t db_crc32(uint32_t crc, const unsigned char *p, size_t n) {
+    return (uint32_t)crc32(crc, p, (unsigned int)n);
+}
+#endif
+
 #endif

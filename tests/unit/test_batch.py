@@ -529,3 +529,20 @@ def test_group_rows_twins_agree(both: tuple[ModuleType, ModuleType]) -> None:
         1 for i in range(s.count) if s.source_id[i] >= 0)
     with pytest.raises(KeyError):
         nat.group_rows(s, firsts, stops, scns, {0: 1})
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=5000), start=st.integers(0, 2**32 - 1),
+       offset=st.integers(0, 15))
+def test_native_crc32_is_zlibs(data: bytes, start: int, offset: int) -> None:
+    """The compiled core folds with carry-less multiplication where the CPU has it;
+    every length (below, at and above the 64-byte fold) and alignment gives zlib's."""
+    nat = _native_or_skip()
+    view = memoryview(b"\x00" * offset + data)[offset:]
+    assert nat.crc32(view, start) == zlib.crc32(data, start)
+
+
+def test_native_crc32_of_a_large_buffer() -> None:
+    nat = _native_or_skip()
+    data = bytes(range(256)) * 40_000 + b"tail"
+    assert nat.crc32(data) == zlib.crc32(data)
