@@ -90,6 +90,9 @@ class ResponseDecoder:
         self._held_bytes = 0
         self._spilled = False  # the open window's events go out as they arrive
         self._last_scan: tuple[bytes, Scan] | None = None
+        # (source, writer fingerprint) -> (decode, schema, the reader schema it is for).
+        self._value_decoders: dict[tuple[str, int], tuple[Callable[[bytes], Any],
+                                                          Schema | None, Schema | None]] = {}
 
     def reset(self, *, at_window_start: bool = True, framing: Framing = Framing.RELAY) -> None:
         """A new pull position: a window in progress is abandoned. ``at_window_start``
@@ -292,14 +295,25 @@ class ResponseDecoder:
         """The data events ``first..stop`` of a scan, decoded in one batch call; a value
         that does not decode is found again event by event for its exact error."""
         codec, readers = self.codec, self.reader_schemas
+        cache = self._value_decoders
 
         def value_decoder(source_id: int, fingerprint: int
                           ) -> tuple[Callable[[bytes], Any], Schema | None]:
-            reader = readers.get(source_names[source_id])
-            if not fingerprint:
-                return functools.partial(codec.decode, writer=0, reader=reader), reader
-            return (codec.decoder(fingerprint, reader),
-                    reader if reader is not None else codec.schema(fingerprint))
+            # Cached by source name and fingerprint: a run of one-event windows asks
+            # once per window.
+            name = source_names[source_id]
+            reader = readers.get(name)
+            found = cache.get((name, fingerprint))
+            if found is None or found[2] is not reader:
+                if not fingerprint:
+                    found = (functools.partial(codec.decode, writer=0, reader=reader),
+                             reader, reader)
+                else:
+                    found = (codec.decoder(fingerprint, reader),
+                             reader if reader is not None else codec.schema(fingerprint),
+                             reader)
+                cache[(name, fingerprint)] = found
+            return found[0], found[1]
 
         try:
             events: list[DataEvent] = batch.decode_events(
