@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # both twins have the reference's signatures
         decode_events,
         encode_event,
         encode_events,
+        encode_flat_record,
         frame_windows,
         gather,
         group_rows,
@@ -75,6 +76,7 @@ else:
     gather = _impl.gather
     copy_rows = _impl.copy_rows
     group_rows = _impl.group_rows
+    encode_flat_record = _impl.encode_flat_record
 
 
 def twin(name: str) -> ModuleType:
@@ -99,7 +101,7 @@ def native_available() -> bool:
 __all__ = [
     "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "FilterPlan", "Predicate",
     "ReadState", "Scan", "WindowFrames", "compile_filter", "copy_rows", "decode_events",
-    "encode_event", "encode_events", "frame_windows", "gather", "group_rows", "key_hashes",
-    "native_available", "restamp", "scan", "select_events", "stable_key_hash", "twin",
-    "window_checksum",
+    "encode_event", "encode_events", "encode_flat_record", "frame_windows", "gather",
+    "group_rows", "key_hashes", "native_available", "restamp", "scan", "select_events",
+    "stable_key_hash", "twin", "window_checksum",
 ]

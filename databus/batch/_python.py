@@ -437,6 +437,77 @@ def group_rows(s: Scan, firsts: Sequence[int], stops: Sequence[int], scns: Seque
     return groups, windows
 
 
+
+
+# -- flat Avro records ----------------------------------------------------------------
+
+# Field codes of ``encode_flat_record``: the Avro type of a field, plus NULLABLE for a
+# ["null", type] union (branch 0 null, branch 1 the type).
+AVRO_LONG, AVRO_INT, AVRO_DOUBLE, AVRO_BOOLEAN, AVRO_STRING, AVRO_BYTES = 1, 2, 3, 4, 5, 6
+NULLABLE = 16
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_LE_DOUBLE = struct.Struct("<d")
+
+
+def _zigzag(value: int, out: bytearray) -> None:
+    z = (value << 1) ^ (value >> 63)
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+
+
+def encode_flat_record(values: Sequence[Any], codes: Sequence[int]) -> bytes | None:
+    """The Avro binary of a record of primitive fields (``codes``), as fastavro writes
+    it; None when a value is not exactly of its field's Python type (an int for a
+    double, a bool for a long, a long out of range...): the caller then lets fastavro
+    decide, so both give the same bytes or the same error."""
+    if len(values) != len(codes):
+        return None
+    out = bytearray()
+    for value, code in zip(values, codes, strict=True):
+        kind = code & ~NULLABLE
+        if value is None:
+            if not code & NULLABLE:
+                return None
+            out.append(0)
+            continue
+        if code & NULLABLE:
+            out.append(2)  # branch 1, zigzag
+        t = type(value)
+        if kind in (AVRO_LONG, AVRO_INT):
+            lo, hi = _INT64 if kind == AVRO_LONG else _INT32
+            if t is not int or not lo <= value <= hi:
+                return None
+            _zigzag(value, out)
+        elif kind == AVRO_DOUBLE:
+            if t is not float:
+                return None
+            out += _LE_DOUBLE.pack(value)
+        elif kind == AVRO_BOOLEAN:
+            if t is not bool:
+                return None
+            out.append(1 if value else 0)
+        elif kind in (AVRO_STRING, AVRO_BYTES):
+            if kind == AVRO_STRING:
+                if t is not str:
+                    return None
+                try:
+                    data = value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return None
+            elif t is bytes:
+                data = value
+            else:
+                return None
+            _zigzag(len(data), out)
+            out += data
+        else:
+            return None
+    return bytes(out)
+
+
 __all__ = [
     "IMPLEMENTATION",
     "CompiledFilter",
@@ -446,6 +517,7 @@ __all__ = [
     "decode_events",
     "encode_event",
     "encode_events",
+    "encode_flat_record",
     "event_error",
     "frame_windows",
     "gather",

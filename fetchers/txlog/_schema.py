@@ -63,6 +63,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from databus import batch
+from databus.batch import encode_flat_record
 from databus.errors import SchemaError
 from databus.event import Key
 from databus.fetchers.txlog._model import TableShape, avro_names
@@ -270,6 +272,26 @@ def normalize_key(values: Sequence[Any]) -> Key:
 
 # -- the per-table codec ----------------------------------------------------------
 
+_FLAT_CODES = {"long": 1, "int": 2, "double": 3, "boolean": 4, "string": 5, "bytes": 6}
+_NULLABLE = 16
+
+
+def _flat_codes(fields: Sequence[dict[str, Any]]) -> bytes | None:
+    """``encode_flat_record``'s codes of a record's fields: each a primitive type or
+    ["null", primitive]; None when any field is something else (a logical type, a
+    union of several types: fastavro writes those)."""
+    codes = []
+    for field in fields:
+        avro = field["type"]
+        nullable = isinstance(avro, list) and len(avro) == 2 and avro[0] == "null"
+        base = avro[1] if nullable else avro
+        if not isinstance(base, str) or base not in _FLAT_CODES:
+            return None
+        codes.append(_FLAT_CODES[base] | (_NULLABLE if nullable else 0))
+    return bytes(codes)
+
+
+
 
 class TableCodec:
     """A table's Avro schema, and rows (tuples in column order) -> event values/keys."""
@@ -310,6 +332,10 @@ class TableCodec:
         names = [c.name for c in shape.columns]
         self.key_positions = [names.index(k) for k in shape.key]
         self._codec = AvroCodec(schemas=[self.schema])
+        # The compiled core writes a record of primitive fields straight from the row
+        # (fastavro wants a dict per row); None: a field it does not write, or the pure
+        # twin, whose writer is the reference only (fastavro is faster than it).
+        self._flat = _flat_codes(fields) if batch.IMPLEMENTATION == "native" else None
 
     def key(self, row: Sequence[Any]) -> Key:
         """The event key of a row (all columns, in order)."""
@@ -317,6 +343,12 @@ class TableCodec:
 
     def encode(self, row: Sequence[Any]) -> bytes:
         """The Avro value of a row (all columns, in order)."""
+        if self._flat is not None:
+            # Values already of their fields' exact types need no conversion (every
+            # converter returns those unchanged); anything else goes the long way.
+            data = encode_flat_record(row, self._flat)
+            if data is not None:
+                return data
         values = list(row)
         for i, convert in self._converters:
             value = values[i]
@@ -333,4 +365,8 @@ class TableCodec:
                         "dynamic typing let it in): fix the value, or declare the column's "
                         "type to match (a STRICT table prevents this)"
                     ) from None
+        if self._flat is not None:
+            data = encode_flat_record(values, self._flat)
+            if data is not None:
+                return data  # else fastavro decides: the same bytes, or the error
         return self._codec.encode(dict(zip(self.field_names, values, strict=True)), self.schema)
