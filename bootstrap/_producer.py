@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from databus.batch import frame_windows, scan
+from databus.batch import frame_windows, restamp, scan
 from databus.bootstrap._component import BackgroundComponent, ComponentStatus
 from databus.bootstrap._storage import BootstrapStorage, LogBatch
 from databus.checkpoint import Checkpoint
@@ -55,15 +55,15 @@ class _Assembler:
     def __init__(self, key_hash: bool) -> None:
         self.key_hash = key_hash
         self._held = b""  # the events of a window whose EOW has not arrived yet
+        self._held_names: dict[int, str] = {}  # the source ids they were sent with
         # Schema fingerprint -> source name of the data events of the last ``feed``.
         self.fingerprints: dict[int, str] = {}
-
-    def reset(self) -> None:
-        self._held = b""
 
     def feed(self, body: bytes, names: dict[int, str]) -> LogBatch:
         """The whole windows of ``body`` (after the held part of a cut window)."""
         if self._held:
+            if self._held_names != names:
+                self._held = _renumbered(self._held, self._held_names, names)
             body = self._held + body
         s = scan(body).check()  # header and body CRCs of every event
         frames = frame_windows(s)
@@ -85,6 +85,7 @@ class _Assembler:
             out.stops.append(eow)
             first = eow + 1
         self._held = body[s.offset[first]:] if first < s.count else b""
+        self._held_names = names
         out.events = first - bisect.bisect_left(frames.controls, first)
         self.fingerprints = fingerprints = {}
         for sid, fp in set(zip(sids, s.fingerprint, strict=True)):
@@ -98,6 +99,26 @@ class _Assembler:
             if fp:
                 fingerprints[fp] = name
         return out
+
+
+def _renumbered(events: bytes, old: dict[int, str], new: dict[int, str]) -> bytes:
+    """Held events sent with ``old``'s source ids, given ``new``'s ids for the same
+    names (source ids are per relay: the rest of a window may come from another one
+    after a failover)."""
+    ids = {name: source_id for source_id, name in new.items()}
+    s = scan(events).check()
+    out = []
+    for i in range(s.count):
+        offset, total, sid = s.offset[i], s.length[i], s.source_id[i]
+        if sid < 0:
+            out.append(events[offset:offset + total])
+            continue
+        name = old.get(sid)
+        if name is None or name not in ids:
+            raise EventFormatError(f"source id {sid} of a held window has no name now",
+                                   offset=offset, reason="unknown source")
+        out.append(restamp(events, offset, total, ids[name]))
+    return b"".join(out)
 
 
 class LogProducer(BackgroundComponent):
