@@ -371,3 +371,28 @@ def test_reader_refuses_to_skip_damage_in_a_running_buffer(tmp_path: Path) -> No
         assert result.data == first and result.checkpoint == Checkpoint(first_scn)
         with pytest.raises(BufferCorruptedError):
             buf.read(result.checkpoint, max_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("damage", [
+    b"\x41",  # a byte that is neither an event's magic nor a pad marker's
+    b"\xdb\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x10",  # total 16 < header
+    b"\xdb\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x7f\xff\xff\xff",  # total 2 GiB
+])
+def test_reader_refuses_any_bytes_that_are_not_an_event_start(
+        tmp_path: Path, damage: bytes) -> None:
+    """The compiled read path stops where the bytes cannot start an event (a first byte
+    other than the magic, a length shorter than a header or past the tail): what
+    precedes is served, the damage is an error, never a skip or a read past the end."""
+    path = tmp_path / "ring.buf"
+    with EventBuffer(path, CAPACITY) as buf:
+        for i in range(5):
+            buf.append_window(100 + i, [ev(100 + i, i, 100)])
+        state = buf.state()
+        before = _serve_all(buf)
+        first_scn, first = next(iter(before.items()))
+        at = (state.head + len(first)) % CAPACITY
+        buf._ring[at:at + len(damage)] = damage
+        result = buf.read(Checkpoint.flexible(), max_bytes=1 << 20)
+        assert result.data == first and result.checkpoint == Checkpoint(first_scn)
+        with pytest.raises(BufferCorruptedError):
+            buf.read(result.checkpoint, max_bytes=1 << 20)
