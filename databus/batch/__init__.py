@@ -1,5 +1,7 @@
-"""Batch APIs over whole bodies and buffer slices: scan and verify, window framing,
-key hashes, decoding into consumer events, encoding a window's events.
+"""The event core: batch APIs over whole bodies and buffer slices, so that Python
+touches a response once, not each event (docs/event-core.md). Scan and verify, window
+framing, the relay's read rules and filters, decoding into consumer events, encoding
+events and flat Avro records, the bootstrap log's COPY rows, key hashes.
 
 Two twins with one API: ``_native`` (Cython, compiled by the package's build) and
 ``_python`` (the reference, written with ``databus.event``'s one-event functions).
