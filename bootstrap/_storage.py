@@ -91,7 +91,8 @@ class LogRows:
 class LogBatch:
     """Whole windows of one relay response, as the producer appends them, without an
     object per event: the body, its scan, and each window's SCN, timestamp and index
-    range (``first`` to ``stop``: its events; control events in it are not stored).
+    range (``first`` to ``stop``: its events; control events in it are not stored); each
+    window begins right after the previous one's EOW.
     ``names`` maps the relay's source ids to names."""
 
     body: bytes
@@ -112,9 +113,11 @@ class LogBatch:
         return len(self.scns)
 
     def source_names(self) -> set[str]:
-        sids = self.scan.source_id
-        ids = {sids[i] for k in range(len(self.scns))
-               for i in range(self.firsts[k], self.stops[k])}
+        # The windows cover the scan from its start to the last EOW, one after the
+        # other: the ids are those of that slice (set() of an array slice, in C).
+        if not len(self.stops):
+            return set()
+        ids = set(self.scan.source_id[self.firsts[0]:self.stops[-1]])
         return {self.names[i] for i in ids if i >= 0}
 
     def split(self, ids: Mapping[str, int]

@@ -180,10 +180,6 @@ class ReadResult:
     wait_after_scn: int | None = None
 
 
-# A source filter as the relay sees it: (source_id, partition_key, key bytes) -> pass?
-EventPredicate = Predicate
-
-
 class EventBuffer:
     """A fixed-capacity ring of windows in an mmap'd file, with a sparse SCN index."""
 
@@ -559,7 +555,7 @@ class EventBuffer:
         checkpoint: Checkpoint,
         *,
         max_bytes: int,
-        predicate: EventPredicate | None = None,
+        predicate: Predicate | None = None,
         needs_key: bool = True,
         select: FilterPlan | CompiledFilter | None = None,
     ) -> ReadResult:
