@@ -349,8 +349,11 @@ class EventBuffer:
             for source_id, fingerprint in set(zip(sids, s.fingerprint, strict=True)):
                 if source_id >= 0:
                     self.recovered_sources.setdefault(source_id, set()).add(fingerprint)
-            if s.error is not None and (s.error.reason != "bad magic" or ring[s.end] != _PAD):
-                raise s.error  # only a pad marker may stop a run before its end
+            # A run may stop early only at padding: the end of the lap (less than a header
+            # left: padding by geometry, whatever old bytes it holds) or a pad marker
+            # (0x00; ``_skip_pad`` checks it on the next turn).
+            if s.error is not None and cap - s.end >= HEADER_SIZE and ring[s.end] != _PAD:
+                raise s.error
             pos += s.end - phys
         if window is not None or win_start < limit:
             raise EventFormatError("window is cut off by the tail", reason="truncated")
