@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 DEB_PACKAGES := mariadb-server postgresql zookeeper openjdk-17-jre-headless \
 	libpostgresql-jdbc-java libmariadb-java gcc zlib1g-dev
 # The import packages, mapped from top-level folders (pyproject's package-dir).
-SUBPACKAGES := relay bootstrap client fetchers spark_jobs
+SUBPACKAGES := relay bootstrap client fetchers spark_jobs replicator
 
 .PHONY: test demo deps apt venv lint typecheck unit integration bench bench-deps clean
 
@@ -50,7 +50,7 @@ venv: $(BIN)/.installed
 $(BIN)/.installed: pyproject.toml setup.py databus/batch/_native.pyx databus/batch/_wire.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,spark]'
+	$(BIN)/pip install -q -e '.[dev,spark,fast]'
 	touch $@
 
 lint: venv
@@ -69,7 +69,7 @@ bench-deps: $(BIN)/.bench-installed
 
 $(BIN)/.bench-installed: $(BIN)/.installed
 	@$(MAKE) --no-print-directory apt PACKAGES="redis-server"
-	$(BIN)/pip install -q -e '.[dev,spark,bench]'
+	$(BIN)/pip install -q -e '.[dev,spark,fast,bench]'
 	touch $@
 
 bench: venv bench-deps

@@ -1,10 +1,14 @@
-"""Shared helpers of the relay benchmarks: a ``databus relay`` child process, its CPU
-time, and an optional py-spy profile of it. Not a benchmark by itself.
+"""Shared helpers of the relay benchmarks: a ``databus relay`` child process (its
+worker processes and event loop chosen per run), its CPU time, a throwaway
+``redis-server`` for the Redis Streams peers, and an optional py-spy profile of the
+relay. Not a benchmark by itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -16,8 +20,11 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -34,6 +41,70 @@ def cpu_seconds(pid: int) -> float:
         text = f.read()
     fields = text[text.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s child processes, their children and so on (from /proc; a relay's
+    worker processes are its children)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        children[ppid].append(int(entry))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and of its live descendants (a relay with workers serves
+    from several processes). A descendant that exited meanwhile is not counted."""
+    total = cpu_seconds(pid)
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(child)
+    return total
+
+
+def default_consumer_loop() -> str:
+    """uvloop when it is installed (the ``fast`` extra), else asyncio: the event loop of
+    the benchmarks' asyncio consumer processes, which share the machine's cores with
+    the server they measure."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def run_on(loop: str, main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` on ``loop`` ("asyncio" or "uvloop")."""
+    factory = None
+    if loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+def relay_config_fields() -> set[str]:
+    """The ``[relay]`` fields the relay in this working tree accepts."""
+    import dataclasses
+
+    from databus.config import RelayConfig
+
+    return {f.name for f in dataclasses.fields(RelayConfig)}
 
 
 def total_cpu_seconds() -> tuple[float, float]:
@@ -79,15 +150,41 @@ def machine_cpu() -> tuple[float, float, float]:
     return (total - idle - steal) / CLK_TCK, steal / CLK_TCK, total / CLK_TCK
 
 
+def softirq_seconds() -> float:
+    """Seconds all cores spent in softirq (and hardirq) work, from /proc/stat: on
+    loopback, much of TCP's receive path runs there, charged to no process, so the
+    benchmarks' "other" column holds it unless they take it out."""
+    with open("/proc/stat") as f:
+        parts = [int(x) for x in f.readline().split()[1:]]
+    return (parts[5] + parts[6]) / CLK_TCK
+
+
+class WorkersUnsupported(RuntimeError):
+    """The relay in this working tree has no ``[relay] workers`` yet."""
+
+
 class RelayProcess:
-    """``databus relay --config FILE`` with one synthetic buffer, in a temp dir."""
+    """``databus relay --config FILE`` with one synthetic buffer, in a temp dir.
+
+    ``workers``: ``[relay] workers = N``, the serving processes (the main one included);
+    a relay whose config has no such field yet serves from one process, and asking it
+    for more raises ``WorkersUnsupported``. ``event_loop``: ``DATABUS_EVENT_LOOP`` for
+    the child ("asyncio" or "uvloop"; None leaves the relay's own choice)."""
 
     def __init__(self, source_uri: str, capacity_mb: int, *, buffer: str = "bench",
-                 keep_dir: bool = False) -> None:
+                 keep_dir: bool = False, workers: int = 1,
+                 event_loop: str | None = None) -> None:
+        has_workers = "workers" in relay_config_fields()
+        if workers != 1 and not has_workers:
+            raise WorkersUnsupported(
+                f"workers = {workers} asked for, but this relay's config has no "
+                "'workers' field yet (databus/config/_relay.py): one serving process only")
         self.dir = Path(tempfile.mkdtemp(prefix="databus-bench-"))
         self.keep_dir = keep_dir
         self.port = free_port()
         self.buffer = buffer
+        self.workers = workers
+        self.event_loop = event_loop
         self.config_path = self.dir / "relay.toml"
         self.config_path.write_text(
             "[relay]\n"
@@ -95,7 +192,10 @@ class RelayProcess:
             'host = "127.0.0.1"\n'
             f"port = {self.port}\n"
             f"max_bytes_cap = {64 << 20}\n"
-            "\n[[relay.buffers]]\n"
+            # One serving process unless a benchmark asks for more (relay.workers): the
+            # figures and the CPU time of ``pid`` are those of one process.
+            + (f"workers = {workers}\n" if has_workers else "")
+            + "\n[[relay.buffers]]\n"
             f'name = "{buffer}"\n'
             f"capacity_mb = {capacity_mb}\n"
             f'source = "{source_uri}"\n'
@@ -115,9 +215,12 @@ class RelayProcess:
     def start(self, timeout: float = 30) -> None:
         exe = Path(sys.executable).with_name("databus")
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.event_loop is not None:
+            env["DATABUS_EVENT_LOOP"] = self.event_loop
         self.proc = subprocess.Popen(
             [str(exe), "relay", "--config", str(self.config_path)], stdout=log, stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=env,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -130,6 +233,30 @@ class RelayProcess:
             except OSError:
                 time.sleep(0.05)
         raise TimeoutError(f"relay did not listen: {self.log_path.read_text()}")
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the relay's processes (the main one and its workers)."""
+        return tree_cpu_seconds(self.pid)
+
+    def serving(self) -> str:
+        """What serves, as the relay reports it: its event loop and worker processes."""
+        status = self.get_json("/v1/status")
+        workers = status.get("workers")
+        extra = (f", {len(workers)} worker process(es) beside the main one"
+                 if workers else ", one serving process")
+        return f"event loop {status.get('event_loop', '?')}{extra}"
+
+    def wait_serving(self, processes: int, timeout: float = 30) -> None:
+        """Block until the relay reports ``processes - 1`` running workers (they start
+        after the main process listens)."""
+        deadline = time.monotonic() + timeout
+        while processes > 1:
+            workers = self.get_json("/v1/status").get("workers") or []
+            if sum(w.get("state") == "running" for w in workers) >= processes - 1:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"relay workers not running: {workers}")
+            time.sleep(0.1)
 
     def get_json(self, path: str, **params: Any) -> Any:
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
@@ -170,6 +297,59 @@ class RelayProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# -- the Redis Streams peer ----------------------------------------------------------
+
+
+class RedisServer:
+    """Debian's ``redis-server`` on a free port in a temp dir, persistence off
+    (``--save "" --appendonly no``); killed and its dir removed on exit. ``make
+    bench-deps`` installs it, redis-py and hiredis."""
+
+    def __init__(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise SystemExit("redis-server not found: make bench-deps (or apt-get install "
+                             "redis-server), or run without the Redis peer")
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="databus-bench-redis-")
+        self.proc = subprocess.Popen(
+            [exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def version(self) -> str:
+        import redis
+
+        return str(redis.Redis(port=self.port).info("server").get("redis_version", "?"))
+
+    def __enter__(self) -> RedisServer:
+        import redis
+        from redis.utils import HIREDIS_AVAILABLE
+
+        if not HIREDIS_AVAILABLE:
+            self.__exit__()
+            raise SystemExit("hiredis is not installed (make bench-deps): the peer uses it")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(port=self.port).ping()
+                return self
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.__exit__()
+                    raise
+                time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # -- py-spy -------------------------------------------------------------------------

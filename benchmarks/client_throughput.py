@@ -30,7 +30,7 @@ import io
 import time
 import urllib.request
 
-from _relay_proc import RelayProcess, code_version, loadavg
+from _relay_proc import RedisServer, RelayProcess, code_version, loadavg
 from fastavro import schemaless_reader
 
 from databus.client import Consumer, DatabusClient, DataEvent, MemoryCheckpointStore
@@ -86,49 +86,6 @@ def fastavro_rate(values: list[bytes], schema: Schema) -> float:
     for v in values:
         schemaless_reader(io.BytesIO(v), parsed, None)
     return len(values) / (time.perf_counter() - start)
-
-
-class RedisServer:
-    """``redis-server`` on a free port in a temp dir, persistence off."""
-
-    def __init__(self) -> None:
-        import shutil
-        import socket
-        import subprocess
-        import tempfile
-
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise SystemExit("redis-server not found: apt-get install redis-server "
-                             "(or run with --no-redis)")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.dir = tempfile.mkdtemp(prefix="databus-bench-redis-")
-        self.proc = subprocess.Popen(
-            [exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def __enter__(self) -> RedisServer:
-        import redis
-
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                redis.Redis(port=self.port).ping()
-                return self
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def __exit__(self, *exc: object) -> None:
-        import shutil
-
-        self.proc.terminate()
-        self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def redis_fill(port: int, values: list[bytes], events: int) -> None:

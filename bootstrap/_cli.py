@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import logging
 
+from databus._event_loop import choose as choose_event_loop
 from databus._serving import run_app
 from databus.config import load_config, redact_uri
 from databus.errors import ConfigError
@@ -41,10 +42,13 @@ def run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, run=parts)
     host = args.host or config.host
     port = config.port if args.port is None else args.port
+    # Chosen before anything is opened: a config asking for a missing uvloop fails here.
+    loop = choose_event_loop(config.event_loop, "bootstrap.event_loop")
     storage = open_configured_storage(config)
     log.info("bootstrap store %s; running %s", redact_uri(config.storage), ", ".join(config.run))
     # databus._serving, not web.run_app: connection limits, timeouts, JSON protocol errors.
-    run_app(build_app(config, storage), host=host, port=port,
+    log.info("event loop: %s", loop.describe())
+    run_app(build_app(config, storage), host=host, port=port, loop_factory=loop.factory,
             on_listen=lambda h, p: log.info("bootstrap service listening on http://%s:%d",
                                             h, p))
     return 0

@@ -18,6 +18,8 @@ import bisect
 import contextlib
 import json
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -177,6 +179,8 @@ class LogProducer(BackgroundComponent):
         puller = RelayPuller(self.relays, self.sources, session,
                              backoff_initial=self.backoff_initial,
                              backoff_max=self.backoff_max)
+        # Relays list the producer among their consumers under this id (with its lag).
+        puller.client_id = f"databus-bootstrap-producer@{socket.gethostname()}:{os.getpid()}"
         self._known_fingerprints = {fp for fp, _, _ in
                                     await asyncio.to_thread(storage.schemas)}
         stored = await asyncio.to_thread(storage.producer_checkpoint)

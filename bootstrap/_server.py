@@ -13,24 +13,30 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from databus._event_loop import running_loop_name
 from databus._http import (
     STATS,
     BadRequest,
     HttpStats,
     NotFound,
-    PrometheusText,
     admin_body,
     check_bearer,
     checkpoint_param,
+    client_id_param,
     filter_param,
     fp_text,
+    http_requests_family,
     int_param,
     json_errors,
+    metrics_response,
     parse_fingerprint,
     sources_param,
 )
@@ -70,6 +76,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     checkpoint = checkpoint_param(request)
     names = sources_param(request)
     spec = filter_param(request)
+    # Clients send their client_id here too; the bootstrap service does not track
+    # consumers, but holds the parameter to the relay's rules (400 when over-long).
+    client_id_param(request)
     max_bytes = min(int_param(request, "max_bytes", DEFAULT_MAX_BYTES, 1, 1 << 31),
                     info.max_bytes_cap)
     served = await _blocking(boot.serve, checkpoint, names, spec, max_bytes)
@@ -132,6 +141,8 @@ async def status_doc(app: web.Application) -> dict[str, Any]:
         "snapshot_rows": state.snapshot_rows,
         "update_ratio": state.update_ratio,
         "components": {name: report() for name, report in app[INFO].components.items()},
+        # The loop this process actually runs on (bootstrap.event_loop, DATABUS_EVENT_LOOP).
+        "event_loop": running_loop_name(),
     }
     return doc
 
@@ -144,37 +155,62 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def metrics(request: web.Request) -> web.Response:
-    doc = await status_doc(request.app)
-    boot = request.app[BOOTSTRAPPER]
-    stats = request.app[STATS]
-    page = PrometheusText("databus_bootstrap")
-    metric = page.metric
+class BootstrapCollector(Collector):
+    """The service's metrics over the live counters and the last status document.
 
-    for field, text in [
-        ("producer_scn", "Newest window in the log"),
-        ("applied_scn", "Newest window applied to the snapshot"),
-        ("applier_lag_scn", "Producer SCN minus applied SCN"),
-        ("log_floor_scn", "Every window after this SCN is in the log"),
-        ("log_windows", "Windows in the log"),
-        ("log_bytes", "Event bytes in the log"),
-    ]:
-        metric(field, "gauge", text, [("", float(doc[field] or 0))])
-    metric("snapshot_rows", "gauge", "Live rows in the snapshot",
-           [(f'{{source="{s}"}}', float(n)) for s, n in doc["snapshot_rows"].items()])
-    metric("update_ratio", "gauge", "Applied rows that updated an existing key",
-           [("", float(doc["update_ratio"] or 0))])
-    s = boot.stats
-    metric("bootstraps_total", "counter", "Bootstraps started",
-           [('{strategy="snapshot"}', s.snapshot_starts), ('{strategy="log"}', s.replay_starts)])
-    metric("rows_served_total", "counter", "Rows served",
-           [('{phase="snapshot"}', s.snapshot_rows_served),
-            ('{phase="catchup"}', s.log_rows_served)])
-    metric("stream_bytes_total", "counter", "Event bytes served", [("", stats.bytes_served)])
-    metric("http_requests_total", "counter", "HTTP requests by route and status",
-           [(f'{{route="{r}",status="{c}"}}', float(n))
-            for (r, c), n in sorted(stats.requests.items())])
-    return page.response()
+    The store's state is read with a blocking call (in a worker thread), which a
+    collector cannot await: the ``/metrics`` handler reads it first into ``status`` and
+    generates the page right after, with no await in between, so two scrapes never mix.
+    """
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.status: dict[str, Any] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        doc = self.status
+        if doc is None:
+            return
+        p = "databus_bootstrap_"
+        for field, text in [
+            ("producer_scn", "Newest window in the log"),
+            ("applied_scn", "Newest window applied to the snapshot"),
+            ("applier_lag_scn", "Producer SCN minus applied SCN"),
+            ("log_floor_scn", "Every window after this SCN is in the log"),
+            ("log_windows", "Windows in the log"),
+            ("log_bytes", "Event bytes in the log"),
+        ]:
+            yield GaugeMetricFamily(p + field, text, value=float(doc[field] or 0))
+        rows = GaugeMetricFamily(p + "snapshot_rows", "Live rows in the snapshot",
+                                 labels=["source"])
+        for source, count in doc["snapshot_rows"].items():
+            rows.add_metric([source], float(count))
+        yield rows
+        yield GaugeMetricFamily(p + "update_ratio",
+                                "Applied rows that updated an existing key",
+                                value=float(doc["update_ratio"] or 0))
+        s = self.app[BOOTSTRAPPER].stats
+        starts = CounterMetricFamily(p + "bootstraps_total", "Bootstraps started",
+                                     labels=["strategy"])
+        starts.add_metric(["snapshot"], float(s.snapshot_starts))
+        starts.add_metric(["log"], float(s.replay_starts))
+        yield starts
+        served = CounterMetricFamily(p + "rows_served_total", "Rows served",
+                                     labels=["phase"])
+        served.add_metric(["snapshot"], float(s.snapshot_rows_served))
+        served.add_metric(["catchup"], float(s.log_rows_served))
+        yield served
+        stats = self.app[STATS]
+        yield CounterMetricFamily(p + "stream_bytes_total", "Event bytes served",
+                                  value=float(stats.bytes_served))
+        yield http_requests_family("databus_bootstrap", stats)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    collector = request.app[COLLECTOR]
+    collector.status = await status_doc(request.app)
+    # No await from here on: the page is the document just read.
+    return metrics_response(request.app[METRICS])
 
 
 async def admin_retain(request: web.Request) -> web.Response:
@@ -186,12 +222,20 @@ async def admin_retain(request: web.Request) -> web.Response:
     return web.json_response(await _blocking(info.retain))
 
 
+COLLECTOR = web.AppKey("collector", BootstrapCollector)
+METRICS = web.AppKey("metrics", CollectorRegistry)
+
+
 def create_app(bootstrapper: Bootstrapper, info: ServiceInfo | None = None, *,
                serve_streams: bool = True) -> web.Application:
     app = web.Application(middlewares=[json_errors])
     app[BOOTSTRAPPER] = bootstrapper
     app[INFO] = info or ServiceInfo()
     app[STATS] = HttpStats()
+    # The app's own Prometheus registry, never the process-global one.
+    app[COLLECTOR] = BootstrapCollector(app)
+    app[METRICS] = CollectorRegistry(auto_describe=False)
+    app[METRICS].register(app[COLLECTOR])
     if serve_streams:
         app.router.add_get("/v1/bootstrap/stream", stream)
         app.router.add_get("/v1/bootstrap/sources", sources)

@@ -24,14 +24,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import aiohttp
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from databus._http import MAX_CLIENT_ID
 from databus._redact import register_uri
 from databus.checkpoint import FLEXIBLE_SCN, Checkpoint, Mode
 from databus.client._bootstrap_puller import BootstrapError, BootstrapPuller
@@ -133,40 +139,72 @@ class ClientMetrics:
         elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
         return self.events / elapsed if elapsed > 0 else 0.0
 
+    def collector(self, client: str = "databus-client") -> Collector:
+        """A prometheus-client collector over these metrics, labelled ``client``:
+        register it in your own ``CollectorRegistry`` to serve them from your
+        ``/metrics``."""
+        return _ClientCollector(self, client)
+
     def prometheus_text(self, client: str = "databus-client") -> str:
-        label = f'{{client="{client}"}}'
-        rows = [
-            ("events_total", "counter", self.events),
-            ("windows_total", "counter", self.windows),
-            ("rollbacks_total", "counter", self.rollbacks),
-            ("errors_total", "counter", self.errors),
-            ("relay_failovers_total", "counter", self.failovers),
-            ("bootstraps_total", "counter", self.bootstraps),
-            ("bootstrapping", "gauge", int(self.bootstrapping)),
-            ("lag_scn", "gauge", self.lag_scn or 0),
-            ("lag_ms", "gauge", self.lag_ms or 0),
-            ("events_per_second", "gauge", round(self.events_per_second, 3)),
-        ]
-        out = []
-        for name, kind, value in rows:
-            out += [f"# TYPE databus_client_{name} {kind}",
-                    f"databus_client_{name}{label} {value}"]
-        out.append("# TYPE databus_client_bootstrap_phase gauge")
-        for phase in ("snapshot", "catchup"):
-            out.append(f'databus_client_bootstrap_phase{{client="{client}",phase="{phase}"}} '
-                       f"{int(self.bootstrap_phase == phase)}")
-        # One row per subscribed source and state (bounded by the client's own config).
-        out.append("# TYPE databus_client_source_state gauge")
-        for source, current in sorted(self.source_states.items()):
+        """These metrics in the Prometheus text format, labelled ``client``."""
+        registry = CollectorRegistry(auto_describe=False)  # never the global registry
+        registry.register(self.collector(client))
+        return generate_latest(registry).decode("utf-8")
+
+
+class _ClientCollector(Collector):
+    """``databus_client_*`` over one client's live ``ClientMetrics``."""
+
+    _ROWS: ClassVar[list[tuple[str, str, str]]] = [
+        ("events_total", "counter", "Data events dispatched"),
+        ("windows_total", "counter", "Windows dispatched"),
+        ("rollbacks_total", "counter", "Rollbacks to the last checkpoint"),
+        ("errors_total", "counter", "Errors (callback failures, fatal errors)"),
+        ("relay_failovers_total", "counter", "Moves to another relay"),
+        ("bootstraps_total", "counter", "Bootstrap conversations started"),
+        ("bootstrapping", "gauge", "1 while a bootstrap is being pulled"),
+        ("lag_scn", "gauge", "Relay max SCN minus the consumer's SCN"),
+        ("lag_ms", "gauge", "Milliseconds behind the relay's newest window"),
+        ("events_per_second", "gauge", "Data events dispatched per second since start"),
+    ]
+
+    def __init__(self, metrics: ClientMetrics, client: str) -> None:
+        self.metrics = metrics
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        m, client = self.metrics, self.client
+        values = {
+            "events_total": m.events, "windows_total": m.windows,
+            "rollbacks_total": m.rollbacks, "errors_total": m.errors,
+            "relay_failovers_total": m.failovers, "bootstraps_total": m.bootstraps,
+            "bootstrapping": int(m.bootstrapping), "lag_scn": m.lag_scn or 0,
+            "lag_ms": m.lag_ms or 0, "events_per_second": round(m.events_per_second, 3),
+        }
+        for name, kind, text in self._ROWS:
+            family: Metric
+            if kind == "counter":
+                family = CounterMetricFamily(f"databus_client_{name}", text,
+                                             labels=["client"])
+            else:
+                family = GaugeMetricFamily(f"databus_client_{name}", text,
+                                           labels=["client"])
+            family.add_metric([client], float(values[name]))
+            yield family
+        phase = GaugeMetricFamily("databus_client_bootstrap_phase",
+                                  "1 for the bootstrap phase being pulled",
+                                  labels=["client", "phase"])
+        for name in ("snapshot", "catchup"):
+            phase.add_metric([client, name], float(m.bootstrap_phase == name))
+        yield phase
+        # One series per subscribed source and state (bounded by the client's config).
+        states = GaugeMetricFamily("databus_client_source_state",
+                                   "1 for a subscribed source's current state",
+                                   labels=["client", "source", "state"])
+        for source, current in sorted(m.source_states.items()):
             for state in ("pending", "active"):
-                out.append(f'databus_client_source_state{{client="{client}",source='
-                           f'"{_label(source)}",state="{state}"}} {int(current == state)}')
-        return "\n".join(out) + "\n"
-
-
-def _label(value: str) -> str:
-    """A Prometheus label value, escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+                states.add_metric([client, source, state], float(current == state))
+        yield states
 
 
 class _CheckpointWriter:
@@ -254,7 +292,9 @@ class DatabusClient:
     """A Databus consumer client; see DESIGN section 10 and ``docs/client.md``.
 
     ``start_from`` says where a client with no stored checkpoint begins: "earliest"
-    (everything the relay holds) or "latest" (only new windows).
+    (everything the relay holds) or "latest" (only new windows). ``client_id`` names
+    the client to relays (``GET /v1/consumers``, 1 to 256 characters); by default
+    ``"{name}@{hostname}:{pid}"``.
     """
 
     def __init__(
@@ -277,6 +317,8 @@ class DatabusClient:
         name: str = "databus-client",
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
+        streaming: bool = True,
+        client_id: str | None = None,
     ) -> None:
         if not relays:
             raise ValueError("DatabusClient needs at least one relay URL")
@@ -309,6 +351,16 @@ class DatabusClient:
         self.name = name
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        # Streaming subscriptions where the relay offers them (docs/client.md); False:
+        # long polls only.
+        self.streaming = streaming
+        # Sent with every pull so that relays can list this consumer and its lag
+        # (GET /v1/consumers, docs/client.md); unique per process by default.
+        if client_id is None:
+            client_id = f"{name}@{socket.gethostname()}:{os.getpid()}"
+        if not 0 < len(client_id) <= MAX_CLIENT_ID:
+            raise ValueError(f"client_id must be 1 to {MAX_CLIENT_ID} characters")
+        self.client_id = client_id
         self.metrics = ClientMetrics()
         self._consumers: list[Consumer] = []
         self._stop_requested = threading.Event()
@@ -384,7 +436,8 @@ class DatabusClient:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
             pullers = _Pullers(
                 RelayPuller(self.relays, self.sources, session, filter_json=filter_json,
-                            backoff_initial=self.backoff_initial, backoff_max=self.backoff_max),
+                            backoff_initial=self.backoff_initial, backoff_max=self.backoff_max,
+                            streaming=self.streaming),
                 BootstrapPuller(self.bootstrap, self.sources, session, filter_json=filter_json,
                                 backoff_initial=self.backoff_initial,
                                 backoff_max=self.backoff_max) if self.bootstrap else None,
@@ -392,6 +445,9 @@ class DatabusClient:
             )
             # The puller keeps the per-source states up to date; the metrics show them.
             metrics.source_states = pullers.relay.source_states
+            pullers.relay.client_id = self.client_id
+            if pullers.bootstrap is not None:
+                pullers.bootstrap.client_id = self.client_id
             gen = runner.start()
             try:
                 while not self._stop_requested.is_set():
@@ -452,6 +508,7 @@ class DatabusClient:
                                             self.backoff_initial * 2 ** max(0, retries - 1)))
                     gen = runner.start(rollback_to=replay_scn, announce_rollback=True)
             finally:
+                await pullers.relay.close_stream()
                 runner.stop()
                 # The store belongs to the caller, who closes it; it may be reused.
                 await asyncio.to_thread(writer.flush_and_close)
@@ -535,8 +592,9 @@ class DatabusClient:
             # Alone in an empty buffer, one event may be bigger than the buffer.
             max_bytes = max(min(want, budget.free), 1) if budget.free >= need else want
             try:
-                batch = await puller.fetch(position, max_bytes=max_bytes,
-                                           wait_ms=self.poll_wait_ms)
+                batch = await puller.next_batch(position, max_bytes=max_bytes,
+                                                wait_ms=self.poll_wait_ms,
+                                                stream_bytes=self.max_request_bytes)
             except FellOffRelay as exc:
                 if p.bootstrap is None:
                     raise

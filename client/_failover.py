@@ -71,14 +71,19 @@ class FailoverPuller:
         self._logged_pending: set[str] = set()
         self.failovers = 0
         self.last_error: BaseException | None = None
+        # Sent as client_id with every stream request, so that relays can show this
+        # consumer's lag (GET /v1/consumers); set by the owner (DatabusClient).
+        self.client_id: str | None = None
 
     def stream_params(self, position: Checkpoint, max_bytes: int) -> dict[str, str]:
-        """The query of a stream request: checkpoint, size, sources and filter."""
+        """The query of a stream request: checkpoint, size, sources, filter, client id."""
         params = {"checkpoint": position.dumps(), "max_bytes": str(max_bytes)}
         if self.sources:
             params["sources"] = ",".join(self.sources)
         if self.filter_json:
             params["filter"] = self.filter_json
+        if self.client_id:
+            params["client_id"] = self.client_id
         return params
 
     async def schema(self, fingerprint: int) -> Schema:

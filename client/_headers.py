@@ -25,8 +25,8 @@ def parse_stream_headers(
     garbage header is a bad answer (``bad_answer``)."""
     try:
         checkpoint = Checkpoint.loads(headers["X-Databus-Checkpoint"])
-        max_scn = _header_int(headers, "X-Databus-Max-Scn")
-        pending = _header_int(headers, "X-Databus-Pending-Event-Size")
+        max_scn = header_int(headers, "X-Databus-Max-Scn")
+        pending = header_int(headers, "X-Databus-Pending-Event-Size")
     except (KeyError, ValueError, TypeError, CheckpointError) as exc:
         raise bad_answer(f"{server} sent a bad stream header: {exc}") from None
     if pending is not None and pending <= 0:
@@ -34,7 +34,7 @@ def parse_stream_headers(
     return checkpoint, max_scn, pending
 
 
-def _header_int(headers: Mapping[str, str], name: str) -> int | None:
+def header_int(headers: Mapping[str, str], name: str) -> int | None:
     text = headers.get(name)
     if not text:
         return None

@@ -9,7 +9,10 @@ it out with every body.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,8 +20,18 @@ import aiohttp
 
 from databus.checkpoint import Checkpoint
 from databus.client._failover import FailoverPuller
-from databus.client._headers import parse_stream_headers
-from databus.errors import DatabusError, ScnNotFoundError
+from databus.client._headers import bad_answer, header_int, parse_stream_headers
+from databus.client._relay_stream import StreamFrame, StreamFramer
+from databus.errors import DatabusError, EventFormatError, ScnNotFoundError
+
+log = logging.getLogger("databus.client")
+
+# How often a streaming relay sends a heartbeat when idle, and how many may be missed
+# before the client counts the relay as gone and fails over.
+STREAM_HEARTBEAT_MS = 1000
+STREAM_MISSED_HEARTBEATS = 5
+# How long a relay that did not stream is long-polled before it is asked again.
+POLL_FOR_S = 600.0
 
 
 class FellOffRelay(DatabusError):
@@ -71,11 +84,21 @@ class RelayPuller(FailoverPuller):
         backoff_max: float = 5.0,
         request_timeout: float = 30.0,
         rng: random.Random | None = None,
+        streaming: bool = True,
+        heartbeat_ms: int = STREAM_HEARTBEAT_MS,
     ) -> None:
         super().__init__(relays, sources, session, filter_json=filter_json,
                          backoff_initial=backoff_initial, backoff_max=backoff_max,
                          request_timeout=request_timeout, rng=rng)
         self.buffer_sources: dict[str, set[str]] = {}
+        self.streaming = streaming
+        self.heartbeat_ms = heartbeat_ms
+        # Relay -> until when it is long-polled (monotonic): it answered a follow=true
+        # request with a polling response (an older relay, which ignores the parameter)
+        # or its stream delivered nothing. Asked to stream again after POLL_FOR_S: a
+        # relay may have been upgraded, a proxy reconfigured.
+        self.polling_relays: dict[str, float] = {}
+        self._stream: _OpenStream | None = None
 
     @property
     def relay(self) -> str:
@@ -162,3 +185,169 @@ class RelayPuller(FailoverPuller):
         except ScnNotFoundError as exc:
             raise FellOffRelay(position.window_scn, exc.min_scn) from None
 
+
+    # -- streaming subscriptions ---------------------------------------------------------
+
+    @property
+    def streaming_now(self) -> bool:
+        """Is the current position being followed through an open stream?"""
+        return self._stream is not None
+
+    async def next_batch(self, position: Checkpoint, *, max_bytes: int, wait_ms: int,
+                         stream_bytes: int | None = None) -> Batch:
+        """The next batch after ``position``: the next write of a streaming subscription
+        to the current relay (opened, or opened again when ``position`` is not where
+        the open one is), or one long poll when the relay does not stream.
+
+        How the client knows a relay streams: it asks with ``follow=true`` and a relay
+        that streams answers with ``X-Databus-Streaming: 1``; an older relay ignores
+        the parameter and answers a poll (``wait_ms`` is sent too), which is used as
+        such, and that relay is long-polled from then on.
+
+        ``max_bytes`` bounds a poll; a stream's writes are bounded by ``stream_bytes``
+        (default ``max_bytes``) for as long as it stays open: the caller reads the next
+        write only when it has room, so a write may exceed what is free by one write."""
+        while True:
+            if not self.streaming or self._polled(self.url):
+                await self.close_stream()
+                return await self.fetch(position, max_bytes=max_bytes, wait_ms=wait_ms)
+            stream = self._stream
+            if stream is not None and (stream.position != position or stream.relay != self.url):
+                await self.close_stream()
+                stream = None
+            try:
+                if stream is None:
+                    opened = await self._open_stream(position, stream_bytes or max_bytes,
+                                                     wait_ms)
+                    if isinstance(opened, Batch):
+                        return opened  # a polling relay's answer
+                    stream = self._stream = opened
+                batch = await stream.next()
+            except ScnNotFoundError as exc:
+                await self.close_stream()
+                raise FellOffRelay(position.window_scn, exc.min_scn) from None
+            except DatabusError as exc:
+                await self.close_stream()
+                if not exc.retriable and not isinstance(exc, EventFormatError):
+                    raise
+                await self.failed(exc)
+                continue
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                if isinstance(exc, TimeoutError) and (stream is None or not stream.frames_seen):
+                    # A streaming relay sends a heartbeat within heartbeat_ms: nothing
+                    # at all means something in between holds the response back (a
+                    # proxy that buffers whole bodies). Long polls work through it.
+                    log.warning("relay %s: a streaming response delivered nothing in %.0f "
+                                "s (a buffering proxy?); long-polling it", self.url,
+                                self.heartbeat_ms * STREAM_MISSED_HEARTBEATS / 1000)
+                    self._poll_for_a_while(self.url)
+                await self.close_stream()
+                await self.failed(exc)
+                continue
+            self._failures = 0
+            stream.position = batch.checkpoint
+            return batch
+
+    def _poll_for_a_while(self, relay: str) -> None:
+        self.polling_relays[relay] = time.monotonic() + POLL_FOR_S
+
+    def _polled(self, relay: str) -> bool:
+        until = self.polling_relays.get(relay)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self.polling_relays[relay]
+        return False
+
+    async def close_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+    async def _open_stream(self, position: Checkpoint, max_bytes: int,
+                           wait_ms: int) -> _OpenStream | Batch:
+        relay = self.url
+        names = await self._catalog(relay)
+        params = {**self.stream_params(position, max_bytes), "wait_ms": str(wait_ms),
+                  "follow": "true", "heartbeat_ms": str(self.heartbeat_ms)}
+        silence = self.heartbeat_ms * STREAM_MISSED_HEARTBEATS / 1000
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.request_timeout,
+                                        sock_read=max(silence, wait_ms / 1000) + 1.0)
+        resp = await self.session.get(f"{relay}/v1/stream", params=params, timeout=timeout)
+        try:
+            await self._check(resp)
+            if resp.headers.get("X-Databus-Streaming") != "1":
+                body = await resp.read()
+                if relay not in self.polling_relays:
+                    log.info("relay %s does not offer streaming subscriptions; "
+                             "long-polling it", relay)
+                self._poll_for_a_while(relay)
+                checkpoint, max_scn, pending = parse_stream_headers(resp.headers, relay)
+                if self.pending_sources:
+                    names = await self._load_catalog(relay)
+                return Batch(body, checkpoint, max_scn, relay, names, pending)
+        except BaseException:
+            resp.release()
+            raise
+        try:  # where the buffer stood; informational (heartbeats bring it up to date)
+            max_scn = header_int(resp.headers, "X-Databus-Max-Scn")
+        except ValueError:
+            max_scn = None
+        return _OpenStream(self, relay, resp, position, names, max_scn)
+
+
+class _OpenStream:
+    """One open streaming response and its framer."""
+
+    def __init__(self, puller: RelayPuller, relay: str, resp: aiohttp.ClientResponse,
+                 position: Checkpoint, names: dict[int, str], max_scn: int | None) -> None:
+        self.puller = puller
+        self.relay = relay
+        self.resp = resp
+        self.position = position  # where the consumer is after the last batch handed out
+        self.names = names
+        self.max_scn = max_scn
+        self.framer = StreamFramer()
+        self.frames: list[StreamFrame] = []
+        self.frames_seen = 0
+
+    async def next(self) -> Batch:
+        while True:
+            while self.frames:
+                frame = self.frames.pop(0)
+                if frame.kind == "error":
+                    doc = frame.error or {}
+                    status = 410 if doc.get("error") == "scn_not_found" else 503
+                    error = self.puller.json_error(status, doc)
+                    error.retriable = status != 410
+                    raise error
+                if frame.kind == "heartbeat":
+                    if frame.max_scn is not None:
+                        self.max_scn = frame.max_scn
+                    if self.puller.pending_sources:
+                        # Waiting for a table to be created: learn that it was from the
+                        # catalog while idle, as each long poll does.
+                        self.names = await self.puller._load_catalog(self.relay)
+                    return Batch(b"", self.position, self.max_scn, self.relay, self.names, None)
+                assert frame.checkpoint is not None
+                if frame.checkpoint.window_scn > (self.max_scn or -1):
+                    self.max_scn = frame.checkpoint.window_scn
+                if self.puller.pending_sources:
+                    # Read after the body, so the names cover the ids of every event in
+                    # it (a table created meanwhile may have got its id just now).
+                    self.names = await self.puller._load_catalog(self.relay)
+                return Batch(frame.body, frame.checkpoint, self.max_scn, self.relay,
+                             self.names, None)
+            chunk = await self.resp.content.readany()
+            if not chunk:
+                if self.framer.pending_bytes:
+                    raise bad_answer(f"relay {self.relay} ended the stream inside an event")
+                raise ConnectionResetError(f"relay {self.relay} ended the stream")
+            frames = self.framer.feed(chunk)
+            self.frames_seen += len(frames)
+            self.frames.extend(frames)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.resp.close()

@@ -2,6 +2,7 @@
 
     databus tail --relay http://127.0.0.1:11190 --sources shop.orders [--from-scn N]
                  [--from-earliest] [--filter JSON] [--count N] [--exit]
+                 [--client-id ID] [--no-streaming]
 
 Without ``--from-scn``/``--from-earliest`` it starts at the relay's newest window and
 follows. One line per row change::
@@ -44,6 +45,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--count", type=int, default=0, help="exit after N events")
     parser.add_argument("--exit", action="store_true",
                         help="exit once caught up with the relay")
+    parser.add_argument("--client-id",
+                        help="name shown for this consumer in the relay's /v1/consumers "
+                             "(default: databus-tail@HOST:PID)")
+    parser.add_argument("--no-streaming", dest="streaming", action="store_false",
+                        help="long-poll the relay instead of following it with a "
+                             "streaming subscription")
     parser.set_defaults(handler=run)
 
 
@@ -131,6 +138,10 @@ async def tail(args: argparse.Namespace, out: TextIO) -> None:
         filter=args.filter,
         start_from="earliest" if args.from_earliest else "latest",
         poll_wait_ms=200 if args.exit else 1000,
+        name="databus-tail",
+        # getattr: namespaces built by hand (embedders, tests) may not have it.
+        client_id=getattr(args, "client_id", None),
+        streaming=getattr(args, "streaming", True),
     )
     printer = _Printer(out, args.count)
     printer.client = client

@@ -8,8 +8,9 @@ were there before (DBLog watermarks, docs/dumps.md), interleaved with the new ch
 a bootstrap service (SQLite store: producer, applier, server)
 keeps the long log and the snapshot; a ``DatabusClient`` keeps a replica from the
 start, and a second, late one joins half-way with no checkpoint: it starts from a
-snapshot of the bootstrap service, then follows the relay. At the end the writer stops,
-both consumers catch up, and both replicas are compared with the source row by row.
+snapshot of the bootstrap service, then follows the relay; the replicator keeps a copy
+of the tables in a second SQLite database. At the end the writer stops, everyone
+catches up, and the replicas and the copy are compared with the source row by row.
 Nothing needs a server or root.
 
 This module composes every part, so it imports them inside functions: the core
@@ -141,6 +142,25 @@ def source_rows(path: Path) -> dict[str, dict[Any, dict[str, Any]]]:
         conn.close()
 
 
+def target_replica(path: Path) -> Replica:
+    """The replicator's copy (a SQLite database) as a ``Replica`` to compare."""
+    copy = Replica()
+    if not path.exists():
+        return copy
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    try:
+        for table in TABLES:
+            try:
+                rows = conn.execute(f"SELECT * FROM {table}").fetchall()  # a fixed name
+            except sqlite3.OperationalError:  # not created yet
+                continue
+            copy.tables[table] = {row["id"]: dict(row) for row in rows}
+    finally:
+        conn.close()
+    return copy
+
+
 # -- the consumer ---------------------------------------------------------------------
 
 
@@ -264,6 +284,20 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
                   f" {base / 'bootstrap.db'})")
 
     sources = [f"shop.{t}" for t in TABLES]
+    # The replicator keeps a copy of the tables in a second SQLite database: an initial
+    # copy through the bootstrap service, then the stream, each batch applied with the
+    # SCN it reached in one transaction (docs/replicator.md).
+    from databus.config import ReplicateConfig, ReplicatedTableConfig
+    from databus.replicator._replicator import Replicator
+
+    replica_db = base / "replica.db"
+    replica_db.unlink(missing_ok=True)
+    replicator = Replicator(ReplicateConfig(
+        name="demo", relays=(url,), bootstrap=(boot_url,), target=f"sqlite:///{replica_db}",
+        tables=tuple(ReplicatedTableConfig(source=s) for s in sources),
+        batch_rows=2000, batch_ms=200))
+    replicator_task = asyncio.create_task(replicator.run_async())
+    console.print(f"replicator: the tables into {replica_db} (databus replicate)")
     replica = Replica()
     client = DatabusClient([url], sources=sources, bootstrap=[boot_url],
                            checkpoint_store=FileCheckpointStore(base / "checkpoints"),
@@ -315,6 +349,12 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
                       f"lag {metrics.lag_scn} SCN / {metrics.lag_ms or 0:.0f} ms, "
                       f"{metrics.events_per_second:.0f} events/s, "
                       f"{sum(len(t) for t in replica.tables.values())} rows in the replica")
+        applier = replicator.consumer
+        if applier is not None:
+            stats = applier.stats
+            table.add_row("replicator", str(stats.applied_scn),
+                          f"{stats.batches} target transactions, "
+                          f"{sum(stats.rows.values())} rows applied")
         if late_task is None:
             table.add_row("late consumer", "-", "joins half-way")
         else:
@@ -343,23 +383,28 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
             # few times a second). The replicas can equal the source before the dump ends: its
             # last chunks may hold only rows the log already brought (written since).
             deadline = time.monotonic() + 60
-            tasks = (consumer_task, late_task)
+            tasks = (consumer_task, late_task, replicator_task)
             while time.monotonic() < deadline and not any(t.done() for t in tasks):
                 live.update(view("catching up"))
                 dumps = relay.dumps.list_dumps()
                 dumped = bool(dumps) and dumps[0]["state"] == "done"
                 final = source_rows(db)
-                if dumped and not compare(final, replica) and not compare(final, late_replica):
+                if (dumped and not compare(final, replica)
+                        and not compare(final, late_replica)
+                        and not compare(final, target_replica(replica_db))):
                     break
                 await asyncio.sleep(0.25)
             live.update(view("done"))
-        for task in (consumer_task, late_task):
+        for task in (consumer_task, late_task, replicator_task):
             if task.done():
                 task.result()  # raises what stopped the consumer
         final = source_rows(db)
         ok = True
+        applied = replicator.consumer.stats.applied_scn if replicator.consumer else None
         for name, copy, scn in (("replica", replica, client.metrics.consumer_scn),
-                                ("late replica", late_replica, late.metrics.consumer_scn)):
+                                ("late replica", late_replica, late.metrics.consumer_scn),
+                                (f"replicated copy ({replica_db.name})",
+                                 target_replica(replica_db), applied)):
             problems = compare(final, copy)
             rows = sum(len(t) for t in copy.tables.values())
             if problems:
@@ -387,7 +432,8 @@ async def _run(args: argparse.Namespace, base: Path) -> int:
         stop_writing.set()
         client.stop()
         late.stop()
-        for running in (consumer_task, late_task):
+        replicator.stop()
+        for running in (consumer_task, late_task, replicator_task):
             if running is not None and not running.done():
                 await asyncio.wait([running], timeout=10)
         await boot_runner.cleanup()
@@ -400,17 +446,13 @@ def _dump_row(dumps: list[dict[str, Any]]) -> tuple[str, str]:
     """The SCN and detail cells of the live view's dump row."""
     if not dumps:
         return "-", "waiting for the fetcher"
+    # The same progress bar as `databus status` shows for a relay's active dumps.
+    from databus._status_view import dump_cells, dump_entry
+
     dump = dumps[0]
-    p = dump["progress"]
     tables = [t for t in dump["tables"] if t["last_scn"] is not None]
     scn = str(tables[-1]["last_scn"]) if tables else "-"
-    width = 20
-    percent = p["percent"] or 0.0
-    filled = int(width * percent / 100)
-    bar = "\u2588" * filled + "\u2591" * (width - filled)
-    where = f", {p['table']}" if p["table"] else ""
-    return scn, (f"{bar} {percent:5.1f}% {dump['state']}: {p['rows']:,}/{p['estimate']:,} "
-                 f"rows{where}, {p['rows_per_second']:,.0f} rows/s")
+    return scn, dump_cells(dump_entry(dump) or {})
 
 
 def _producer_config(relay_url: str) -> Any:

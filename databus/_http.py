@@ -1,5 +1,5 @@
 """HTTP pieces the relay and the bootstrap server share: JSON errors, parameter
-parsing, request counters and the admin bearer-token check."""
+parsing, request counters, the /metrics answer and the admin bearer-token check."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 from databus._json import loads_bounded
 from databus.checkpoint import Checkpoint
@@ -46,6 +49,7 @@ class HttpStats:
         self.bytes_served = 0
         self.events_served = 0
         self.long_polls = 0
+        self.streams = 0  # streaming subscriptions open now
 
 
 STATS = web.AppKey("stats", HttpStats)
@@ -87,6 +91,23 @@ def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -
     return value
 
 
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no", ""})
+
+
+def bool_param(request: web.Request, name: str, default: bool = False) -> bool:
+    """``name=true|false`` (also 1/0, yes/no; absent: ``default``)."""
+    raw = query_param(request, name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise BadRequest(f"{name} must be true or false, got {_short(raw)}")
+
+
 def checkpoint_param(request: web.Request) -> Checkpoint:
     """``checkpoint=JSON`` (absent or empty: from the oldest window held). Malformed,
     too large, too deeply nested, out of the int64 range: ``bad_request``."""
@@ -111,6 +132,27 @@ def sources_param(request: web.Request, name: str = "sources") -> list[str]:
     for source in names:
         _check_source_name(name, source)
     return names
+
+
+# A consumer's self-chosen name (``client_id``): any text, bounded so that what the relay
+# keeps per consumer (and exports as a Prometheus label) stays small.
+MAX_CLIENT_ID = 256
+
+
+def client_id_param(request: web.Request) -> str | None:
+    """``client_id=ANY TEXT`` of at most 256 characters; None when absent or empty.
+    Untrusted: quotes, newlines and the like are kept as given, and escaped wherever
+    the id is shown (JSON, Prometheus labels)."""
+    raw = query_param(request, "client_id")
+    if not raw:
+        return None
+    if len(raw) > MAX_CLIENT_ID:
+        raise BadRequest(f"client_id is over {MAX_CLIENT_ID} characters ({len(raw)})")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate cannot be written out again
+        raise BadRequest("client_id is not valid Unicode text") from None
+    return raw
 
 
 def source_param(request: web.Request, name: str = "source") -> str | None:
@@ -186,22 +228,22 @@ def parse_fingerprint(text: str) -> int:
     return value
 
 
-class PrometheusText:
-    """Builds a /metrics page: ``metric()`` per family, ``response()`` at the end."""
+def http_requests_family(prefix: str, stats: HttpStats) -> CounterMetricFamily:
+    """``<prefix>_http_requests_total{route,status}``, for a /metrics collector."""
+    family = CounterMetricFamily(f"{prefix}_http_requests_total",
+                                 "HTTP requests by route and status",
+                                 labels=["route", "status"])
+    # A copy first: the middleware counts requests while a scrape reads.
+    for (route, status), count in sorted(dict(stats.requests).items()):
+        family.add_metric([route, str(status)], float(count))
+    return family
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.lines: list[str] = []
 
-    def metric(self, name: str, kind: str, help_text: str,
-               samples: list[tuple[str, float]]) -> None:
-        full = f"{self.prefix}_{name}"
-        self.lines.append(f"# HELP {full} {help_text}")
-        self.lines.append(f"# TYPE {full} {kind}")
-        self.lines.extend(f"{full}{labels} {value}" for labels, value in samples)
-
-    def response(self) -> web.Response:
-        return web.Response(text="\n".join(self.lines) + "\n", content_type="text/plain")
+def metrics_response(registry: CollectorRegistry) -> web.Response:
+    """A /metrics answer: ``registry`` (the app's own, never prometheus-client's global
+    one) in the Prometheus text format 0.0.4, label values escaped by the library."""
+    return web.Response(body=generate_latest(registry),
+                        headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
 
 def check_bearer(request: web.Request, token: Secret | None, setting: str) -> None:

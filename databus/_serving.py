@@ -49,6 +49,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import signal
 import socket
 import struct
@@ -464,8 +465,11 @@ class LimitedRequestHandler(RequestHandler):
         super().connection_made(transport)  # the server counts it, maybe refuses it
         if transport.is_closing():
             return
-        if isinstance(transport, asyncio.WriteTransport):
-            transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        # Duck-typed: uvloop's TCPTransport has the method but is no asyncio.WriteTransport
+        # (an isinstance test skipped the limit under uvloop).
+        set_limits = getattr(transport, "set_write_buffer_limits", None)
+        if set_limits is not None:
+            set_limits(high=WRITE_BUFFER_HIGH)
         _limit_unsent(transport)
         # The first request head must arrive in time, even if no byte ever comes.
         self._head_timer = self._loop.call_later(
@@ -641,18 +645,34 @@ class AppRunner(web.AppRunner):
 
 
 def run_app(app: web.Application, *, host: str, port: int,
-            on_listen: Callable[[str, int], None]) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM (what ``web.run_app`` does, with limits)."""
-    asyncio.run(_serve(app, host, port, on_listen))
+            on_listen: Callable[[str, int], None],
+            loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+            sockets: Sequence[socket.socket] = (), unix_path: str | None = None) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM (what ``web.run_app`` does, with limits),
+    on the loop ``loop_factory`` makes (uvloop's, databus._event_loop; None: asyncio's).
+    ``sockets``: listen on these bound sockets instead of ``host:port``; ``unix_path``:
+    also on a unix socket there."""
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(_serve(app, host, port, on_listen, sockets=sockets, unix_path=unix_path))
 
 
 async def _serve(app: web.Application, host: str, port: int,
-                 on_listen: Callable[[str, int], None]) -> None:
+                 on_listen: Callable[[str, int], None], *,
+                 sockets: Sequence[socket.socket] = (), unix_path: str | None = None) -> None:
     runner = AppRunner(app)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
+        if sockets:
+            # Bound and listening already: a relay with workers binds its port before
+            # they start (relay/_workers.py, Listeners).
+            for sock in sockets:
+                await web.SockSite(runner, sock).start()
+        else:
+            await web.TCPSite(runner, host, port).start()
+        if unix_path is not None:
+            await web.UnixSite(runner, unix_path).start()
+            # The same API as the TCP port, for this user only (admin still needs its token).
+            os.chmod(unix_path, 0o600)
         on_listen(host, runner.addresses[0][1] if runner.addresses else port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -26,7 +26,9 @@ from databus.errors import DatabusError
 Handler = Callable[[argparse.Namespace], int]
 
 # Modules that register built-in subcommands; components append theirs here.
-BUILTIN_COMMAND_MODULES: list[str] = ["databus.cli"]
+# databus._status_view (``databus status``) talks to every component over HTTP only, so
+# it is core, not an entry point of one component.
+BUILTIN_COMMAND_MODULES: list[str] = ["databus.cli", "databus._status_view"]
 
 log = logging.getLogger("databus.cli")
 

@@ -9,6 +9,22 @@ File layout::
     slot: magic "DBRB" | version u16 | pad u16 | seq u64 | capacity u64 | head u64 |
           tail u64 | prev_scn i64 | crc32 u32 (over the 52 bytes before it)
 
+    [128, 208)            the live record, rewritten in place (one 80-byte copy) with the
+                          slot of every change, for readers in other processes
+                          (``FollowerBuffer``, relay workers: docs/relay.md, "Workers"):
+
+    live: magic "DBLV" | seq u64 | head u64 | tail u64 | prev_scn i64 | min_scn i64 |
+          max_scn i64 | windows u64 | events u64 | bytes_in u64 | crc32 u32 (over the
+          76 bytes before it); an absent min/max SCN is -2**63
+
+    The slots are for recovery: two, so that a torn write (a machine crash) leaves the
+    other. They cannot serve a live reader: one that read slot A, then B while the
+    writer rewrote both, takes B's older head for the newest, and a stale head is what
+    lets torn bytes through. The live record has one copy, so a reader gets the newest
+    state or, if it raced the copy, a CRC mismatch (and reads again: spinning, then
+    yielding to a writer preempted in the middle of its copy). Files without it
+    (zeros: written before it existed) read as before; the writer fills it at open.
+
     version 2: pad markers (below). Version 1 files marked padding with a bare 0x00
     byte, which cannot be told from damage: they are refused, not guessed at.
 
@@ -38,6 +54,17 @@ Concurrency: one writer thread, many readers. The writer moves ``head`` past a w
 copied bytes out: a reader whose range start is still >= head got untouched bytes;
 otherwise its range was overwritten and it gets ``scn_not_found``. Readers never take a
 lock while copying; the small lock guards only the SCN index and the state snapshot.
+
+Readers in other processes (``relay._follower.FollowerBuffer``: the file
+mapped read-only) run the same read code; they take the state, and re-check ``head``, from the live
+record, which the writer publishes before it overwrites evicted bytes and after a
+window's bytes are all written. Stores reach other cores in program order on x86-64
+(TSO), so a follower that copied an overwritten byte then reads a head past it. Weakly
+ordered CPUs (arm64) give no such promise to code without barriers: there a torn read is
+still caught by the events' CRCs (clients check them) but not turned into
+``scn_not_found``; run one serving process there (``relay.workers = 1``). A follower
+keeps its own sparse index by scanning the windows published since its last look
+(``catch_up``).
 
 Durability: metadata is written through the mmap after every window, so a killed
 process (kill -9) leaves a consistent file in the page cache: on restart everything up
@@ -102,6 +129,16 @@ _HDR_CRC = struct.Struct(">I")
 _U32 = struct.Struct(">I")
 _EOW_VALUE = struct.Struct(">II")
 _SEQ_SLOT_UNSET = -1
+_LIVE = struct.Struct(">4sQQQqqqQQQI")
+_LIVE_MAGIC = b"DBLV"
+_LIVE_OFFSET = 128
+_NO_SCN = -(1 << 63)
+# A follower reads the live record again while it races the writer's copy. A race
+# lasts one 80-byte copy, unless the writer's process is preempted in the middle of it
+# (a loaded machine: milliseconds). Spin a little, then yield, and give up only after
+# _LIVE_PATIENCE_S (no writer finishing its copy that long means damage or no writer).
+_LIVE_SPINS = 100
+_LIVE_PATIENCE_S = 2.0
 
 
 def _pad_marker_fields(pos: int) -> tuple[int, bytes, int, int]:
@@ -191,6 +228,34 @@ class EventBuffer:
         index_every_bytes: int = 64 * 1024,
         partition_id: int = 0,
     ) -> None:
+        self._init_state(path, capacity, index_every_bytes, partition_id)
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            want = META_SIZE + capacity
+            if not fresh and size not in (0, want):
+                raise BufferError_(
+                    f"buffer file {self.path} has {size - META_SIZE} bytes of ring, the config "
+                    f"says {capacity}: move the file away to start an empty buffer"
+                )
+            if size != want:
+                os.ftruncate(fd, want)
+                fresh = True
+            self._mm = mmap.mmap(fd, want)
+        finally:
+            os.close(fd)
+        self._ring = memoryview(self._mm)[META_SIZE:]
+        if fresh:
+            self._write_meta()
+        else:
+            self._recover()
+
+    def _init_state(self, path: str | os.PathLike[str], capacity: int,
+                    index_every_bytes: int, partition_id: int) -> None:
+        """Every attribute but the mapping (shared with ``FollowerBuffer``)."""
         if capacity < 4 * HEADER_SIZE:
             raise ValueError(f"buffer capacity {capacity} is too small")
         self.path = Path(path)
@@ -222,29 +287,6 @@ class EventBuffer:
         # the relay can check them against its catalog before serving anything.
         self.recovered_sources: dict[int, set[int]] = {}
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.exists()
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            size = os.fstat(fd).st_size
-            want = META_SIZE + capacity
-            if not fresh and size not in (0, want):
-                raise BufferError_(
-                    f"buffer file {self.path} has {size - META_SIZE} bytes of ring, the config "
-                    f"says {capacity}: move the file away to start an empty buffer"
-                )
-            if size != want:
-                os.ftruncate(fd, want)
-                fresh = True
-            self._mm = mmap.mmap(fd, want)
-        finally:
-            os.close(fd)
-        self._ring = memoryview(self._mm)[META_SIZE:]
-        if fresh:
-            self._write_meta()
-        else:
-            self._recover()
-
     # -- metadata -------------------------------------------------------------------
 
     def _write_meta(self) -> None:
@@ -255,6 +297,16 @@ class EventBuffer:
         )[:-4]
         slot = _SLOT_OFFSETS[self._seq % 2]
         self._mm[slot : slot + _SLOT.size] = body + _U32.pack(zlib.crc32(body))
+        # The live record (module docstring), in one copy: followers in other processes
+        # re-check the head in it, so it is written before evicted bytes are overwritten
+        # (``_evict_one`` calls this first) and after a window's bytes (``end_window``).
+        live = _LIVE.pack(
+            _LIVE_MAGIC, self._seq, self._head, self._tail, self._prev_scn,
+            _NO_SCN if self._min_scn is None else self._min_scn,
+            _NO_SCN if self._max_scn is None else self._max_scn,
+            self._windows, self._events, self._bytes_in, 0,
+        )[:-4]
+        self._mm[_LIVE_OFFSET : _LIVE_OFFSET + _LIVE.size] = live + _U32.pack(zlib.crc32(live))
 
     def _read_meta(self) -> tuple[int, int, int, int] | None:
         best: tuple[int, int, int, int] | None = None
@@ -544,10 +596,19 @@ class EventBuffer:
 
     def state(self) -> BufferState:
         with self._lock:
-            return BufferState(
-                self._prev_scn, self._min_scn, self._max_scn, self._head, self._tail,
-                self.capacity, self._windows, self._events,
-            )
+            return self._snapshot()
+
+    def _snapshot(self) -> BufferState:
+        """The published state (the caller holds the lock; a follower reads the live
+        record, whose one copy is consistent by itself)."""
+        return BufferState(
+            self._prev_scn, self._min_scn, self._max_scn, self._head, self._tail,
+            self.capacity, self._windows, self._events,
+        )
+
+    def _head_now(self) -> int:
+        """The head as the writer last moved it: readers re-check it after copying."""
+        return self._head
 
     def input_rate(self) -> float:
         """Bytes per second written since the buffer was opened."""
@@ -583,17 +644,18 @@ class EventBuffer:
         flt = compile_filter(select) if isinstance(select, FilterPlan) else select
         for _ in range(_READ_ATTEMPTS):
             with self._lock:
+                published = self._snapshot()
                 decision = decide(
-                    checkpoint, prev_scn=self._prev_scn, min_scn=self._min_scn,
-                    max_scn=self._max_scn,
+                    checkpoint, prev_scn=published.prev_scn, min_scn=published.min_scn,
+                    max_scn=published.max_scn,
                 )
-                tail = self._tail
+                tail = published.tail
                 if isinstance(decision, NothingNew):
                     after = decision.after_scn
                     if checkpoint.window_scn == LATEST_SCN:
                         checkpoint = Checkpoint(after) if after >= 0 else Checkpoint.flexible()
                     return ReadResult(b"", checkpoint, 0, 0, wait_after_scn=after)
-                start = self._scan_start(decision.after_scn)
+                start = self._scan_start(decision.after_scn, published.head)
             try:
                 return self._read_from(checkpoint, decision, start, tail, max_bytes, flt)
             except _Overwritten:
@@ -603,14 +665,14 @@ class EventBuffer:
                 continue
         raise ScnNotFoundError(
             f"SCN {checkpoint.window_scn} kept being evicted while it was read",
-            min_scn=self._min_scn,
+            min_scn=self.state().min_scn,
         )
 
-    def _scan_start(self, after_scn: int) -> int:
+    def _scan_start(self, after_scn: int, head: int) -> int:
         # Largest indexed window SCN <= after_scn; its window is <= after, so the first
         # window > after_scn is at or after it.
         i = self._index.bisect_right(after_scn)
-        return self._head if i == 0 else max(self._index.peekitem(i - 1)[1], self._head)
+        return head if i == 0 else max(self._index.peekitem(i - 1)[1], head)
 
     def _read_from(
         self,
@@ -643,7 +705,7 @@ class EventBuffer:
                 first_pos = pos + (st.first - phys)  # absolute: where serving began
             # Fields read from bytes the writer may since have overwritten are only
             # trusted if the head is still at or before where this run began.
-            if self._head > pos:
+            if self._head_now() > pos:
                 raise _Overwritten
             pos += end - phys
             if st.full or end == stop:
@@ -653,7 +715,7 @@ class EventBuffer:
             if ring[end] == _PAD and self._is_pad_marker(pos):
                 pos += cap - end
                 continue
-            if self._head > pos:
+            if self._head_now() > pos:
                 raise _Overwritten
             if st.size:
                 break  # serve what precedes the damage; the next read reports it
@@ -665,7 +727,7 @@ class EventBuffer:
             raise BufferCorruptedError(f"buffer {self.path.stem} is damaged at position {pos}")
         cp_size = st.cp_size
         data = gather(ring, st.runs, cp_size)
-        if first_pos is not None and self._head > first_pos:
+        if first_pos is not None and self._head_now() > first_pos:
             raise _Overwritten  # bytes already copied may have been overwritten
         # Markers after the last event that moves the checkpoint (``size > cp_size``)
         # are cut off: a checkpoint cannot say they were consumed, so they go with the

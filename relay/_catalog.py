@@ -42,6 +42,7 @@ __all__ = [
     "MAX_SOURCE_ID",
     "BufferCatalog",
     "CatalogError",
+    "FollowerCatalog",
     "RelayCatalog",
     "SourceEntry",
 ]
@@ -343,3 +344,64 @@ class BufferCatalog:
     def register_schema(self, name: str, schema: Schema) -> Schema:
         """Make ``schema`` the current version of ``name``; returns the stored schema."""
         return self.catalog._register(name, schema, self.buffer_name, self.partition_id)
+
+
+class FollowerCatalog:
+    """The catalog as a relay worker sees it (docs/relay.md, "Workers"): ``catalog.json``
+    read, never written, and read again once the main process has replaced it (an
+    atomic rename: another inode). ``refresh`` checks the file (one ``stat``); it runs
+    on each wake-up from the main process, before ``sources()`` and ``registry``
+    (requests that list what exists), and when a source, id or fingerprint is not
+    found, so a name the main process just gave an id is found on first use. The main
+    process writes the file before any event carries a new id or fingerprint."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._stamp = self._stat()
+        self._catalog = RelayCatalog(self.path)
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def refresh(self) -> bool:
+        """Read the file again if it changed; True when it did."""
+        stamp = self._stat()
+        if stamp is None or stamp == self._stamp:
+            return False
+        try:
+            catalog = RelayCatalog(self.path)
+        except CatalogError as exc:
+            # The main process renames whole files into place; keep serving what we had.
+            log.warning("catalog %s: not reloaded (%s)", self.path, exc)
+            return False
+        self._catalog, self._stamp = catalog, stamp
+        return True
+
+    @property
+    def registry(self) -> SchemaRegistry:
+        self.refresh()
+        return self._catalog.registry
+
+    def sources(self) -> list[SourceEntry]:
+        self.refresh()
+        return self._catalog.sources()
+
+    def source(self, name: str) -> SourceEntry:
+        try:
+            return self._catalog.source(name)
+        except UnknownSourceError:
+            if not self.refresh():
+                raise
+        return self._catalog.source(name)
+
+    def by_id(self, source_id: int) -> SourceEntry:
+        try:
+            return self._catalog.by_id(source_id)
+        except UnknownSourceError:
+            if not self.refresh():
+                raise
+        return self._catalog.by_id(source_id)

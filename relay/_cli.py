@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 
+from databus._event_loop import choose as choose_event_loop
 from databus._serving import run_app
 from databus.config import load_config, redact_uri
 from databus.errors import ConfigError
@@ -17,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--config", required=True, help="TOML file with a [relay] section")
     parser.add_argument("--host", help="override relay.host")
     parser.add_argument("--port", type=int, help="override relay.port")
+    # How the main process starts a worker (relay/_workers.py); not for people.
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.set_defaults(handler=run)
 
 
@@ -27,13 +32,32 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config).relay
     if config is None:
         raise ConfigError(f"{args.config}: no [relay] section")
+    if args.worker is not None:
+        from databus.relay._worker import run_worker
+
+        return run_worker(config, args.worker)
     host = args.host or config.host
     port = config.port if args.port is None else args.port
+    # Chosen before anything is opened: a config asking for a missing uvloop fails here.
+    loop = choose_event_loop(config.event_loop, "relay.event_loop")
     relay = Relay(config)
     for buffer in config.buffers:
         log.info("buffer %s (%d MiB) <- %s", buffer.name, buffer.capacity_mb,
                  redact_uri(buffer.source))
     # databus._serving, not web.run_app: connection limits, timeouts, JSON protocol errors.
-    run_app(create_app(relay), host=host, port=port,
+    log.info("event loop: %s", loop.describe())
+    app = create_app(relay)
+    processes = config.serving_processes
+    sockets: list[socket.socket] = []
+    unix_path = None
+    if processes > 1:
+        from databus.relay._workers import enable_workers
+
+        log.info("serving from %d processes (relay.workers)", processes)
+        sockets, unix_path = enable_workers(
+            app, relay, count=processes - 1, config_path=os.path.abspath(args.config),
+            host=host, port=port, log_level=args.log_level)
+    run_app(app, host=host, port=port, loop_factory=loop.factory, sockets=sockets,
+            unix_path=unix_path,
             on_listen=lambda h, p: log.info("relay listening on http://%s:%d", h, p))
     return 0

@@ -44,7 +44,8 @@ from databus.relay._buffer import BufferState, EventBuffer
 from databus.relay._catalog import RelayCatalog
 from databus.relay.dumps import DumpPort, DumpSink
 
-__all__ = ["Backoff", "FetcherHost", "FetcherState", "FetcherStatus", "resume_point"]
+__all__ = ["Backoff", "FetcherHost", "FetcherState", "FetcherStatus", "configured_buffer",
+           "resume_point"]
 
 log = logging.getLogger("databus.relay.fetchers")
 
@@ -53,6 +54,20 @@ FetcherState = Literal["starting", "running", "backoff", "stopped", "failed"]
 
 
 # -- pure pieces ----------------------------------------------------------------------
+
+
+def configured_buffer(configured: Mapping[str, ConfiguredSources | None],
+                      source: str) -> str | None:
+    """The buffer whose ``configured`` sources name ``source`` exactly, else the one
+    whose patterns match it, else None; ``ConfigError`` when several patterns match."""
+    exact = [n for n, c in configured.items() if c is not None and source in c.names]
+    if exact:
+        return exact[0]
+    matching = [n for n, c in configured.items() if c is not None and c.matches(source)]
+    if len(matching) > 1:
+        raise ConfigError(f"source {source!r} matches the tables of several buffers "
+                          f"({', '.join(matching)}); name it in one buffer's tables=")
+    return matching[0] if matching else None
 
 
 def resume_point(state: BufferState) -> int | None:
@@ -444,16 +459,12 @@ class FetcherHost:
         """The buffer whose fetcher's configuration names ``source`` (exactly, or by a
         ``db.*``/all-tables pattern), or None. Several buffers matching by pattern
         (two ``mysql://`` sources without ``tables=``) is ambiguous: ``ConfigError``."""
-        exact = [n for n, r in self._runners.items()
-                 if r.configured is not None and source in r.configured.names]
-        if exact:
-            return exact[0]
-        matching = [n for n, r in self._runners.items()
-                    if r.configured is not None and r.configured.matches(source)]
-        if len(matching) > 1:
-            raise ConfigError(f"source {source!r} matches the tables of several buffers "
-                              f"({', '.join(matching)}); name it in one buffer's tables=")
-        return matching[0] if matching else None
+        return configured_buffer(self.configured_sources(), source)
+
+    def configured_sources(self) -> dict[str, ConfiguredSources | None]:
+        """Per buffer, the sources its fetcher's configuration names (after ``start``;
+        relay workers get them from the main process)."""
+        return {n: r.configured for n, r in self._runners.items()}
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask every fetcher to stop, wait up to ``timeout`` seconds, close them."""

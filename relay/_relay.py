@@ -8,15 +8,60 @@ serves everything the relay had, and the fetchers resume at each buffer's max SC
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 from databus.config import RelayConfig
 from databus.relay._buffer import EventBuffer
-from databus.relay._catalog import RelayCatalog
+from databus.relay._catalog import RelayCatalog, SourceEntry
 from databus.relay._fetcher_host import FetcherHost
 from databus.relay.dumps import DumpManager, DumpRequest
+from databus.schemas import SchemaRegistry
 
 log = logging.getLogger("databus.relay")
+
+
+def buffer_path(data_dir: Path, name: str) -> Path:
+    """The ring file of buffer ``name``."""
+    return data_dir / f"{name}.buf"
+
+
+class CatalogReader(Protocol):
+    """The read side of a relay's catalog (``RelayCatalog``, ``FollowerCatalog``)."""
+
+    @property
+    def registry(self) -> SchemaRegistry: ...
+
+    def sources(self) -> list[SourceEntry]: ...
+
+    def source(self, name: str) -> SourceEntry: ...
+
+    def by_id(self, source_id: int) -> SourceEntry: ...
+
+
+class SourceLocator(Protocol):
+    """Which buffer's configuration names a source (``FetcherHost``, or a worker's copy)."""
+
+    def configured_buffer(self, source: str) -> str | None: ...
+
+
+class RelayReader(Protocol):
+    """What the read endpoints (``/v1/stream``, ``/v1/sources``, ``/v1/schemas``) need
+    of a relay: the main process's ``Relay``, or a worker process's read-only view of
+    the same files (relay/_worker.py; docs/relay.md, "Workers")."""
+
+    @property
+    def config(self) -> RelayConfig: ...
+
+    @property
+    def buffers(self) -> Mapping[str, EventBuffer]: ...
+
+    @property
+    def catalog(self) -> CatalogReader: ...
+
+    @property
+    def fetchers(self) -> SourceLocator: ...
 
 
 class Relay:
@@ -30,7 +75,7 @@ class Relay:
         try:
             for partition_id, buffer_config in enumerate(config.buffers):
                 self.buffers[buffer_config.name] = EventBuffer(
-                    data_dir / f"{buffer_config.name}.buf",
+                    buffer_path(data_dir, buffer_config.name),
                     buffer_config.capacity_bytes,
                     index_every_bytes=buffer_config.index_every_bytes,
                     partition_id=partition_id,
@@ -53,6 +98,9 @@ class Relay:
                 buffer.close()
             raise
         self._started = False
+        # Set by the worker pool (relay/_workers.py) when other processes serve too:
+        # their pid, state and restarts for /v1/status.
+        self.workers_status: Callable[[], list[dict[str, Any]]] | None = None
 
     def start(self) -> None:
         if not self._started:
@@ -111,4 +159,5 @@ class Relay:
         dumps = self.dumps.status()
         for name, doc in out.items():
             doc["dumps"] = dumps.get(name, [])
-        return {"buffers": out}
+        workers = self.workers_status() if self.workers_status is not None else []
+        return {"buffers": out, "workers": workers}

@@ -5,7 +5,7 @@ Endpoints (all JSON except ``/v1/stream`` and ``/metrics``; errors are always
 
 - ``GET /v1/sources``; ``GET /v1/schemas/{fingerprint}``; ``GET /v1/schemas?source=NAME``
 - ``GET /v1/stream?checkpoint=JSON&sources=a,b&filter=JSON&max_bytes=N&wait_ms=M``
-- ``GET /v1/status``, ``GET /metrics``, ``GET /healthz``
+- ``GET /v1/status``, ``GET /v1/consumers``, ``GET /metrics``, ``GET /healthz``
 - ``POST /v1/admin/flush`` (bearer token)
 
 A stream response carries whole events in wire format and these headers:
@@ -26,19 +26,22 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from databus._event_loop import running_loop_name
 from databus._http import (
     STATS,
     BadRequest,
     HttpStats,
-    PrometheusText,
     admin_body,
+    bool_param,
     check_bearer,
     checkpoint_param,
     filter_param,
     fp_text,
     int_param,
     json_errors,
+    metrics_response,
     parse_fingerprint,
     source_param,
     sources_param,
@@ -52,12 +55,20 @@ from databus._serving import (
     install,
 )
 from databus.batch import CompiledFilter, FilterPlan, compile_filter
-from databus.checkpoint import WHOLE_WINDOW, Checkpoint, Mode
+from databus.checkpoint import WHOLE_WINDOW, Checkpoint, Mode, decide
 from databus.errors import ConfigError, ScnNotFoundError, UnknownSourceError
 from databus.filters import SourceFilter
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
+from databus.relay._consumers import (
+    CONSUMERS,
+    ConsumerRegistry,
+    consumer_id,
+    record_served,
+)
 from databus.relay._dump_api import add_dump_routes
-from databus.relay._relay import Relay
+from databus.relay._metrics import relay_metrics
+from databus.relay._relay import Relay, RelayReader
+from databus.relay._streaming import Follow, SharedRead, SharedReads
 from databus.schemas import Schema
 
 log = logging.getLogger("databus.relay.http")
@@ -99,9 +110,33 @@ class WindowNotifier:
             self._future.set_result(None)
         self._future = self._loop.create_future()
 
-    async def wait(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._future), timeout)
+    @property
+    def token(self) -> asyncio.Future[None]:
+        """Done once a window lands after this call."""
+        return self._future
+
+    async def wait(self, timeout: float, token: asyncio.Future[None] | None = None) -> None:
+        """Until ``token`` (default: the current one) is done, or ``timeout`` seconds.
+
+        A private future woken by either: many waiters share one token, and a
+        waiter's timeout must not cancel it (``wait_for`` over a ``shield`` did that
+        too, at twice the cost per wait, which 100 streams pay per window)."""
+        fut = self._future if token is None else token
+        if fut.done():
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        fut.add_done_callback(wake)
+        timer = self._loop.call_later(timeout, wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            fut.remove_done_callback(wake)
 
     def close(self) -> None:
         if not self._future.done():
@@ -109,13 +144,24 @@ class WindowNotifier:
 
 
 RELAY = web.AppKey("relay", Relay)
+# What the read endpoints use: the relay itself, or a worker process's read-only view
+# of its files (relay/_worker.py), which builds its app with ``install_read_side`` too.
+READER = web.AppKey("reader", RelayReader)
 NOTIFIERS = web.AppKey("notifiers", dict[str, WindowNotifier])
+# The app's own Prometheus registry (relay/_metrics.py), never the process-global one.
+METRICS = web.AppKey("metrics", CollectorRegistry)
+SHARED_READS = web.AppKey("shared_reads", dict[str, SharedReads])
+# Set when the server shuts down: streams end (cleanly, at a write boundary) and long
+# polls answer, so that shutdown does not wait for them.
+CLOSING = web.AppKey("closing", asyncio.Event)
+MIN_HEARTBEAT_MS = 50
+MAX_HEARTBEAT_MS = 60_000
 
 
 # -- parameters ---------------------------------------------------------------------
 
 
-def _source_buffer(relay: Relay, name: str) -> tuple[str, int | None]:
+def _source_buffer(relay: RelayReader, name: str) -> tuple[str, int | None]:
     """The buffer of source ``name`` and its id; the id is None for a source the
     configuration names by a pattern (``db.*``) whose table does not exist yet.
     ``unknown_source`` (404) only for a name the configuration does not name at all."""
@@ -134,7 +180,7 @@ def _source_buffer(relay: Relay, name: str) -> tuple[str, int | None]:
     return entry.buffer, entry.id
 
 
-def _buffer_for(relay: Relay, request: web.Request) -> tuple[str, CompiledFilter | None]:
+def _buffer_for(relay: RelayReader, request: web.Request) -> tuple[str, CompiledFilter | None]:
     """The buffer a stream request reads and which of its data events the request
     wants (None: all), compiled for ``EventBuffer.read``.
 
@@ -189,8 +235,8 @@ def _buffer_for(relay: Relay, request: web.Request) -> tuple[str, CompiledFilter
 # -- handlers -----------------------------------------------------------------------
 
 
-async def stream(request: web.Request) -> web.Response:
-    relay = request.app[RELAY]
+async def stream(request: web.Request) -> web.StreamResponse:
+    relay = request.app[READER]
     cfg = relay.config
     checkpoint = checkpoint_param(request)
     if checkpoint.mode is not Mode.ONLINE:
@@ -205,12 +251,28 @@ async def stream(request: web.Request) -> web.Response:
         cfg.max_bytes_cap,
     )
     wait_ms = int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, cfg.max_wait_ms)
+    consumer_id(request)  # a bad client_id is a 400 before any work, for both forms
+    follow = bool_param(request, "follow")
+    # Clamped like max_bytes, not refused: an interval below the floor would let one
+    # client make the relay write hundreds of heartbeats a second.
+    heartbeat_ms = min(max(int_param(request, "heartbeat_ms", cfg.stream_heartbeat_ms, 0,
+                                     3_600_000), MIN_HEARTBEAT_MS), MAX_HEARTBEAT_MS)
     buffer_name, select = _buffer_for(relay, request)
     buffer = relay.buffers[buffer_name]
+    filter_key = (request.query.get("sources", ""), request.query.get("filter", ""))
+    if follow:
+        return await _follow(request, buffer_name, buffer, select, filter_key, checkpoint,
+                             max_bytes, heartbeat_ms)
     notifier = request.app[NOTIFIERS][buffer_name]
     stats = request.app[STATS]
+    shared = request.app[SHARED_READS][buffer_name]
     deadline = time.monotonic() + wait_ms / 1000
-    read = functools.partial(buffer.read, select=select)
+    bound = functools.partial(buffer.read, select=select)
+
+    def read(position: Checkpoint, *, max_bytes: int) -> ReadResult:
+        return shared.read(bound, filter_key, position, max_bytes)
+
+    closing = request.app[CLOSING]
     # The first slice at once (all a consumer that keeps up needs); the rest of a big
     # body in the bulk lane, one slice per loop turn (_read_rest).
     first = min(max_bytes, FIRST_SLICE)
@@ -220,7 +282,7 @@ async def stream(request: web.Request) -> web.Response:
         try:
             while result.wait_after_scn is not None:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or closing.is_set():
                     break
                 await notifier.wait(remaining)
                 # An empty result's checkpoint is the concrete point to wait after
@@ -242,10 +304,68 @@ async def stream(request: web.Request) -> web.Response:
     size = sum(len(p) for p in pieces)
     stats.bytes_served += size
     stats.events_served += events
+    record_served(request, buffer_name=buffer_name, checkpoint=end, events=events,
+                  nbytes=size, streaming=False)
     if SERVING not in request.app or len(pieces) <= 1:
         return web.Response(body=b"".join(pieces), headers=headers)
     response = web.Response(headers=headers)
     response[BODY_PIECES] = pieces  # written in order by databus._serving, never joined
+    return response
+
+
+async def _follow(
+    request: web.Request, buffer_name: str, buffer: EventBuffer,
+    select: CompiledFilter | None, filter_key: tuple[str, str], checkpoint: Checkpoint,
+    max_bytes: int, heartbeat_ms: int,
+) -> web.StreamResponse:
+    """A streaming subscription (relay/_streaming.py): one chunked response that stays
+    open. A checkpoint already off the buffer is refused before the response starts,
+    with the 410 a poll would get; later errors travel in-band."""
+    state = buffer.state()
+    decide(checkpoint, prev_scn=state.prev_scn, min_scn=state.min_scn,
+           max_scn=state.max_scn)  # ScnNotFoundError: a JSON 410, as for a poll
+    app = request.app
+    shared = app[SHARED_READS][buffer_name]
+    stats = app[STATS]
+    notifier = app[NOTIFIERS][buffer_name]
+    bound = functools.partial(buffer.read, select=select)
+
+    def read(position: Checkpoint, limit: int) -> SharedRead:
+        return shared.stream_read(bound, filter_key, position, limit)
+
+    def on_write(end: Checkpoint, events: int, nbytes: int) -> None:
+        stats.bytes_served += nbytes
+        stats.events_served += events
+        record_served(request, buffer_name=buffer_name, checkpoint=end, events=events,
+                      nbytes=nbytes, streaming=True)
+
+    response = web.StreamResponse(headers={
+        "Content-Type": EVENTS_CONTENT_TYPE,
+        "X-Databus-Buffer": buffer_name,
+        "X-Databus-Streaming": "1",
+        "X-Databus-Heartbeat-Ms": str(heartbeat_ms),
+        "X-Databus-Min-Scn": str(state.min_scn if state.min_scn is not None
+                                 else state.prev_scn),
+        "X-Databus-Max-Scn": str(state.max_scn if state.max_scn is not None
+                                 else state.prev_scn),
+    })
+    response.enable_chunked_encoding()
+    serving = app.get(SERVING)
+    timeout = serving.limits.write_timeout_s if serving is not None else 30.0
+    try:
+        async with asyncio.timeout(timeout):
+            await response.prepare(request)
+    except (TimeoutError, ConnectionError):
+        return response
+    stats.streams += 1
+    try:
+        await Follow(request, response, buffer, read, checkpoint, max_bytes,
+                     heartbeat_ms / 1000, on_write).run(notifier, app[CLOSING])
+    finally:
+        stats.streams -= 1
+    with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
+        async with asyncio.timeout(timeout):
+            await response.write_eof()
     return response
 
 
@@ -339,7 +459,7 @@ def _at_tail(buffer: EventBuffer, checkpoint: Checkpoint) -> bool:
 
 
 async def sources(request: web.Request) -> web.Response:
-    relay = request.app[RELAY]
+    relay = request.app[READER]
     out = [
         {
             "name": e.name,
@@ -367,13 +487,13 @@ def _schema_json(schema: Schema) -> dict[str, Any]:
 
 
 async def schema_by_fingerprint(request: web.Request) -> web.Response:
-    registry = request.app[RELAY].catalog.registry
+    registry = request.app[READER].catalog.registry
     schema = registry.get(parse_fingerprint(request.match_info["fingerprint"]))
     return web.json_response(_schema_json(schema))
 
 
 async def schemas_of_source(request: web.Request) -> web.Response:
-    relay = request.app[RELAY]
+    relay = request.app[READER]
     name = source_param(request)
     if name is None:
         raise BadRequest("give ?source=NAME, or GET /v1/schemas/{fingerprint}")
@@ -385,7 +505,10 @@ async def schemas_of_source(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[RELAY].status())
+    doc = request.app[RELAY].status()
+    # The loop this server actually runs on (relay.event_loop, DATABUS_EVENT_LOOP).
+    doc["event_loop"] = running_loop_name()
+    return web.json_response(doc)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -393,50 +516,22 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    relay = request.app[RELAY]
-    stats = request.app[STATS]
-    page = PrometheusText("databus_relay")
-    metric = page.metric
+    return metrics_response(request.app[METRICS])
 
-    status_doc = relay.status()["buffers"]
-    per = {n: f'{{buffer="{n}"}}' for n in status_doc}
-    for field, kind, text in [
-        ("min_scn", "gauge", "Oldest window SCN held"),
-        ("max_scn", "gauge", "Newest window SCN held"),
-        ("used_bytes", "gauge", "Bytes of the ring in use"),
-        ("capacity_bytes", "gauge", "Ring capacity"),
-        ("events", "gauge", "Data events held"),
-        ("windows", "gauge", "Windows held"),
-        ("input_bytes_per_second", "gauge", "Average write rate since start"),
-    ]:
-        metric(f"buffer_{field}", kind, text,
-               [(per[n], float(doc[field] or 0)) for n, doc in status_doc.items()])
-    fetchers = {n: doc.get("fetcher") or {} for n, doc in status_doc.items()}
-    metric("fetcher_restarts_total", "counter", "Fetcher restarts after an error",
-           [(per[n], float(f.get("restarts", 0))) for n, f in fetchers.items()])
-    metric("fetcher_lag_scn", "gauge", "Source SCN minus buffer max SCN",
-           [(per[n], float(f.get("lag_scn") or 0)) for n, f in fetchers.items()])
-    metric("http_requests_total", "counter", "HTTP requests by route and status",
-           [(f'{{route="{r}",status="{s}"}}', float(c)) for (r, s), c in sorted(
-               stats.requests.items())])
-    metric("stream_bytes_total", "counter", "Event bytes served", [("", stats.bytes_served)])
-    metric("stream_events_total", "counter", "Data events served", [("", stats.events_served)])
-    metric("long_polls", "gauge", "Long polls waiting now", [("", stats.long_polls)])
-    samples: dict[str, list[tuple[str, float]]] = {}
-    for name, labels, value in relay.dumps.metrics():
-        text = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        samples.setdefault(name.removeprefix("databus_relay_"), []).append(
-            ("{" + text + "}", value))
-    for name, help_text in [
-        ("dumps_active", "Dumps queued, running or paused"),
-        ("dump_rows_total", "Rows dumped into the buffer (all dumps)"),
-        ("dump_rows", "Rows dumped so far by an active dump"),
-        ("dump_estimated_rows", "Rows the source estimated for an active dump"),
-        ("dump_rows_per_second", "Rows per second of an active dump while running"),
-    ]:
-        kind = "counter" if name.endswith("_total") else "gauge"
-        metric(name, kind, help_text, samples.get(name, []))
-    return page.response()
+
+async def consumers(request: web.Request) -> web.Response:
+    """``GET /v1/consumers``: every consumer seen on /v1/stream lately, with its lag
+    (relay/_consumers.py; docs/relay.md, "Consumers")."""
+    relay, registry = request.app[RELAY], request.app[CONSUMERS]
+    max_scns = {name: b.state().max_scn for name, b in relay.buffers.items()}
+    listed = registry.snapshot(max_scns)
+    return web.json_response({
+        "consumers": listed,
+        "tracked": len(listed),
+        "max_tracked": registry.max_consumers,
+        "expiry_s": registry.expiry_s,
+        "evicted_total": registry.evicted_total,
+    })
 
 
 async def admin_flush(request: web.Request) -> web.Response:
@@ -451,18 +546,45 @@ async def admin_flush(request: web.Request) -> web.Response:
 # -- app ----------------------------------------------------------------------------
 
 
-def create_app(relay: Relay) -> web.Application:
-    """The relay's aiohttp application. Starting it starts the relay's fetchers."""
-    app = web.Application(middlewares=[json_errors])
-    cfg = relay.config
+def install_read_side(app: web.Application, reader: RelayReader) -> None:
+    """What the read endpoints need: limits, per-app state and the routes of
+    ``/v1/stream``, ``/v1/sources``, ``/v1/schemas`` and ``/healthz``. The main
+    process's app (``create_app``) and a worker's (relay/_worker.py) are both built on
+    it, so a key these handlers read belongs here. ``NOTIFIERS`` is filled by the app's
+    lifecycle: how an app learns that a window landed differs."""
+    cfg = reader.config
     # Connection limits and the stream memory budget (databus/_serving.py); they take
     # full effect when served through databus._serving's runner, as ``databus relay`` is.
     install(app, ServingLimits.of(cfg), stream_paths=("/v1/stream",),
             default_max_bytes=DEFAULT_MAX_BYTES, max_bytes_cap=cfg.max_bytes_cap,
             grant_paths=("/v1/stream",))
-    app[RELAY] = relay
+    app[READER] = reader
     app[STATS] = HttpStats()
     app[NOTIFIERS] = {}
+    app[SHARED_READS] = {name: SharedReads(b) for name, b in reader.buffers.items()}
+    app[CLOSING] = asyncio.Event()
+
+    async def end_streams(app: web.Application) -> None:
+        app[CLOSING].set()
+        for notifier in app[NOTIFIERS].values():
+            notifier.close()
+
+    app.on_shutdown.append(end_streams)
+    app.router.add_get("/v1/stream", stream)
+    app.router.add_get("/v1/sources", sources)
+    app.router.add_get("/v1/schemas", schemas_of_source)
+    app.router.add_get("/v1/schemas/{fingerprint}", schema_by_fingerprint)
+    app.router.add_get("/healthz", healthz)
+
+
+def create_app(relay: Relay) -> web.Application:
+    """The relay's aiohttp application. Starting it starts the relay's fetchers."""
+    app = web.Application(middlewares=[json_errors])
+    cfg = relay.config
+    install_read_side(app, relay)
+    app[RELAY] = relay
+    app[CONSUMERS] = ConsumerRegistry(cfg.max_tracked_consumers, cfg.consumer_expiry_s)
+    app[METRICS] = relay_metrics(relay, app[STATS], app[CONSUMERS])
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
@@ -470,6 +592,12 @@ def create_app(relay: Relay) -> web.Application:
             notifier = WindowNotifier(loop)
             app[NOTIFIERS][name] = notifier
             buffer.add_listener(notifier.on_window)
+            # Lag in ms (relay/_consumers.py) needs when each window landed; windows
+            # the buffer already holds count as landed now, at start.
+            held = buffer.state().max_scn
+            if held is not None:
+                app[CONSUMERS].window_landed(name, held)
+            buffer.add_listener(functools.partial(app[CONSUMERS].window_landed, name))
         relay.start()
         yield
         for notifier in app[NOTIFIERS].values():
@@ -477,13 +605,9 @@ def create_app(relay: Relay) -> web.Application:
         await asyncio.to_thread(relay.close)
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/v1/stream", stream)
-    app.router.add_get("/v1/sources", sources)
-    app.router.add_get("/v1/schemas", schemas_of_source)
-    app.router.add_get("/v1/schemas/{fingerprint}", schema_by_fingerprint)
     app.router.add_get("/v1/status", status)
+    app.router.add_get("/v1/consumers", consumers)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
     app.router.add_post("/v1/admin/flush", admin_flush)
     add_dump_routes(app, RELAY)
     return app

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from databus import _redact
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``DATABUS_EVENT_LOOP=uvloop pytest ...`` runs the in-process servers of the tests
+    (every ``asyncio.run``) on uvloop, as ``databus relay`` runs on it: the serving code
+    touches transports, whose uvloop implementations differ from asyncio's."""
+    if os.environ.get("DATABUS_EVENT_LOOP", "").strip().lower() == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 @pytest.fixture(autouse=True)

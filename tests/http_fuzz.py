@@ -20,6 +20,7 @@ import http.client
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
@@ -121,9 +122,36 @@ def send(base: str, request: Request, timeout: float = 30) -> tuple[int, dict[st
         conn.putheader("Content-Length", str(len(request.body)))
         conn.endheaders(request.body)
         resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        headers = {k.lower(): v for k, v in resp.getheaders()}
+        if headers.get("x-databus-streaming") == "1":
+            # A streaming subscription (follow=true) never ends by itself: take what
+            # comes within a moment (the catch-up, a heartbeat) and hang up.
+            return resp.status, headers, _read_for_a_while(conn, resp)
+        return resp.status, headers, resp.read()
     finally:
         conn.close()
+
+
+STREAM_READ_S = 0.3
+
+
+def _read_for_a_while(conn: http.client.HTTPConnection,
+                      resp: http.client.HTTPResponse) -> bytes:
+    """The bytes of a chunked stream that arrive within ``STREAM_READ_S`` (whole
+    chunks: the stream's frames)."""
+    if conn.sock is not None:
+        conn.sock.settimeout(STREAM_READ_S)
+    out = bytearray()
+    deadline = time.monotonic() + STREAM_READ_S
+    try:
+        while time.monotonic() < deadline and len(out) < 1 << 20:
+            piece = resp.read1(65536)
+            if not piece:
+                break
+            out += piece
+    except (TimeoutError, OSError, http.client.HTTPException):
+        pass
+    return bytes(out)
 
 
 def check_response(request: Request, status: int, headers: dict[str, str], body: bytes,

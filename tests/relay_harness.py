@@ -44,6 +44,7 @@ class RunningRelay:
     relay: Relay
     url: str
     session: aiohttp.ClientSession
+    app: web.Application | None = None
 
     async def get(self, path: str, **params: Any) -> aiohttp.ClientResponse:
         return await self.session.get(self.url + path, params=params)
@@ -66,7 +67,8 @@ class RunningRelay:
 @asynccontextmanager
 async def running_relay(config: RelayConfig) -> AsyncIterator[RunningRelay]:
     relay = Relay(config, backoff_initial=0.05, backoff_max=0.5)
-    runner = web.AppRunner(create_app(relay))
+    app = create_app(relay)
+    runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -74,7 +76,7 @@ async def running_relay(config: RelayConfig) -> AsyncIterator[RunningRelay]:
     try:
         # No connection limit: tests open hundreds of concurrent long polls.
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            yield RunningRelay(relay, f"http://127.0.0.1:{port}", session)
+            yield RunningRelay(relay, f"http://127.0.0.1:{port}", session, app)
     finally:
         await runner.cleanup()
 
@@ -151,9 +153,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_port_closed(port: int, timeout: float = 10) -> None:
+    """Return once nothing accepts connections on ``port`` (at once for a free one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                pass
+        except OSError:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"port {port} still accepts connections")
+        time.sleep(0.02)
+
+
 def start_databus(args: list[str], port: int, log_path: Path,
                   timeout: float = 30) -> subprocess.Popen[bytes]:
     """``databus ARGS`` as a child process; returns once it listens on ``port``."""
+    # A relay killed just before may leave worker processes (relay.workers) that die a
+    # moment after it: a port that still accepts is theirs, not the new process's.
+    wait_port_closed(port)
     exe = Path(sys.executable).with_name("databus")
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen([str(exe), *args], stdout=log, stderr=log,
@@ -174,7 +193,8 @@ def start_databus(args: list[str], port: int, log_path: Path,
 class RelayProcess:
     """``databus relay --config FILE`` as a child process (for kill -9 tests)."""
 
-    def __init__(self, tmp_path: Path, buffers: dict[str, str], capacity_mb: int = 4) -> None:
+    def __init__(self, tmp_path: Path, buffers: dict[str, str], capacity_mb: int = 4,
+                 workers: int | None = None) -> None:
         self.port = free_port()
         self.config_path = tmp_path / "relay.toml"
         lines = [
@@ -182,6 +202,8 @@ class RelayProcess:
             f'data_dir = "{tmp_path / "relay"}"',
             f"port = {self.port}",
         ]
+        if workers is not None:  # else relay.workers' default: one process per core
+            lines.append(f"workers = {workers}")
         for name, source in buffers.items():
             lines += ["[[relay.buffers]]", f'name = "{name}"', f"capacity_mb = {capacity_mb}",
                       f'source = "{source}"']
@@ -201,6 +223,8 @@ class RelayProcess:
         assert self.proc is not None
         self.proc.send_signal(sig)
         self.proc.wait(timeout=20)
+        # Its worker processes (relay.workers) die with it, a moment later.
+        wait_port_closed(self.port)
 
     def status(self) -> dict[str, Any]:
         import urllib.request

@@ -30,6 +30,7 @@ from databus.config._checks import (
 )
 from databus.config._loader import from_mapping, load_toml
 from databus.config._relay import BufferConfig, RelayConfig
+from databus.config._replicate import ReplicateConfig, ReplicatedTableConfig
 from databus.config._secrets import _URI_RE, Secret, redact_uri
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
     "DatabusConfig",
     "ProducerConfig",
     "RelayConfig",
+    "ReplicateConfig",
+    "ReplicatedTableConfig",
     "RetentionConfig",
     "Secret",
     "ServingLimitsConfig",
@@ -60,6 +63,7 @@ class DatabusConfig:
 
     relay: RelayConfig | None = None
     bootstrap: BootstrapConfig | None = None
+    replicate: ReplicateConfig | None = None
 
 
 def describe(value: object) -> object:

@@ -102,6 +102,10 @@ class BootstrapConfig:
     storage: str = dataclasses.field(repr=False)
     host: str = "127.0.0.1"
     port: int = 11191
+    # The asyncio event loop of the whole process (producer, applier and server share
+    # it), as relay.event_loop: "auto", "uvloop" or "asyncio"; DATABUS_EVENT_LOOP
+    # overrides it.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     run: tuple[Literal["producer", "applier", "server"], ...] = ("producer", "applier",
                                                                  "server")
     admin_token: Secret | None = None

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 from pathlib import Path
+from typing import Literal
 
 from databus._redact import register_uri
 from databus.config._checks import (
@@ -16,6 +19,14 @@ from databus.config._checks import (
 from databus.config._secrets import _URI_RE, Secret, redact_uri
 
 # --- the relay -------------------------------------------------------------------------
+
+# Serving processes of one relay at most (``[relay] workers``).
+MAX_WORKERS = 256
+
+
+def x86_64() -> bool:
+    """Is this an x86-64 machine (whose stores reach other cores in program order)?"""
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 
@@ -84,12 +95,20 @@ class RelayConfig:
     buffers: tuple[BufferConfig, ...]
     host: str = "127.0.0.1"
     port: int = 11190
+    # The asyncio event loop: "auto" runs uvloop when it is installed (the "fast" extra),
+    # "uvloop" requires it, "asyncio" never uses it; DATABUS_EVENT_LOOP overrides this
+    # (databus/_event_loop.py, docs/relay.md "Event loop").
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     # Bearer token for POST /v1/admin/...; without one the admin endpoints are disabled.
     admin_token: Secret | None = None
     # Upper bound on a /v1/stream request's max_bytes, whatever the client asks for.
     max_bytes_cap: int = 8 * _MIB
     # Upper bound on a long poll's wait_ms.
     max_wait_ms: int = 60_000
+    # Processes serving HTTP, the main one included (docs/relay.md, "Workers"): 1 is a
+    # single process; N > 1 adds N - 1 worker processes that map the buffers read-only
+    # (the fetchers and the writers stay in the main one); 0 = one per core.
+    workers: int = 0
     # Connection limits (docs/relay.md, "Limits"): open connections served at once; a
     # request head (line and headers) must arrive within header_timeout_s of its first
     # byte (of the connection, for the first request); a keep-alive connection may idle
@@ -102,9 +121,23 @@ class RelayConfig:
     # All stream response bodies held at once beyond 64 KiB each; a request is served
     # less than its max_bytes when this is used up (docs/relay.md, "Memory").
     max_stream_memory_mb: int = 128
+    # Consumers seen on /v1/stream, listed by GET /v1/consumers and exported per client
+    # id to /metrics (docs/relay.md, "Consumers"): at most this many (the least recently
+    # seen is evicted; 0 tracks none), each dropped after consumer_expiry_s without a
+    # request. Both bound the memory and the Prometheus label cardinality.
+    max_tracked_consumers: int = 1000
+    consumer_expiry_s: float = 300.0
+    # A streaming subscription (follow=true) with nothing new writes a heartbeat this
+    # often, unless the request asks for another interval (heartbeat_ms).
+    stream_heartbeat_ms: int = 1000
 
     def __post_init__(self) -> None:
         check_serving_limits(self)
+        check_range(self.max_tracked_consumers, "max_tracked_consumers", min=0,
+                    max=1_000_000)
+        if not 0 < self.consumer_expiry_s <= 7 * 86400:
+            raise ConfigFieldError("consumer_expiry_s", "must be > 0 and at most 604800 "
+                                   f"(a week), got {self.consumer_expiry_s}")
         if not str(self.data_dir):
             raise ConfigFieldError("data_dir", "must not be empty")
         if not self.host or any(c.isspace() for c in self.host):
@@ -115,6 +148,8 @@ class RelayConfig:
             raise ConfigFieldError("admin_token", "must not be empty (omit it to disable admin)")
         check_range(self.max_bytes_cap, "max_bytes_cap", min=1024)
         check_range(self.max_wait_ms, "max_wait_ms", min=0, max=3_600_000)
+        check_range(self.workers, "workers", min=0, max=MAX_WORKERS)
+        check_range(self.stream_heartbeat_ms, "stream_heartbeat_ms", min=50, max=60_000)
         if not self.buffers:
             raise ConfigFieldError("buffers", "a relay needs at least one [[relay.buffers]]")
         seen: set[str] = set()
@@ -128,3 +163,17 @@ class RelayConfig:
     def buffer(self, name: str) -> BufferConfig | None:
         """The buffer called ``name``, if any."""
         return next((b for b in self.buffers if b.name == name), None)
+
+    @property
+    def serving_processes(self) -> int:
+        """How many processes serve HTTP: ``workers``, or for 0 the cores this process
+        may run on (its CPU affinity, which a container's cpuset narrows). For 0 on a
+        CPU other than x86-64, one: workers read the rings written by the main process
+        relying on x86-64's store order (relay/_buffer.py, docs/relay.md "Workers")."""
+        if self.workers:
+            return self.workers
+        if not x86_64():
+            return 1
+        affinity = getattr(os, "sched_getaffinity", None)
+        cores = len(affinity(0)) if affinity is not None else os.cpu_count()
+        return min(max(1, cores or 1), MAX_WORKERS)

@@ -101,6 +101,10 @@ class TableShape:
             "namespace": namespace,
             "doc": f"Row of MySQL table {self.source_name} (databus binlog fetcher)",
             "fields": fields,
+            # The primary key's columns (SQL names), for consumers that keep a copy of
+            # the table (the replicator); not in Avro's canonical form, so not in the
+            # fingerprint: a schema first registered without it keeps its old JSON.
+            "key": [self.columns[i].name for i in self.primary_key],
         }
 
     def avro_schema(self) -> Schema:

@@ -324,6 +324,10 @@ class TableCodec:
         }
         if namespace:
             record_schema["namespace"] = ".".join(avro_names(namespace.split(".")))
+        # The primary key's columns (SQL names), for consumers that keep a copy of the
+        # table (the replicator). Not in Avro's canonical form: the fingerprint is the
+        # same with or without it.
+        record_schema["key"] = [c.name for c in shape.key_columns]
         self.schema = Schema(record_schema)
         self.fingerprint = self.schema.fingerprint
         self._converters = [

@@ -387,6 +387,10 @@ async def test_a_client_reading_a_snapshot_survives_a_postgres_restart_and_resum
             self.snapshot_deliveries: dict[tuple[str, object], int] = {}
             self.restarted = False
             self.bootstrap_windows = 0
+            self.bootstrap_ended = False
+
+        def on_end_bootstrap(self) -> None:
+            self.bootstrap_ended = True
 
         def on_data_event(self, event: DataEvent) -> None:
             key = (event.source, event.key)
@@ -419,7 +423,11 @@ async def test_a_client_reading_a_snapshot_survives_a_postgres_restart_and_resum
                 client.register(keeper)
                 task = asyncio.create_task(client.run_async())
                 deadline = asyncio.get_running_loop().time() + 60
-                while client.metrics.consumer_scn != 300 or client.metrics.bootstrapping:
+                # Done when the consumer got the end of the bootstrap and window 300: the
+                # metrics say "not bootstrapping" once the last answer is fetched, which
+                # may be before its rows reach the consumer (a loaded machine).
+                while (client.metrics.consumer_scn != 300 or client.metrics.bootstrapping
+                       or not keeper.bootstrap_ended):
                     assert asyncio.get_running_loop().time() < deadline, client.metrics
                     if task.done():
                         task.result()

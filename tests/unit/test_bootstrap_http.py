@@ -61,6 +61,8 @@ HOSTILE = [
     {"max_bytes": HUGE_INT},
     {"max_bytes": "\u0661\u0662"},
     {"sources": "shop.a," + "x" * 1000},
+    # A client_id as on the relay: at most 256 characters.
+    {"client_id": "x" * 257},
 ]
 
 
@@ -102,6 +104,17 @@ def test_int64_extremes_reach_sql_and_work(storage: BootstrapStorage) -> None:
                 # A target the store never reached is waited for, and says so.
                 assert await resp.read() == b""
                 assert "behind" in resp.headers["X-Databus-Bootstrap-Waiting"]
+
+    asyncio.run(main())
+
+
+def test_a_client_id_is_accepted_and_ignored(storage: BootstrapStorage) -> None:
+    async def main() -> None:
+        async with running_bootstrap(storage) as boot:
+            for client_id in ("c" * 256, 'odd "id"\n}\u2603'):
+                async with await boot.get("/v1/bootstrap/stream", client_id=client_id,
+                                          checkpoint=json.dumps({"window_scn": 7})) as resp:
+                    assert resp.status == 200, await resp.text()
 
     asyncio.run(main())
 

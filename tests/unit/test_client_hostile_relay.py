@@ -138,6 +138,8 @@ async def run_behind(tmp_path: Path, forger: Forger, faults: int, **client_kw: A
         async with proxy_for(relay.url, forger, faults) as (url, proxy):
             rec = Recorder()
             client_kw.setdefault("max_request_bytes", 1500)
+            # The proxy forges whole polled bodies (streams: test_relay_streaming.py).
+            client_kw.setdefault("streaming", False)
             client = DatabusClient([url], sources=["synthetic.events"], callback_timeout=5,
                                    backoff_initial=0.01, backoff_max=0.05, poll_wait_ms=100,
                                    **client_kw)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
+from databus.client._relay_stream import StreamFramer
 from tests.http_fuzz import (
     Request,
     auth_headers,
@@ -68,7 +69,36 @@ def test_stream_parameters(relay: str, q: tuple[tuple[tuple[str, str], ...], str
     event(f"status {status}")  # --hypothesis-show-statistics: how many got through
     if status == 200:
         assert headers["content-type"].startswith("application/x-databus-events")
-        assert "x-databus-checkpoint" in headers
+        if headers.get("x-databus-streaming") == "1":  # an unknown-looking follow=1
+            StreamFramer().feed(body)
+        else:
+            assert "x-databus-checkpoint" in headers
+
+
+STREAMING_PARAMS = {
+    **STREAM_PARAMS,
+    "follow": st.one_of(st.sampled_from(["true", "1", "yes", "TRUE", "false", "0", ""]),
+                        st.text(max_size=8)),
+    "heartbeat_ms": int_texts(),
+    "client_id": st.one_of(st.text(max_size=40), st.text(min_size=250, max_size=300),
+                           st.sampled_from(['a"b', "x\\y", "n\nl", "}{", "\x00"])),
+}
+
+
+@fuzz_settings(150)
+@given(q=queries(STREAMING_PARAMS))
+def test_streaming_parameters(relay: str, q: tuple[tuple[tuple[str, str], ...], str]) -> None:
+    """follow=true with everything else fuzzed: a JSON error, a poll, or a stream whose
+    first bytes are whole frames (a catch-up then heartbeats, or an in-band error)."""
+    request = Request("GET", "/v1/stream", q[0], q[1])
+    assume(fits(request))
+    status, headers, body = send(relay, request)
+    check_response(request, status, headers, body, RELAY_ERRORS)
+    streaming = headers.get("x-databus-streaming") == "1"
+    event(f"status {status}{' streaming' if streaming else ''}")
+    if status == 200 and streaming:
+        frames = StreamFramer().feed(body)
+        assert all(f.kind in {"write", "heartbeat", "error"} for f in frames)
 
 
 @fuzz_settings(250)

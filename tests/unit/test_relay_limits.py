@@ -541,7 +541,9 @@ def test_bootstrap_server_has_the_same_limits(tmp_path: Path) -> None:
 
 
 def test_databus_relay_process_answers_protocol_errors_in_json(tmp_path: Path) -> None:
-    proc = RelayProcess(tmp_path, {"load": SMALL})
+    # One serving process: the log lines are rate-limited per process (each worker of
+    # relay.workers would add its own line).
+    proc = RelayProcess(tmp_path, {"load": SMALL}, workers=1)
     proc.start()
     try:
         async def main() -> None:

@@ -18,7 +18,7 @@ SOURCE = "synthetic://?rate=0&keys=20&event_bytes=150&events_per_window=2&limit=
 
 def args(url: str, **kw: object) -> argparse.Namespace:
     base = dict(relay=[url], sources="synthetic.events", from_scn=None, from_earliest=False,
-                filter=None, count=0, exit=True)
+                filter=None, count=0, exit=True, client_id=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -67,11 +67,20 @@ def test_tail_command_line(tmp_path: Path) -> None:
 
             time.sleep(0.05)
         exe = Path(sys.executable).with_name("databus")
-        done = subprocess.run(
-            [str(exe), "tail", "--relay", relay.url, "--sources", "synthetic.events",
-             "--from-scn", "8", "--exit"],
-            capture_output=True, text=True, timeout=60, check=True,
-        )
+        runs = {}
+        for client_id, extra in (("streamer", []), ("poller", ["--no-streaming"])):
+            runs[client_id] = subprocess.run(
+                [str(exe), "tail", "--relay", relay.url, "--sources", "synthetic.events",
+                 "--from-scn", "8", "--exit", "--client-id", client_id, *extra],
+                capture_output=True, text=True, timeout=60, check=True,
+            )
+        import urllib.request
+
+        with urllib.request.urlopen(relay.url + "/v1/consumers", timeout=5) as resp:
+            consumers = {c["client_id"]: c for c in json.loads(resp.read())["consumers"]}
     finally:
         relay.kill()
-    assert [json.loads(line)["scn"] for line in done.stdout.splitlines()] == [9, 9, 10, 10]
+    for done in runs.values():
+        assert [json.loads(line)["scn"] for line in done.stdout.splitlines()] == [9, 9, 10, 10]
+    assert consumers["streamer"]["streaming"] is True
+    assert consumers["poller"]["streaming"] is False

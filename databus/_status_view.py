@@ -1,0 +1,636 @@
+"""``databus status``: one view of relays, bootstrap services, fetchers and consumers.
+
+::
+
+    databus status --relay URL [URL ...] [--bootstrap URL [URL ...]]
+                   [--json | --watch [SECONDS]] [--timeout SECONDS]
+
+Two halves. The pure half turns the JSON documents the services answer (a relay's
+``/v1/status`` and ``/v1/consumers``, a bootstrap service's ``/v1/status``) into this
+command's own JSON document (``relay_entry``, ``bootstrap_entry``, ``build_document``)
+and that document into rich tables (``render``); it is tested on plain dicts. The
+shell (``fetch_answer``, ``collect``, ``run``) fetches the documents with aiohttp, every
+service at once and each request bounded by ``--timeout``, and prints once, as JSON, or
+refreshed in place.
+
+The JSON document (``--json``; keys are stable, documented in docs/operations.md)::
+
+    {"version": 1, "generated_at": <unix time>, "ok": <every service answered>,
+     "down": <services that did not>,
+     "relays": [<relay entry> | {"url": ..., "error": ...}],
+     "bootstraps": [<bootstrap entry> | {"url": ..., "error": ...}]}
+
+A relay whose ``/v1/consumers`` answers 404 (a relay older than the consumer registry)
+gets ``"consumers": null, "consumers_error": "not available"``: it is up, only that
+part of the view is missing. URLs are printed with their password replaced by ``***``
+and every error message goes through ``databus._redact``.
+
+Exit status: 0 when every named service answered its ``/v1/status``, 1 when any did
+not (or on a bad argument such as a URL that is not http(s)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from databus._redact import redact, register_uri
+from databus.config import redact_uri
+from databus.errors import ConfigError
+
+if TYPE_CHECKING:
+    import aiohttp
+    from rich.console import Group
+
+__all__ = [
+    "DOCUMENT_VERSION",
+    "Answer",
+    "bootstrap_entry",
+    "build_document",
+    "collect",
+    "register",
+    "relay_entry",
+    "render",
+]
+
+DOCUMENT_VERSION = 1
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_WATCH_S = 2.0
+# What a consumer entry carries, in this order, whatever else a relay adds: the JSON
+# document's keys stay the same across relay versions (a missing one is null).
+CONSUMER_KEYS = (
+    "client_id", "buffer", "address", "filter", "sources", "streaming", "checkpoint_scn",
+    "window_offset", "lag_scn", "lag_ms", "events_per_second", "bytes_per_second",
+    "events_total", "bytes_total", "first_seen", "last_seen", "idle_s",
+)
+REGISTRY_KEYS = ("tracked", "max_tracked", "expiry_s", "evicted_total")
+NOT_AVAILABLE = "not available"
+# A document bigger than this is not a status document (and must not eat the memory of
+# a command that watches for hours).
+MAX_DOCUMENT_BYTES = 16 << 20
+
+
+# -- the pure half: documents in, entries out -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One GET: the decoded JSON document, or why there is none (``status`` is the HTTP
+    status when one came back, so a 404 can be told from a dead relay)."""
+
+    doc: Any = None
+    error: str | None = None
+    status: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def display_url(url: str) -> str:
+    """``url`` as printed: its password (and secret-looking query values) masked."""
+    return redact(redact_uri(url))
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number, or None for anything else (null, a string, a bool, NaN)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _int(value: Any) -> int | None:
+    number = _number(value)
+    return None if number is None else int(number)
+
+
+def _fetcher(doc: Any, now: float) -> dict[str, Any] | None:
+    if not isinstance(doc, Mapping):
+        return None
+    last_window_at = _number(doc.get("last_window_at"))
+    last_error = doc.get("last_error")
+    return {
+        "state": str(doc.get("state")) if doc.get("state") is not None else None,
+        "source_scn": _int(doc.get("source_scn")),
+        "lag_scn": _int(doc.get("lag_scn")),
+        # The relay reports wall-clock times; the view wants "how long ago".
+        "last_window_age_s": None if last_window_at is None
+        else round(max(0.0, now - last_window_at), 1),
+        "restarts": _int(doc.get("restarts")),
+        "last_error": redact(str(last_error)) if last_error is not None else None,
+    }
+
+
+def dump_entry(doc: Any) -> dict[str, Any] | None:
+    """A dump as ``/v1/status`` or ``/v1/dumps`` lists it, flattened for the view."""
+    if not isinstance(doc, Mapping):
+        return None
+    progress = doc.get("progress")
+    progress = progress if isinstance(progress, Mapping) else {}
+    return {
+        "id": str(doc.get("id")),
+        "state": str(doc.get("state")),
+        "reason": doc.get("reason"),
+        "rows": _int(progress.get("rows")),
+        "estimate": _int(progress.get("estimate")),
+        "percent": _number(progress.get("percent")),
+        "rows_per_second": _number(progress.get("rows_per_second")),
+        "table": progress.get("table"),
+    }
+
+
+def _buffer(name: str, doc: Mapping[str, Any], now: float) -> dict[str, Any]:
+    used, capacity = _int(doc.get("used_bytes")), _int(doc.get("capacity_bytes"))
+    fill = round(used / capacity, 4) if used is not None and capacity else None
+    dumps = doc.get("dumps")
+    return {
+        "name": name,
+        "partition_id": _int(doc.get("partition_id")),
+        "min_scn": _int(doc.get("min_scn")),
+        "prev_scn": _int(doc.get("prev_scn")),
+        "max_scn": _int(doc.get("max_scn")),
+        "used_bytes": used,
+        "capacity_bytes": capacity,
+        "fill": fill,
+        "input_bytes_per_second": _number(doc.get("input_bytes_per_second")),
+        "windows": _int(doc.get("windows")),
+        "events": _int(doc.get("events")),
+        "fetcher": _fetcher(doc.get("fetcher"), now),
+        "dumps": [d for d in (dump_entry(x) for x in dumps) if d is not None]
+        if isinstance(dumps, list) else [],
+    }
+
+
+def _down(url: str, error: str) -> dict[str, Any]:
+    return {"url": display_url(url), "error": redact(error)}
+
+
+def _event_loop(doc: Mapping[str, Any]) -> str | None:
+    loop = doc.get("event_loop")
+    return loop if isinstance(loop, str) else None
+
+
+def _workers(doc: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The relay's serving processes beside the main one (``relay.workers``); None
+    from a relay that does not report them."""
+    workers = doc.get("workers")
+    if not isinstance(workers, list):
+        return None
+    return [{"pid": _int(w.get("pid")), "state": str(w.get("state", "")),
+             "restarts": _int(w.get("restarts"))}
+            for w in workers if isinstance(w, Mapping)]
+
+
+def relay_entry(url: str, status: Answer, consumers: Answer,
+                now: float | None = None) -> dict[str, Any]:
+    """A relay's entry of the document, from its ``/v1/status`` and ``/v1/consumers``
+    answers; ``{"url", "error"}`` when the status did not come."""
+    now = time.time() if now is None else now
+    if not status.ok:
+        return _down(url, status.error or "no answer")
+    doc = status.doc
+    buffers = doc.get("buffers") if isinstance(doc, Mapping) else None
+    if not isinstance(buffers, Mapping):
+        return _down(url, "/v1/status is not a relay's status document (no buffers)")
+    entry: dict[str, Any] = {
+        "url": display_url(url),
+        "event_loop": _event_loop(doc),
+        "workers": _workers(doc),
+        "buffers": [_buffer(str(name), b, now) for name, b in buffers.items()
+                    if isinstance(b, Mapping)],
+        "consumers": None,
+        "consumers_error": None,
+        "consumer_registry": None,
+    }
+    cdoc = consumers.doc
+    if consumers.status == 404:
+        entry["consumers_error"] = NOT_AVAILABLE
+    elif not consumers.ok:
+        entry["consumers_error"] = redact(consumers.error or "no answer")
+    elif not (isinstance(cdoc, Mapping) and isinstance(cdoc.get("consumers"), list)):
+        entry["consumers_error"] = "/v1/consumers is not a consumer list"
+    else:
+        entry["consumers"] = [
+            {key: c.get(key) for key in CONSUMER_KEYS}
+            for c in cdoc["consumers"] if isinstance(c, Mapping)
+        ]
+        entry["consumer_registry"] = {key: cdoc.get(key) for key in REGISTRY_KEYS}
+    return entry
+
+
+def bootstrap_entry(url: str, status: Answer) -> dict[str, Any]:
+    """A bootstrap service's entry of the document, from its ``/v1/status`` answer."""
+    if not status.ok:
+        return _down(url, status.error or "no answer")
+    doc = status.doc
+    if not isinstance(doc, Mapping) or "applied_scn" not in doc:
+        return _down(url, "/v1/status is not a bootstrap service's status document")
+    rows = doc.get("snapshot_rows")
+    components = doc.get("components")
+    return {
+        "url": display_url(url),
+        "event_loop": _event_loop(doc),
+        "storage": redact(str(doc["storage"])) if doc.get("storage") is not None else None,
+        # producer_scn: the newest window in the log (what the log writer has written).
+        "log_scn": _int(doc.get("producer_scn")),
+        "applied_scn": _int(doc.get("applied_scn")),
+        "applier_lag_scn": _int(doc.get("applier_lag_scn")),
+        "log_floor_scn": _int(doc.get("log_floor_scn")),
+        "log_windows": _int(doc.get("log_windows")),
+        "log_bytes": _int(doc.get("log_bytes")),
+        "snapshot_rows": sum(n for n in (_int(v) for v in rows.values()) if n is not None)
+        if isinstance(rows, Mapping) else None,
+        "update_ratio": _number(doc.get("update_ratio")),
+        "components": {
+            str(name): {
+                "state": c.get("state"),
+                "errors": _int(c.get("errors")),
+                "last_error": redact(str(c["last_error"])) if c.get("last_error") else None,
+            }
+            for name, c in components.items() if isinstance(c, Mapping)
+        } if isinstance(components, Mapping) else {},
+    }
+
+
+def build_document(relays: Sequence[dict[str, Any]], bootstraps: Sequence[dict[str, Any]],
+                   now: float | None = None) -> dict[str, Any]:
+    """The command's JSON document from the entries (in the order the URLs were given)."""
+    down = sum("error" in entry for entry in [*relays, *bootstraps])
+    return {
+        "version": DOCUMENT_VERSION,
+        "generated_at": round(time.time() if now is None else now, 3),
+        "ok": down == 0,
+        "down": down,
+        "relays": list(relays),
+        "bootstraps": list(bootstraps),
+    }
+
+
+def exit_status(document: Mapping[str, Any]) -> int:
+    return 0 if document["ok"] else 1
+
+
+# -- the pure half: entries out as text -------------------------------------------------
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _count(n: float | None, suffix: str = "") -> str:
+    return "-" if n is None else f"{n:,.0f}{suffix}"
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f} s ago"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def _scn_range(low: int | None, high: int | None) -> str:
+    if low is None and high is None:
+        return "empty"
+    return f"{_count(low)}..{_count(high)}"
+
+
+def dump_cells(dump: Mapping[str, Any], width: int = 20) -> str:
+    """A dump's progress as one line with a bar (``databus demo`` shows the same)."""
+    percent = dump.get("percent") or 0.0
+    filled = int(width * percent / 100)
+    bar = "\u2588" * filled + "\u2591" * (width - filled)
+    where = f", {dump['table']}" if dump.get("table") else ""
+    rows, estimate = dump.get("rows") or 0, dump.get("estimate") or 0
+    return (f"{bar} {percent:5.1f}% {dump.get('state')}: {rows:,}/{estimate:,} rows{where}, "
+            f"{dump.get('rows_per_second') or 0:,.0f} rows/s")
+
+
+class Styled(str):
+    """A cell with a rich style (``"bold red"``), still equal to its plain text: the
+    row functions stay testable as strings, and no text that came from a service is
+    ever parsed as rich markup (an error message may hold ``[...]``)."""
+
+    style: str
+
+    def __new__(cls, text: str, style: str) -> Styled:
+        cell = super().__new__(cls, text)
+        cell.style = style
+        return cell
+
+
+ALERT = "bold red"
+
+
+def _service_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """(kind, url, state, detail) for the services table."""
+    rows: list[tuple[str, ...]] = []
+    for kind, key in (("relay", "relays"), ("bootstrap", "bootstraps")):
+        for entry in document[key]:
+            if "error" in entry:
+                rows.append((kind, entry["url"], Styled("DOWN", ALERT), entry["error"]))
+                continue
+            detail = [f"event loop {entry['event_loop']}"] if entry.get("event_loop") else []
+            if kind == "relay":
+                workers = entry.get("workers")
+                if workers:
+                    up = sum(1 for w in workers if w["state"] == "running")
+                    restarts = sum(w["restarts"] or 0 for w in workers)
+                    detail.append(f"{1 + len(workers)} processes ({up}/{len(workers)} "
+                                  f"workers running, {restarts} restart(s))")
+                detail.append(f"{len(entry['buffers'])} buffer(s)")
+                if entry["consumers"] is not None:
+                    detail.append(f"{len(entry['consumers'])} consumer(s)")
+            elif entry.get("storage"):
+                detail.append(entry["storage"])
+            rows.append((kind, entry["url"], Styled("up", "green"), ", ".join(detail)))
+    return rows
+
+
+def buffer_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """(relay, buffer, SCN range, fill, input rate, windows, events) per buffer."""
+    rows: list[tuple[str, ...]] = []
+    for relay in document["relays"]:
+        for b in relay.get("buffers", ()):
+            fill = "-" if b["fill"] is None else (
+                f"{100 * b['fill']:.1f}% ({_size(b['used_bytes'])}/{_size(b['capacity_bytes'])})")
+            rate = b["input_bytes_per_second"]
+            rows.append((relay["url"], b["name"], _scn_range(b["min_scn"], b["max_scn"]), fill,
+                         "-" if rate is None else f"{_size(rate)}/s",
+                         _count(b["windows"]), _count(b["events"])))
+    return rows
+
+
+def fetcher_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """(relay, buffer, state, source SCN, lag SCN, last window, restarts, last error)."""
+    rows: list[tuple[str, ...]] = []
+    for relay in document["relays"]:
+        for b in relay.get("buffers", ()):
+            f = b["fetcher"]
+            if f is None:
+                rows.append((relay["url"], b["name"], "none", "-", "-", "-", "-", ""))
+                continue
+            state = f["state"] or "-"
+            if state == "failed":
+                state = Styled(state, ALERT)
+            rows.append((relay["url"], b["name"], state, _count(f["source_scn"]),
+                         _count(f["lag_scn"]), _ago(f["last_window_age_s"]),
+                         _count(f["restarts"]), f["last_error"] or ""))
+    return rows
+
+
+def consumer_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """(relay, client id, buffer, SCN, lag SCN, lag ms, events/s, last seen, mode) per
+    consumer; one row saying why for a relay without a consumer list."""
+    rows: list[tuple[str, ...]] = []
+    for relay in document["relays"]:
+        if "error" in relay:
+            continue
+        consumers = relay["consumers"]
+        if consumers is None:
+            rows.append((relay["url"], f"consumers: {relay['consumers_error']}",
+                         *("",) * 7))
+            continue
+        if not consumers:
+            rows.append((relay["url"], "no consumer seen", *("",) * 7))
+        for c in consumers:
+            lag_ms = _number(c["lag_ms"])
+            rate = _number(c["events_per_second"])
+            rows.append((
+                relay["url"], str(c["client_id"]), str(c["buffer"] or "-"),
+                _count(_number(c["checkpoint_scn"])), _count(_number(c["lag_scn"])),
+                "-" if lag_ms is None else f"{lag_ms:,.0f} ms",
+                "-" if rate is None else f"{rate:,.1f}",
+                _ago(_number(c["idle_s"])),
+                "stream" if c["streaming"] else "poll",
+            ))
+    return rows
+
+
+def bootstrap_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """(url, log SCN, applied SCN, applier lag, log, snapshot rows, components)."""
+    rows: list[tuple[str, ...]] = []
+    for b in document["bootstraps"]:
+        if "error" in b:
+            continue
+        parts = []
+        failed = False
+        for name, c in b["components"].items():
+            failed |= c["state"] == "failed"
+            text = f"{name} {c['state']}"
+            if c["last_error"]:
+                text += f" ({c['last_error']})"
+            parts.append(text)
+        components = ", ".join(parts) or "-"
+        rows.append((b["url"], _count(b["log_scn"]), _count(b["applied_scn"]),
+                     _count(b["applier_lag_scn"]),
+                     f"{_count(b['log_windows'])} windows, {_size(b['log_bytes'])}",
+                     _count(b["snapshot_rows"]),
+                     Styled(components, ALERT) if failed else components))
+    return rows
+
+
+def dump_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    return [(relay["url"], b["name"], d["id"], dump_cells(d))
+            for relay in document["relays"] for b in relay.get("buffers", ())
+            for d in b["dumps"]]
+
+
+def render(document: Mapping[str, Any]) -> Group:
+    """The document as rich tables: services, buffers, fetchers, consumers, bootstrap
+    services, and active dumps when there are any."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    def table(title: str, columns: Iterable[str], rows: Sequence[tuple[str, ...]],
+              right: Iterable[int] = ()) -> Table:
+        t = Table(title=title, title_justify="left", expand=False)
+        aligned = set(right)
+        for i, column in enumerate(columns):
+            t.add_column(column, justify="right" if i in aligned else "left")
+        for row in rows:
+            t.add_row(*(Text(cell, style=cell.style) if isinstance(cell, Styled)
+                        else Text(cell) for cell in row))
+        return t
+
+    when = time.strftime("%H:%M:%S", time.localtime(document["generated_at"]))
+    verdict = ("[green]all services up[/]" if document["ok"]
+               else f"[bold red]{document['down']} service(s) down[/]")
+    parts: list[Any] = [
+        Text.from_markup(f"[bold]databus status[/] at {when}: {verdict}"),
+        table("Services", ("kind", "url", "state", "detail"), _service_rows(document)),
+    ]
+    # A table with no row (every relay down, no dump running) is left out.
+    for title, columns, rows, right in (
+        ("Buffers", ("relay", "buffer", "SCN min..max", "fill", "input", "windows",
+                     "events"), buffer_rows(document), (2, 3, 4, 5, 6)),
+        ("Fetchers", ("relay", "buffer", "state", "source SCN", "lag SCN", "last window",
+                      "restarts", "last error"), fetcher_rows(document), (3, 4, 6)),
+        ("Consumers", ("relay", "client id", "buffer", "SCN", "lag SCN", "lag", "events/s",
+                       "last seen", "mode"), consumer_rows(document), (3, 4, 5, 6)),
+        ("Dumps", ("relay", "buffer", "dump", "progress"), dump_rows(document), ()),
+        ("Bootstrap services", ("url", "log SCN", "applied SCN", "applier lag", "log",
+                                "snapshot rows", "components"), bootstrap_rows(document),
+         (1, 2, 3, 5)),
+    ):
+        if rows:
+            parts.append(table(title, columns, rows, right))
+    return Group(*parts)
+
+
+# -- the shell: fetching ----------------------------------------------------------------
+
+
+def normalize_url(url: str) -> str:
+    """``url`` as a base for request paths: scheme added when missing, query and
+    fragment dropped; ConfigError unless http(s) with a host."""
+    if "://" not in url:
+        url = "http://" + url
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"not an http(s) URL: {display_url(url)!r} "
+                          "(e.g. http://127.0.0.1:11190)")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "",
+                                    ""))
+
+
+async def fetch_answer(session: aiohttp.ClientSession, base: str, path: str,
+                       timeout: float) -> Answer:
+    """GET ``base + path`` as JSON within ``timeout`` seconds; never raises for what
+    the network or the server does (the error is the answer)."""
+    import aiohttp
+
+    try:
+        async with asyncio.timeout(timeout):
+            async with session.get(base + path, headers={"Accept": "application/json"},
+                                   allow_redirects=False) as resp:
+                body = await resp.content.read(MAX_DOCUMENT_BYTES + 1)
+                if len(body) > MAX_DOCUMENT_BYTES:
+                    return Answer(error=f"{path} answered more than "
+                                  f"{MAX_DOCUMENT_BYTES >> 20} MiB", status=resp.status)
+                try:
+                    doc = json.loads(body)
+                except ValueError:
+                    doc = None
+                if resp.status != 200:
+                    return Answer(error=_http_error(resp.status, path, doc), status=resp.status)
+                if doc is None:
+                    return Answer(error=f"{path} did not answer JSON", status=resp.status)
+                return Answer(doc=doc, status=resp.status)
+    except TimeoutError:
+        return Answer(error=f"no answer to {path} within {timeout:g} s")
+    except aiohttp.ClientConnectorError as exc:
+        return Answer(error=f"cannot connect: {exc.os_error.strerror or exc.os_error}")
+    except (aiohttp.ClientError, OSError) as exc:
+        return Answer(error=f"{path}: {type(exc).__name__}: {exc}")
+
+
+def _http_error(status: int, path: str, doc: Any) -> str:
+    if isinstance(doc, Mapping) and "error" in doc:
+        return f"{path} answered {status} {doc['error']}: {doc.get('message', '')}"
+    return f"{path} answered HTTP {status}"
+
+
+async def collect(session: aiohttp.ClientSession, relays: Sequence[str],
+                  bootstraps: Sequence[str], timeout: float) -> dict[str, Any]:
+    """Fetch every document at once and build the command's document."""
+    relay_answers = [
+        asyncio.gather(fetch_answer(session, url, "/v1/status", timeout),
+                       fetch_answer(session, url, "/v1/consumers", timeout))
+        for url in relays
+    ]
+    boot_answers = [fetch_answer(session, url, "/v1/status", timeout) for url in bootstraps]
+    answered = await asyncio.gather(*relay_answers)
+    boot_answered = await asyncio.gather(*boot_answers)
+    now = time.time()
+    return build_document(
+        [relay_entry(url, s, c, now) for url, (s, c) in zip(relays, answered, strict=True)],
+        [bootstrap_entry(url, a) for url, a in zip(bootstraps, boot_answered, strict=True)],
+        now)
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "status", help="one view of relays, bootstrap services, fetchers and consumers",
+        description="Fetch /v1/status (and a relay's /v1/consumers) from every service "
+        "named and show buffers, fetchers, consumers and bootstrap services. Exit status "
+        "0 when every service answered, 1 when any is down (docs/operations.md).")
+    parser.add_argument("--relay", nargs="+", action="extend", default=[], metavar="URL",
+                        help="relay URL(s), e.g. http://127.0.0.1:11190")
+    parser.add_argument("--bootstrap", nargs="+", action="extend", default=[],
+                        metavar="URL", help="bootstrap service URL(s)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--json", action="store_true",
+                      help="print one JSON document (stable keys) and exit")
+    mode.add_argument("--watch", nargs="?", type=float, const=DEFAULT_WATCH_S,
+                      metavar="SECONDS", help="refresh in place every SECONDS "
+                      f"(default {DEFAULT_WATCH_S:g}) until Ctrl-C")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        metavar="SECONDS", help="per request (default %(default)g)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.relay and not args.bootstrap:
+        raise ConfigError("name at least one service: --relay URL and/or --bootstrap URL")
+    if args.timeout <= 0 or (args.watch is not None and args.watch <= 0):
+        raise ConfigError("--timeout and --watch take a number of seconds > 0")
+    for url in [*args.relay, *args.bootstrap]:
+        register_uri(url)  # before anything can print it
+    relays = [normalize_url(u) for u in args.relay]
+    bootstraps = [normalize_url(u) for u in args.bootstrap]
+    last = [1]  # the watch's exit status so far (Ctrl-C ends it inside asyncio.run)
+    try:
+        return asyncio.run(_main(relays, bootstraps, args, last))
+    except KeyboardInterrupt:
+        return last[0]
+
+
+async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse.Namespace,
+                last: list[int]) -> int:
+    import aiohttp
+    from rich.console import Console
+
+    # Requests are bounded by fetch_answer's own timeout; aiohttp takes Basic auth from
+    # URLs that carry user:password.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        if args.json:
+            document = await collect(session, relays, bootstraps, args.timeout)
+            sys.stdout.write(json.dumps(document, indent=2) + "\n")
+            return exit_status(document)
+        console = Console()
+        if args.watch is None:
+            document = await collect(session, relays, bootstraps, args.timeout)
+            console.print(render(document))
+            return exit_status(document)
+        from rich.live import Live
+
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                started = time.monotonic()
+                document = await collect(session, relays, bootstraps, args.timeout)
+                last[0] = exit_status(document)
+                live.update(render(document), refresh=True)
+                await asyncio.sleep(max(0.0, args.watch - (time.monotonic() - started)))

@@ -1,0 +1,127 @@
+"""The relay's ``/metrics`` page: prometheus-client collectors over the live state.
+
+Each app gets its own ``CollectorRegistry`` (never the process-global one: tests and
+embedders run several relays in one process). The collectors read the relay, the HTTP
+counters and the consumer registry when scraped, so nothing is updated twice. Metric
+names are the ones the relay always had; prometheus-client writes a counter's samples and
+its ``# TYPE`` line with the ``_total`` the names already end in. Label values are
+escaped by prometheus-client: a client id can hold any text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from databus._http import HttpStats, http_requests_family
+from databus.relay._consumers import ConsumerRegistry
+from databus.relay._relay import Relay
+
+_BUFFER_FIELDS = [
+    ("min_scn", "Oldest window SCN held"),
+    ("max_scn", "Newest window SCN held"),
+    ("used_bytes", "Bytes of the ring in use"),
+    ("capacity_bytes", "Ring capacity"),
+    ("events", "Data events held"),
+    ("windows", "Windows held"),
+    ("input_bytes_per_second", "Average write rate since start"),
+]
+_DUMP_FAMILIES = [
+    ("dumps_active", "Dumps queued, running or paused"),
+    ("dump_rows_total", "Rows dumped into the buffer (all dumps)"),
+    ("dump_rows", "Rows dumped so far by an active dump"),
+    ("dump_estimated_rows", "Rows the source estimated for an active dump"),
+    ("dump_rows_per_second", "Rows per second of an active dump while running"),
+]
+_CONSUMER_GAUGES = [
+    ("lag_ms", "Milliseconds the oldest window the consumer was not served has waited"),
+    ("lag_scn", "Buffer max SCN minus the consumer's checkpoint SCN"),
+    ("events_per_second", "Data events per second served to the consumer (last 10 s)"),
+]
+P = "databus_relay_"
+
+
+class RelayCollector(Collector):
+    """Buffers, fetchers, HTTP counters, dumps and consumers of one relay."""
+
+    def __init__(self, relay: Relay, stats: HttpStats, consumers: ConsumerRegistry) -> None:
+        self.relay = relay
+        self.stats = stats
+        self.consumers = consumers
+
+    def collect(self) -> Iterator[Metric]:
+        buffers: dict[str, dict[str, Any]] = self.relay.status()["buffers"]
+        for name, text in _BUFFER_FIELDS:
+            gauge = GaugeMetricFamily(f"{P}buffer_{name}", text, labels=["buffer"])
+            for buffer, doc in buffers.items():
+                gauge.add_metric([buffer], float(doc[name] or 0))
+            yield gauge
+        fetchers = {n: doc.get("fetcher") or {} for n, doc in buffers.items()}
+        restarts = CounterMetricFamily(f"{P}fetcher_restarts_total",
+                                       "Fetcher restarts after an error", labels=["buffer"])
+        lag = GaugeMetricFamily(f"{P}fetcher_lag_scn", "Source SCN minus buffer max SCN",
+                                labels=["buffer"])
+        for buffer, fetcher in fetchers.items():
+            restarts.add_metric([buffer], float(fetcher.get("restarts", 0)))
+            lag.add_metric([buffer], float(fetcher.get("lag_scn") or 0))
+        yield restarts
+        yield lag
+        stats = self.stats
+        yield http_requests_family("databus_relay", stats)
+        yield CounterMetricFamily(f"{P}stream_bytes_total", "Event bytes served",
+                                  value=float(stats.bytes_served))
+        yield CounterMetricFamily(f"{P}stream_events_total", "Data events served",
+                                  value=float(stats.events_served))
+        yield GaugeMetricFamily(f"{P}long_polls", "Long polls waiting now",
+                                value=float(stats.long_polls))
+        # getattr: streaming subscriptions (relay/_streaming.py) count themselves here.
+        yield GaugeMetricFamily(f"{P}streams", "Streaming subscriptions open now",
+                                value=float(getattr(stats, "streams", 0)))
+        yield from self._dumps()
+        yield from self._consumers({n: doc.get("max_scn") for n, doc in buffers.items()})
+
+    def _dumps(self) -> Iterator[Metric]:
+        samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for name, labels, value in self.relay.dumps.metrics():
+            samples.setdefault(name.removeprefix(P), []).append((labels, value))
+        for name, text in _DUMP_FAMILIES:
+            rows = samples.get(name, [])
+            # Every sample of a family has the same label names (buffer, or buffer and
+            # dump); the family is written with no samples when there are none.
+            keys = sorted(rows[0][0]) if rows else []
+            family: Metric
+            if name.endswith("_total"):
+                family = CounterMetricFamily(f"{P}{name}", text, labels=keys)
+            else:
+                family = GaugeMetricFamily(f"{P}{name}", text, labels=keys)
+            for labels, value in rows:
+                family.add_metric([labels[k] for k in keys], value)
+            yield family
+
+    def _consumers(self, max_scns: dict[str, int | None]) -> Iterator[Metric]:
+        # One series per tracked (client id, buffer): bounded by max_tracked_consumers
+        # and by expiry, so a client inventing ids cannot grow the page without limit.
+        consumers = self.consumers.snapshot(max_scns)
+        for name, text in _CONSUMER_GAUGES:
+            gauge = GaugeMetricFamily(f"{P}consumer_{name}", text,
+                                      labels=["client_id", "buffer"])
+            for c in consumers:
+                gauge.add_metric([c["client_id"], c["buffer"]], float(c[name]))
+            yield gauge
+        yield GaugeMetricFamily(f"{P}consumers_tracked", "Consumers tracked now",
+                                value=float(len(consumers)))
+        yield CounterMetricFamily(f"{P}consumers_evicted_total",
+                                  "Consumers evicted because max_tracked_consumers were "
+                                  "tracked", value=float(self.consumers.evicted_total))
+
+
+def relay_metrics(relay: Relay, stats: HttpStats, consumers: ConsumerRegistry
+                  ) -> CollectorRegistry:
+    """A registry of its own for one relay app, holding its collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RelayCollector(relay, stats, consumers))
+    return registry

@@ -1,0 +1,449 @@
+"""The replicator's run loop: a Databus client whose consumer folds whole windows into
+batches and applies each batch to the target in one transaction with the position
+reached (docs/replicator.md).
+
+Exactly-once effect: the position lives in the target (``databus_replication_state``),
+written in the same transaction as the rows. The client's checkpoint store reads it at
+start (``TargetPosition``) and writes nothing: the client may count a window as
+committed while it still sits in an unapplied batch, so a crash replays from the
+target's last batch, never from a window the target does not have. Replaying windows
+the target already has is harmless: they are re-applied in order from a consistent
+point, each change setting a row to the state it had after its window.
+
+Threads: the client runs the consumer's callbacks in its runner thread; a flusher
+thread applies a batch that has waited ``batch_ms`` while no window arrives. Both take
+the consumer's lock, and a batch is only ever applied between windows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from databus.checkpoint import Checkpoint, Mode
+from databus.client import (
+    CallbackResult,
+    CheckpointStore,
+    Consumer,
+    DatabusClient,
+    DataEvent,
+)
+from databus.config import ReplicateConfig, ReplicatedTableConfig
+from databus.errors import DatabusError
+from databus.replicator._fold import Folder, TableFold
+from databus.replicator._model import Batch, Dialect, TableMap
+from databus.replicator._status import ReplicationStats
+from databus.replicator.targets import Target
+from databus.schemas import Schema
+
+__all__ = ["ReplicationStopped", "Replicator", "TargetPosition"]
+
+log = logging.getLogger("databus.replicator")
+
+
+class ReplicationStopped(DatabusError):
+    """The replicator stopped on an error it cannot retry (an incompatible DDL with
+    ``on_ddl = "stop"``, a row the target refuses); the message names the table, the
+    change or key, and the SCN."""
+
+    code = "replication_stopped"
+
+
+class TargetPosition(CheckpointStore):
+    """The client's checkpoint store: reads the position from the target; remembers
+    (never writes) what the client commits, for batches applied during a bootstrap."""
+
+    def __init__(self, load: Callable[[], Checkpoint | None]) -> None:
+        self._load = load
+        self.latest: Checkpoint | None = None
+
+    def load(self) -> Checkpoint | None:
+        return self._load()
+
+    def store(self, checkpoint: Checkpoint) -> None:
+        self.latest = checkpoint
+
+
+def _checkpoint_of(detail: str | None, scn: int | None) -> Checkpoint | None:
+    if detail:
+        try:
+            return Checkpoint.loads(detail)
+        except DatabusError:
+            log.warning("the target's recorded checkpoint is not one; resuming from SCN %s",
+                        scn)
+    return Checkpoint(scn) if scn is not None and scn >= 0 else None
+
+
+class ApplyConsumer(Consumer):
+    """Folds windows and applies batches (module docstring)."""
+
+    def __init__(self, config: ReplicateConfig, target: Target,
+                 maps: dict[str, TableMap], position: TargetPosition,
+                 remap: Callable[[str, Schema], TableFold | None],
+                 make_fold: Callable[[TableMap], TableFold]) -> None:
+        self.config = config
+        self.target = target
+        self.maps = maps
+        self.position = position
+        self._remap = remap
+        self.folder = Folder({s: make_fold(m) for s, m in maps.items()})
+        self._lock = threading.Lock()
+        self._batch_since: float | None = None
+        self._bootstrapping = False
+        self.fatal: BaseException | None = None
+        self.stats = ReplicationStats(config.name)
+        self._stop = threading.Event()
+        # Called when the flusher meets a fatal error: no callback answers ERROR_FATAL
+        # then (none may come while the source is idle), so the client must be told.
+        self.on_fatal: Callable[[], None] | None = None
+        self._flusher = threading.Thread(target=self._flush_when_idle, daemon=True,
+                                         name="databus-replicator-flush")
+
+    def start(self) -> None:
+        self._flusher.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._flusher.is_alive():
+            self._flusher.join(timeout=10)
+        with self._lock:
+            if self.fatal is None and not self.folder.in_window:
+                self._flush_locked()
+
+    # -- callbacks (the client's runner thread) ---------------------------------------
+
+    def on_start_bootstrap(self) -> CallbackResult:
+        self._bootstrapping = True
+        return CallbackResult.SUCCESS
+
+    def on_end_bootstrap(self) -> CallbackResult:
+        self._bootstrapping = False
+        return CallbackResult.SUCCESS
+
+    def on_start_data_event_sequence(self, scn: int) -> CallbackResult:
+        with self._lock:
+            self.folder.start_window()
+        return CallbackResult.SUCCESS
+
+    def on_start_source(self, source: str, schema: Schema | None) -> CallbackResult:
+        current = self.maps.get(source)
+        if schema is None or current is None or schema.fingerprint == current.fingerprint:
+            return CallbackResult.SUCCESS
+        with self._lock:
+            # A new schema version: the batch so far was folded with the old map.
+            if not self._flush_locked():
+                return CallbackResult.ERROR_FATAL
+            try:
+                fold = self._remap(source, schema)
+            except ReplicationStopped as exc:
+                self.fatal = exc
+                return CallbackResult.ERROR_FATAL
+            if fold is not None:
+                self.maps[source] = fold.table
+                self.folder.replace(source, fold)
+        return CallbackResult.SUCCESS
+
+    def on_data_event(self, event: DataEvent) -> CallbackResult:
+        with self._lock:
+            try:
+                self.folder.event(event.source, delete=event.is_delete, key=event.key,
+                                  value=event.value, scn=event.scn)
+            except DatabusError as exc:
+                self.fatal = exc
+                return CallbackResult.ERROR_FATAL
+        return CallbackResult.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> CallbackResult:
+        with self._lock:
+            self.folder.end_window(scn)
+            if self._batch_since is None:
+                self._batch_since = time.monotonic()
+            due = (self.folder.pending_rows >= self.config.batch_rows
+                   or time.monotonic() - self._batch_since >= self.config.batch_ms / 1000)
+            if due and not self._flush_locked():
+                return CallbackResult.ERROR_FATAL
+        return CallbackResult.SUCCESS
+
+    def on_rollback(self, scn: int) -> CallbackResult:
+        with self._lock:
+            self.folder.rollback()
+        return CallbackResult.SUCCESS
+
+    # -- applying ---------------------------------------------------------------------
+
+    def _flush_when_idle(self) -> None:
+        wait = max(self.config.batch_ms / 1000, 0.01)
+        while not self._stop.wait(wait / 2):
+            with self._lock:
+                since = self._batch_since
+                if (since is not None and not self.folder.in_window and self.fatal is None
+                        and time.monotonic() - since >= wait and not self._flush_locked()):
+                    if self.on_fatal is not None:
+                        self.on_fatal()
+                    return
+
+    def _flush_locked(self) -> bool:
+        """Apply the batch of whole windows folded so far (under the lock); False when
+        the replicator must stop (``fatal`` says why)."""
+        if self.fatal is not None:
+            return False
+        batch = self.folder.batch
+        if batch.windows == 0:
+            return True
+        batch.checkpoint = self._position(batch).dumps()
+        delay = self.config.retry_initial_s
+        while True:
+            try:
+                self.target.apply(self.config.name, self.maps, batch)
+                break
+            except DatabusError as exc:
+                self.stats.failed(str(exc))
+                if not exc.retriable:
+                    self.fatal = exc
+                    log.error("replication %s stopped: %s", self.config.name, exc)
+                    return False
+                if self._stop.is_set() and self.fatal is None:
+                    # Shutting down with the target away: the windows will be read again.
+                    return True
+                log.warning("target unavailable (%s); retrying in %.1f s", exc, delay)
+                time.sleep(delay * random.uniform(0.8, 1.0))
+                delay = min(delay * 2, self.config.retry_max_s)
+        self.folder.take()
+        self._batch_since = None
+        self.stats.applied({source: len(changes) for source, changes in batch.changes.items()},
+                           batch.scn)
+        return True
+
+    def _position(self, batch: Batch) -> Checkpoint:
+        """Where a restart resumes after ``batch``: its last window online; during a
+        bootstrap, the last checkpoint the client committed (it may lag the batch: the
+        windows in between are applied again, harmlessly)."""
+        if self._bootstrapping:
+            latest = self.position.latest
+            if latest is not None and latest.mode is not Mode.ONLINE:
+                return latest
+        return Checkpoint(batch.scn)
+
+
+class Replicator:
+    """One ``[replicate]`` section, run until stopped or a fatal error."""
+
+    def __init__(self, config: ReplicateConfig, target: Target | None = None) -> None:
+        self.config = config
+        if target is None:
+            from databus.replicator.targets import open_target
+
+            target = open_target(config.target)
+        self.target = target
+        self.client: DatabusClient | None = None
+        self.consumer: ApplyConsumer | None = None
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.stop()
+
+    def run(self) -> None:
+        asyncio.run(self.run_async())
+
+    async def run_async(self) -> None:
+        cfg = self.config
+        target = self.target
+        await asyncio.to_thread(target.open)
+        try:
+            await asyncio.to_thread(target.ensure_state)
+            schemas = await fetch_schemas(cfg.relays, [t.source for t in cfg.tables])
+            maps = await asyncio.to_thread(self._prepare_tables, schemas)
+            position = TargetPosition(self._load_position)
+            client = DatabusClient(
+                list(cfg.relays), bootstrap=list(cfg.bootstrap),
+                sources=[t.source for t in cfg.tables], checkpoint_store=position,
+                max_request_bytes=cfg.max_request_bytes,
+                # Retries of an unavailable target happen inside the callback.
+                callback_timeout=7 * 86400.0, name=f"databus-replicate-{cfg.name}",
+            )
+            dialect = target.dialect
+            consumer = ApplyConsumer(cfg, target, maps, position, self._remap,
+                                     lambda table: make_fold(table, dialect))
+            client.register(consumer)
+            self.client, self.consumer = client, consumer
+            consumer.on_fatal = client.stop
+            consumer.start()
+            consumer.stats.state = "running"
+            serving = await self._serve_status(consumer, client)
+            try:
+                await client.run_async()
+            except DatabusError:
+                if consumer.fatal is not None:
+                    raise ReplicationStopped(str(consumer.fatal)) from consumer.fatal
+                raise
+            finally:
+                consumer.stats.state = "stopped" if consumer.fatal is None else "failed"
+                await asyncio.to_thread(consumer.close)
+                if serving is not None:
+                    await serving.cleanup()
+            if consumer.fatal is not None:
+                raise ReplicationStopped(str(consumer.fatal)) from consumer.fatal
+        finally:
+            await asyncio.to_thread(target.close)
+
+    async def _serve_status(self, consumer: ApplyConsumer, client: DatabusClient) -> Any:
+        """``/v1/status``, ``/metrics`` and ``/healthz`` on ``metrics_port`` (None: off)."""
+        cfg = self.config
+        if not cfg.metrics_port:
+            return None
+        from aiohttp import web
+
+        from databus.config import redact_uri
+        from databus.replicator._status import metrics_page, status_document
+
+        def document() -> dict[str, Any]:
+            m = client.metrics
+            return status_document(consumer.stats, relay_max_scn=m.relay_max_scn,
+                                   lag_ms=m.lag_ms, target=redact_uri(cfg.target))
+
+        async def status(request: web.Request) -> web.Response:
+            return web.json_response(document())
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(body=metrics_page(document),
+                                content_type="text/plain", charset="utf-8")
+
+        async def healthz(request: web.Request) -> web.Response:
+            return web.json_response({"status": consumer.stats.state})
+
+        app = web.Application()
+        app.router.add_get("/v1/status", status)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, cfg.metrics_host, cfg.metrics_port).start()
+        log.info("replication %s: status on http://%s:%d/v1/status", cfg.name,
+                 cfg.metrics_host, cfg.metrics_port)
+        return runner
+
+    def _load_position(self) -> Checkpoint | None:
+        return _checkpoint_of(self.target.load_checkpoint(self.config.name),
+                              self.target.load_state(self.config.name))
+
+    def _table_config(self, source: str) -> ReplicatedTableConfig:
+        return next(t for t in self.config.tables if t.source == source)
+
+    def _prepare_tables(self, schemas: Mapping[str, Schema]) -> dict[str, TableMap]:
+        """The table maps for the current source schemas; creates missing tables."""
+        from databus.replicator._mapping import table_map
+
+        maps: dict[str, TableMap] = {}
+        for cfg in self.config.tables:
+            schema = schemas[cfg.source]
+            probe = table_map(cfg, schema, self.target.dialect,
+                              target_schema=self.config.target_schema or None)
+            if self.target.table_exists(probe) and not cfg.key:
+                # An existing table's own primary key is the one to merge on.
+                key = self.target.table_key(probe)
+                if key:
+                    probe = table_map(cfg, schema, self.target.dialect,
+                                      target_schema=self.config.target_schema or None,
+                                      target_key=key)
+            if not self.target.table_exists(probe):
+                self.target.create_table(probe)
+                log.info("created target table %s for %s", probe.table, cfg.source)
+            maps[cfg.source] = probe
+        return maps
+
+    def _remap(self, source: str, schema: Schema) -> TableFold | None:
+        """A new source schema version: the new map, after the target's DDL (on_ddl)."""
+        from databus.replicator._ddl import plan_ddl
+        from databus.replicator._mapping import table_map
+
+        cfg = self._table_config(source)
+        assert self.consumer is not None
+        old = self.consumer.maps[source]
+        new = table_map(cfg, schema, self.target.dialect,
+                        target_schema=self.config.target_schema or None,
+                        target_key=old.key)
+        plan = plan_ddl(old, new)
+        if plan.incompatible:
+            if self.config.on_ddl == "ignore":
+                return None
+            raise ReplicationStopped(
+                f"{source}: the source schema changed in a way the target table "
+                f"{new.table} cannot follow: {'; '.join(plan.incompatible)}")
+        if plan.changes and self.config.on_ddl == "stop":
+            raise ReplicationStopped(
+                f"{source}: the source schema changed ({'; '.join(plan.describe())}) and "
+                "on_ddl = \"stop\"")
+        if self.config.on_ddl == "ignore":
+            return None
+        for column in plan.added:
+            self.target.add_column(new, column)
+        for name in plan.dropped:
+            self.target.drop_column(new, name)
+        for column in plan.widened:
+            self.target.widen_column(new, column)
+        log.info("%s: schema version %016x applied to %s (%s)", source, schema.fingerprint,
+                 new.table, "; ".join(plan.describe()) or "no column change")
+        return make_fold(new, self.target.dialect)
+
+
+def make_fold(table: TableMap, dialect: Dialect) -> TableFold:
+    """The fold of ``table``'s events for a ``dialect`` target: a converter per column."""
+    from databus.replicator._types import converter
+
+    return TableFold(table, [converter(c.avro_type, dialect, key=c.target in table.key,
+                                       sql_type=c.sql_type) for c in table.columns])
+
+
+class _NoSchemaYet(DatabusError):
+    """The relay answers but has not read a schema of the source yet."""
+
+
+async def fetch_schemas(relays: tuple[str, ...], sources: list[str],
+                        wait_s: float = 15.0) -> dict[str, Schema]:
+    """The newest schema of each source, from the first relay that answers.
+
+    A relay that has just started knows a source's schema only once its fetcher
+    has read it: that answer is asked again for up to ``wait_s`` seconds before
+    it counts as an error, so that a replicator started beside its relay does not
+    fail on the race.
+    """
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while True:
+            last: BaseException | None = None
+            waiting = False
+            for relay in relays:
+                try:
+                    return await _schemas_from(session, relay, sources)
+                except (aiohttp.ClientError, TimeoutError, OSError, KeyError,
+                        DatabusError) as exc:
+                    last = exc
+                    waiting = waiting or isinstance(exc, _NoSchemaYet)
+            if not waiting or loop.time() >= deadline:
+                raise DatabusError(f"no relay gave the source schemas: {last}")
+            await asyncio.sleep(0.2)
+
+
+async def _schemas_from(session: Any, relay: str, sources: list[str]) -> dict[str, Schema]:
+    out: dict[str, Schema] = {}
+    for source in sources:
+        async with session.get(f"{relay.rstrip('/')}/v1/schemas",
+                               params={"source": source}) as resp:
+            doc: Any = await resp.json(content_type=None)
+            if resp.status != 200:
+                detail = doc.get("message") if isinstance(doc, dict) else doc
+                raise DatabusError(f"relay answered {resp.status} for {source}: {detail}")
+        versions = doc["versions"]
+        if not versions:
+            raise _NoSchemaYet(f"relay has no schema for {source} yet")
+        out[source] = Schema(versions[-1]["schema"])
+    return out

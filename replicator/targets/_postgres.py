@@ -1,0 +1,245 @@
+"""The PostgreSQL target (psycopg2): ``postgresql://user:pw@host:port/db[?schema=s]``.
+
+``?schema=`` names the default schema (``public`` otherwise): where the state table
+lives and where a table map without a schema goes. Other query parameters go to libpq
+as they are (``sslmode``, ...). The session runs in UTC (``TimeZone``), so a value for
+a ``timestamp`` column never depends on the server's zone.
+
+Upserts of a table: a temporary staging table with the replicated columns of the
+target table (their exact types: ``CREATE TEMP TABLE ... AS SELECT ... WITH NO DATA``),
+loaded with text ``COPY``, then merged with ``INSERT ... SELECT ... ON CONFLICT (key)
+DO UPDATE``. A staging table lives as long as the session (``ON COMMIT DELETE ROWS``
+empties it) rather than one per batch: creating and dropping tables at every batch
+churns the system catalogs. It is made again after a rollback (which may have undone
+its creation), a reconnect or DDL on its table.
+
+COPY's text format is written here for the types the type mapping produces (None,
+bool, int, float, Decimal, str, bytes, date/time/datetime, timedelta, UUID); a table
+whose rows hold any other Python type (a list for an array, a psycopg2 ``Json``) is
+loaded into its staging table with ``execute_values`` instead, which adapts any value
+psycopg2 can send. Deletes: ``DELETE ... WHERE key IN (...)`` in chunks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import math
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+
+from databus._redact import split_password
+from databus.errors import ConfigError
+from databus.replicator._model import Dialect
+from databus.replicator.targets._base import SqlTarget, TableWork
+from databus.replicator.targets._sql import SqlDialect, dialect_sql
+
+__all__ = ["PostgresTarget", "copy_text"]
+
+# libpq's own failures at connect that no retry will fix.
+_CONNECT_REFUSALS = ("password authentication failed", "no pg_hba.conf entry",
+                     "does not exist", "permission denied", "authentication failed",
+                     "invalid dsn", "invalid connection option", "invalid sslmode")
+
+# -- COPY text format ------------------------------------------------------------------------
+
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_NEEDS_ESCAPE = re.compile(r"[\\\t\n\r]")
+
+
+def _copy_str(value: str) -> str:
+    # The search first: most text has nothing to escape, and translate() walks every
+    # character through a dict.
+    return value.translate(_ESCAPES) if _NEEDS_ESCAPE.search(value) else value
+
+
+def _copy_float(value: float) -> str:
+    if math.isfinite(value):
+        return repr(value)  # repr is exact (shortest round-trip) for a float8
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _copy_bytes(value: bytes | bytearray | memoryview) -> str:
+    # bytea's hex input "\x..."; the backslash itself escaped for COPY's text format.
+    return "\\\\x" + bytes(value).hex()
+
+
+def _copy_datetime(value: dt.datetime) -> str:
+    # An aware value in UTC, as psycopg2 would send it into a session in UTC: into a
+    # timestamptz the same instant; into a timestamp (which drops an offset as it
+    # reads one) the UTC wall time, as psycopg2's timestamptz -> timestamp cast gives.
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC)
+    return value.isoformat(" ")
+
+
+def _copy_timedelta(value: dt.timedelta) -> str:
+    return f"{value.days} days {value.seconds}.{value.microseconds:06d} seconds"
+
+
+_COPY_FORMAT: dict[type, Callable[[Any], str]] = {
+    str: _copy_str,
+    int: int.__repr__,
+    bool: lambda v: "t" if v else "f",
+    float: _copy_float,
+    Decimal: str,
+    bytes: _copy_bytes,
+    bytearray: _copy_bytes,
+    memoryview: _copy_bytes,
+    dt.datetime: _copy_datetime,
+    dt.date: dt.date.isoformat,
+    dt.time: dt.time.isoformat,
+    dt.timedelta: _copy_timedelta,
+    uuid.UUID: str,
+}
+
+
+def copy_text(rows: Sequence[Sequence[Any]]) -> str | None:
+    """``rows`` in COPY's text format (tab-separated, ``\\N`` for NULL, one line a row),
+    or None when a value's type is not one written here (by exact type: an ``IntEnum``
+    or a ``str`` subclass goes through the driver's adaptation instead)."""
+    fmt = _COPY_FORMAT
+    try:
+        lines = ["\t".join(["\\N" if v is None else fmt[type(v)](v) for v in row])
+                 for row in rows]
+    except KeyError:
+        return None
+    lines.append("")
+    return "\n".join(lines)
+
+
+class PostgresTarget(SqlTarget):
+    dialect: Dialect = "postgresql"
+    sql: ClassVar[SqlDialect] = dialect_sql("postgresql")
+    driver_errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg2.Error,)
+    delete_chunk: ClassVar[int] = 1000
+
+    def __init__(self, url: str, *, connect_timeout: float = 10.0) -> None:
+        super().__init__(url)
+        # libpq gets the password as its own argument, never inside the URL: a parser
+        # that chokes on an unencoded '%' or '@' in it would quote it in its error.
+        url_without_password, self._password = split_password(url)
+        try:
+            parts = urlsplit(url_without_password)
+            query = dict(parse_qsl(parts.query))
+        except ValueError:
+            raise ConfigError(f"malformed PostgreSQL target URL {self.where}") from None
+        self.default_schema = query.pop("schema", "public") or "public"
+        self._dsn = urlunsplit(parts._replace(query=urlencode(query)))
+        self._connect_timeout = max(1, round(connect_timeout))
+        # source name -> (staging table, what it was made for: target and columns).
+        self._staging: dict[str, tuple[str, tuple[Any, ...]]] = {}
+        self._stage_ids: dict[str, int] = {}
+
+    def _connect(self) -> Any:
+        kwargs: dict[str, Any] = {} if self._password is None else {"password": self._password}
+        conn = psycopg2.connect(
+            self._dsn, connect_timeout=self._connect_timeout,
+            application_name="databus-replicator",
+            options="-c TimeZone=UTC -c client_encoding=UTF8",
+            keepalives=1, keepalives_idle=10, keepalives_interval=3, keepalives_count=3,
+            **kwargs)
+        conn.autocommit = False
+        return conn
+
+    def _retriable(self, exc: BaseException) -> bool:
+        # OperationalError covers a lost connection and the server's "try later"
+        # classes: 08 connection, 40 deadlock/serialization, 53 out of disk or
+        # connections, 55P03 lock timeout, 57 shutdown or cancel, 58 I/O.
+        if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+            return True
+        return self._conn is not None and bool(self._conn.closed)
+
+    def _connect_retriable(self, exc: BaseException) -> bool:
+        text = str(exc).lower()
+        return not any(refusal in text for refusal in _CONNECT_REFUSALS)
+
+    def _after_rollback(self) -> None:
+        self._staging.clear()
+
+    def _after_ddl(self) -> None:
+        self._staging.clear()
+
+    # -- catalog ---------------------------------------------------------------------------
+
+    def _table_exists(self, cur: Any, schema: str | None, table: str) -> bool:
+        cur.execute(
+            "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+            (schema, table))
+        return cur.fetchone() is not None
+
+    def _table_columns(self, cur: Any, schema: str | None,
+                       table: str) -> list[tuple[str, str, bool]]:
+        cur.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull"
+            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')"
+            " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (schema, table))
+        return [(str(name), str(type_), bool(nullable))
+                for name, type_, nullable in cur.fetchall()]
+
+    def _table_key(self, cur: Any, schema: str | None, table: str) -> tuple[str, ...]:
+        cur.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY (i.indkey)"
+            " WHERE n.nspname = %s AND c.relname = %s AND i.indisprimary"
+            " ORDER BY array_position(i.indkey::int2[], a.attnum)",
+            (schema, table))
+        return tuple(str(name) for (name,) in cur.fetchall())
+
+    def _ensure_schema(self, cur: Any, schema: str | None) -> None:
+        if not schema:
+            return
+        cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+        if cur.fetchone() is None:
+            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.sql.ident(schema)}", ())
+
+    # -- rows --------------------------------------------------------------------------------
+
+    def _stage(self, cur: Any, work: TableWork) -> str:
+        """The staging table of ``work``'s source (unquoted name, in pg_temp), made
+        now if there is none for this target table and these columns."""
+        t = work.table
+        made_for = (work.qname, tuple((c.target, c.target_type) for c in t.columns))
+        known = self._staging.get(work.source)
+        if known is not None and known[1] == made_for:
+            return known[0]
+        # One per source, not per target table: two sources into one table each stage
+        # their own rows.
+        name = f"databus_stage_{self._stage_ids.setdefault(work.source, len(self._stage_ids))}"
+        cols = self.sql.columns([c.target for c in t.columns])
+        cur.execute(f"DROP TABLE IF EXISTS pg_temp.{name}", ())
+        cur.execute(f"CREATE TEMP TABLE {name} ON COMMIT DELETE ROWS AS "
+                    f"SELECT {cols} FROM {work.qname} WITH NO DATA", ())
+        self._staging[work.source] = (name, made_for)
+        return name
+
+    def _upsert(self, cur: Any, work: TableWork) -> None:
+        t = work.table
+        names = [c.target for c in t.columns]
+        rows = [c.row for c in work.upserts if c.row is not None]
+        stage = self._stage(cur, work)
+        text = copy_text(rows)
+        if text is not None:
+            cur.copy_expert(
+                f"COPY pg_temp.{stage} ({self.sql.columns(names, raw=True)}) FROM STDIN",
+                io.BytesIO(text.encode("utf-8")), size=1 << 18)
+        else:
+            psycopg2.extras.execute_values(
+                cur, f"INSERT INTO pg_temp.{stage} ({self.sql.columns(names)}) VALUES %s",
+                rows, page_size=1000)
+        cols = self.sql.columns(names)
+        cur.execute(f"INSERT INTO {work.qname} ({cols}) SELECT {cols} FROM pg_temp.{stage}"
+                    + self.sql.upsert_tail(t), ())
