@@ -28,14 +28,14 @@ import pymysql
 import pytest
 
 from databus.fetchers.mysql._types import decimal_fixed_size
-from databus.replicator._model import Dialect
-from databus.replicator._types import (
+from databus.replicator import (
     MYSQL_SESSION_SQL,
     column_type,
     converter,
     normalize,
     nullable,
 )
+from databus.replicator._model import Dialect
 from tests.fixtures.servers import MariaDBServer, PostgresServer
 
 pytestmark = pytest.mark.integration

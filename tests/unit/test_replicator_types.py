@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 
 from databus.fetchers.mysql._types import ColumnSpec, Kind, avro_field_type
 from databus.fetchers.txlog._schema import field_mapping
-from databus.replicator._model import Dialect
-from databus.replicator._types import (
+from databus.replicator import (
     MYSQL_SESSION_SQL,
     UnmappableTypeError,
     column_type,
@@ -27,6 +26,7 @@ from databus.replicator._types import (
     nullable,
     unmappable,
 )
+from databus.replicator._model import Dialect
 
 UTC = dt.UTC
 IST = dt.timezone(dt.timedelta(hours=5, minutes=30))
