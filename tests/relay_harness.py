@@ -194,7 +194,7 @@ class RelayProcess:
     """``databus relay --config FILE`` as a child process (for kill -9 tests)."""
 
     def __init__(self, tmp_path: Path, buffers: dict[str, str], capacity_mb: int = 4,
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, admin_token: str | None = None) -> None:
         self.port = free_port()
         self.config_path = tmp_path / "relay.toml"
         lines = [
@@ -204,6 +204,8 @@ class RelayProcess:
         ]
         if workers is not None:  # else relay.workers' default: one process per core
             lines.append(f"workers = {workers}")
+        if admin_token is not None:
+            lines.append(f'admin_token = "{admin_token}"')
         for name, source in buffers.items():
             lines += ["[[relay.buffers]]", f'name = "{name}"', f"capacity_mb = {capacity_mb}",
                       f'source = "{source}"']

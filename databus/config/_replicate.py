@@ -11,6 +11,8 @@ target_schema = "public"
 batch_rows = 5000
 batch_ms = 500
 on_ddl = "apply"
+initial_copy = "auto"                 # or "dump": the relay dumps the tables first
+relay_admin_token = "${RELAY_ADMIN_TOKEN}"  # needed by initial_copy = "dump"
 
 [[replicate.tables]]
 source = "shop.orders"
@@ -28,7 +30,7 @@ from typing import Literal
 
 from databus._redact import register_uri
 from databus.config._checks import ConfigFieldError, check_name, check_range
-from databus.config._secrets import redact_uri
+from databus.config._secrets import Secret, redact_uri
 
 __all__ = ["ReplicateConfig", "ReplicatedTableConfig"]
 
@@ -97,6 +99,13 @@ class ReplicateConfig:
     # Where the replicator serves /metrics and /v1/status (0: not at all).
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    # How the rows that exist before the first start get there: "auto" leaves it to
+    # the client (a bootstrap snapshot when a bootstrap service is configured, else
+    # what the relay holds); "dump" asks the relay for a dump of the tables (DESIGN
+    # 8.1), read from the relay's newest SCN at that moment, which needs the relay's
+    # admin token.
+    initial_copy: Literal["auto", "dump"] = "auto"
+    relay_admin_token: Secret | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "name")
@@ -120,6 +129,11 @@ class ReplicateConfig:
         check_range(self.metrics_port, "metrics_port", min=0, max=65535)
         if not 0 < self.retry_initial_s <= self.retry_max_s:
             raise ConfigFieldError("retry_initial_s", "must be > 0 and <= retry_max_s")
+        if self.initial_copy not in ("auto", "dump"):
+            raise ConfigFieldError("initial_copy", "must be \"auto\" or \"dump\"")
+        if self.initial_copy == "dump" and not self.relay_admin_token:
+            raise ConfigFieldError("relay_admin_token",
+                                   "initial_copy = \"dump\" needs the relays' admin token")
 
     def __repr__(self) -> str:
         return (f"ReplicateConfig(name={self.name!r}, relays={self.relays!r}, "

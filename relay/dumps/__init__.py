@@ -4,12 +4,14 @@ and interleaved with the change stream through watermarks.
 - ``_sink``: the watermark step between a fetcher and its buffer (pure, no I/O);
 - ``_engine``: the dump manager and one worker per buffer (threads, the source's
   connection);
-- ``_state``: dump records and the ``dumps.json`` file that makes them resumable.
+- ``_state``: dump records and the ``dumps.json`` file that makes them resumable;
+- ``_admin_client``: ``RelayAdmin``, a blocking client of a relay's dump endpoints.
 """
 
+from databus.relay.dumps._admin_client import RelayAdmin, RelayAnswerError
 from databus.relay.dumps._engine import DumpManager, DumpPort, DumpRequest
 from databus.relay.dumps._sink import Chunk, DumpSink
 from databus.relay.dumps._state import Dump, TableProgress
 
 __all__ = ["Chunk", "Dump", "DumpManager", "DumpPort", "DumpRequest", "DumpSink",
-           "TableProgress"]
+           "RelayAdmin", "RelayAnswerError", "TableProgress"]

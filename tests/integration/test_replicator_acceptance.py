@@ -13,6 +13,10 @@ the workload) and started again each time. At the end:
 - the SCN the target recorded equals the SCN of the last source transaction, found in
   the server's own binlog (the end of the transaction whose GTID the session reports),
   not taken from the relay.
+
+And the initial copy through a relay dump (``initial_copy = "dump"``): the rows that
+existed before the relay started reach PostgreSQL through the dump while a writer
+changes them, with a kill -9 of the replicator in the middle of the dump.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import psycopg2
 import pymysql
 import pytest
 
-from databus.fetchers.mysql import make_scn
+from databus.fetchers.mysql import BinlogSourceConfig, make_scn
+from databus.fetchers.mysql._dump import setup_statements
 from databus.fetchers.mysql._scn import binlog_file_number
 from databus.replicator import normalize
 from tests.fixtures.servers import MariaDBServer, PostgresServer
@@ -48,6 +53,7 @@ from tests.integration.sakila_support import (
     SAKILA_SCHEMA,
     SAKILA_TABLES,
     load_sakila_rows,
+    load_sakila_shape,
 )
 from tests.relay_harness import RelayProcess
 
@@ -235,12 +241,12 @@ class Replicator:
     """``databus replicate --config FILE`` as a child process."""
 
     def __init__(self, tmp_path: Path, relay_url: str, target_url: str,
-                 sources: list[str]) -> None:
+                 sources: list[str], *extra: str) -> None:
         self.config_path = tmp_path / "replicate.toml"
         self.config_path.write_text("\n".join([
             "[replicate]", f'name = "{NAME}"', f'relays = ["{relay_url}"]',
             f'target = "{target_url}"', "batch_rows = 500", "batch_ms = 100",
-            "retry_initial_s = 0.2", "retry_max_s = 1.0",
+            "retry_initial_s = 0.2", "retry_max_s = 1.0", *extra,
             *[f'[[replicate.tables]]\nsource = "{s}"' for s in sources]]) + "\n")
         self.log_path = tmp_path / "replicate.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -364,6 +370,73 @@ def test_sakila_loaded_and_changed_while_replicating_with_three_kill_9s(
         repl.cleanup()
         relay.kill()
         sql.close()
+
+
+def test_rows_that_existed_before_come_through_a_relay_dump(
+        mariadb_server: MariaDBServer, postgres_server: PostgresServer, tmp_path: Path) -> None:
+    db = "rdump_" + uuid.uuid4().hex[:8]
+    sql = fresh_database(mariadb_server, db)
+    uri = source_uri(mariadb_server, f"{db}.*", watermark_table=f"{db}.databus_watermark")
+    sql.run(*setup_statements(BinlogSourceConfig.from_uri(uri)))
+    load_sakila_shape(sql)  # before the relay: only a dump can bring these rows
+    for _ in range(4):  # payments enough for a dump of many chunks, killed in the middle
+        sql.run("INSERT INTO payment (staff_id, amount, payment_date) SELECT staff_id, "
+                "amount + 1, payment_date FROM payment LIMIT 5000")
+    sources = [f"{db}.{t}" for t in SAKILA_TABLES]
+    relay = RelayProcess(tmp_path, {"src": uri}, capacity_mb=64, workers=1,
+                         admin_token="dump-secret")
+    relay.start()
+    target_schema = _pg_target(postgres_server)
+    target = next(target_schema)  # its schema goes when the generator is closed
+    repl = Replicator(tmp_path, relay.url, target.url, sources, 'initial_copy = "dump"',
+                      'relay_admin_token = "dump-secret"')
+    writer = RandomWriter(mariadb_server, db, seed=7)
+    try:
+        _wait_relay_running(relay)
+        writer.start()
+        repl.start()
+        wait_until(lambda: (target.scn() or -1) > 0, "a first batch", repl)
+        during = _relay_json(relay, "/v1/dumps")["dumps"][0]["state"]
+        repl.kill()  # the dump is under way: the next start resumes, asks no new dump
+        repl.start()
+        time.sleep(min(SECONDS / 3, 10))
+        writer.stop()
+        dumps = _relay_json(relay, "/v1/dumps")["dumps"]
+        assert len(dumps) == 1 and sorted(t["source"] for t in dumps[0]["tables"]) == sorted(sources)
+        wait_until(lambda: _relay_json(relay, f"/v1/dumps/{dumps[0]['id']}")["state"]
+                   == "done", "the dump done", repl)
+        print(f"the dump was {during} at the kill")
+        last = last_transaction_scn(sql, "UPDATE language SET name = 'Last' "
+                                         "WHERE language_id = 2")
+        wait_until(lambda: (target.scn() or -1) >= last, f"the target at SCN {last}", repl)
+        for table, source in zip(SAKILA_TABLES, sources, strict=True):
+            _assert_table_equal(sql, target, table, relay_schemas(relay, source))
+        assert repl.stop() == 0, repl.log()
+    finally:
+        if writer.is_alive():
+            writer.halt.set()
+        repl.cleanup()
+        relay.kill()
+        sql.close()
+        target_schema.close()
+
+
+def _relay_json(relay: RelayProcess, path: str) -> Any:
+    with urllib.request.urlopen(relay.url + path, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def _wait_relay_running(relay: RelayProcess) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            fetcher = relay.status()["buffers"]["src"]["fetcher"]
+            if fetcher["state"] == "running" and fetcher["source_scn"] is not None:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the relay's fetcher did not start"
+        time.sleep(0.1)
 
 
 def _has_tables(target: Target) -> bool:

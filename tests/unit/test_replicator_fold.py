@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,3 +129,23 @@ def test_the_example_config_loads() -> None:
     assert [t.source for t in config.tables] == ["shop.orders", "shop.order_items"]
     assert config.tables[1].rename == {"sku": "product_code"}
     assert "s3cret" not in repr(config)
+
+
+def test_initial_copy_by_dump_needs_the_relay_admin_token(tmp_path: Path) -> None:
+    from databus.config import load_config
+    from databus.errors import ConfigError
+
+    path = tmp_path / "replicate.toml"
+    base = ('[replicate]\nname = "r"\nrelays = ["http://127.0.0.1:1"]\n'
+            'target = "sqlite:///x.db"\n[[replicate.tables]]\nsource = "a.b"\n')
+    path.write_text(base.replace('name = "r"\n', 'name = "r"\ninitial_copy = "dump"\n'))
+    with pytest.raises(ConfigError, match="relay_admin_token"):
+        load_config(path)
+    path.write_text(base.replace('name = "r"\n', 'name = "r"\ninitial_copy = "dump"\n'
+                                 'relay_admin_token = "${TOKEN}"\n'))
+    config = load_config(path, env={"TOKEN": "t0ken-value"}).replicate
+    assert config is not None and config.initial_copy == "dump"
+    assert "t0ken-value" not in repr(config)
+    path.write_text(base.replace('name = "r"\n', 'name = "r"\ninitial_copy = "copy"\n'))
+    with pytest.raises(ConfigError, match="initial_copy"):
+        load_config(path)
