@@ -94,7 +94,10 @@ def assess_table(table: TableMap, dialect: Dialect,
 
 async def assess(config: ReplicateConfig, target: Any,
                  bootstrap_rows: Mapping[str, int] | None = None) -> list[TableReport]:
-    """Every table of ``config`` against the relays' schemas and the target."""
+    """Every table of ``config`` against the relays' schemas and the target;
+    ``bootstrap_rows``: rows per source the bootstrap snapshot holds, for the reports'
+    ``estimated_rows`` (``databus replicate assess`` reads them with
+    ``_status.bootstrap_rows``, the count the initial copy's progress measures against)."""
     import asyncio
 
     from databus.replicator._mapping import MappingError, table_map

@@ -37,7 +37,7 @@ from databus.config import ReplicateConfig, ReplicatedTableConfig
 from databus.errors import DatabusError
 from databus.replicator._fold import Folder, TableFold
 from databus.replicator._model import Batch, Dialect, TableMap
-from databus.replicator._status import ReplicationStats
+from databus.replicator._status import ReplicationStats, estimate_copies
 from databus.replicator.targets import Target
 from databus.schemas import Schema
 
@@ -61,9 +61,11 @@ class TargetPosition(CheckpointStore):
     def __init__(self, load: Callable[[], Checkpoint | None]) -> None:
         self._load = load
         self.latest: Checkpoint | None = None
+        self.loaded: Checkpoint | None = None  # what the client started from
 
     def load(self) -> Checkpoint | None:
-        return self._load()
+        self.loaded = self._load()
+        return self.loaded
 
     def store(self, checkpoint: Checkpoint) -> None:
         self.latest = checkpoint
@@ -119,10 +121,19 @@ class ApplyConsumer(Consumer):
 
     def on_start_bootstrap(self) -> CallbackResult:
         self._bootstrapping = True
+        # The copy's progress (replicator/_progress.py) says how it began: from nothing,
+        # resumed, or a delta since the last checkpoint.
+        self.stats.copy_started(list(self.maps), self.position.latest or self.position.loaded)
         return CallbackResult.SUCCESS
 
     def on_end_bootstrap(self) -> CallbackResult:
         self._bootstrapping = False
+        with self._lock:
+            # The copy's last rows go to the target now, so that its end (the progress
+            # line, /v1/status) counts them all.
+            if not self.folder.in_window and not self._flush_locked():
+                return CallbackResult.ERROR_FATAL
+        self.stats.copy_done()
         return CallbackResult.SUCCESS
 
     def on_start_data_event_sequence(self, scn: int) -> CallbackResult:
@@ -275,6 +286,9 @@ class Replicator:
             consumer.start()
             consumer.stats.state = "running"
             serving = await self._serve_status(consumer, client)
+            # The copy's estimated size, from the bootstrap service (replicator/_status.py).
+            estimating = (asyncio.create_task(estimate_copies(consumer.stats, cfg.bootstrap))
+                          if cfg.bootstrap else None)
             try:
                 await client.run_async()
             except DatabusError:
@@ -282,6 +296,8 @@ class Replicator:
                     raise ReplicationStopped(str(consumer.fatal)) from consumer.fatal
                 raise
             finally:
+                if estimating is not None:
+                    estimating.cancel()
                 consumer.stats.state = "stopped" if consumer.fatal is None else "failed"
                 await asyncio.to_thread(consumer.close)
                 if serving is not None:

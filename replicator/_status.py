@@ -6,22 +6,30 @@ Per table: rows applied and rows per second (over the last minute of batches); f
 replication: the SCN applied (recorded in the target), the relay's newest SCN, the lag
 in SCN and in milliseconds (the client's: how far the consumer is behind the relay's
 newest window), batches applied, errors, the last error's text (status only: an error
-text is no metric label).
+text is no metric label); and the copy through the bootstrap service, while and after
+it runs (``initial_copy``: rows per table of an estimate, rate, ETA; ``_progress.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import logging
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["ReplicationStats", "status_document"]
+from databus.checkpoint import Checkpoint
+from databus.replicator._progress import CopyView, Start, start_kind, status_fields
+
+__all__ = ["ReplicationStats", "bootstrap_rows", "estimate_copies", "status_document"]
+
+log = logging.getLogger("databus.replicator")
 
 P = "databus_replicator_"
 _RATE_WINDOW_S = 60.0
@@ -41,6 +49,15 @@ class ReplicationStats:
         self.applied_scn: int | None = None
         self.last_error: str | None = None
         self.state = "starting"
+        # The copy through the bootstrap service (the last one of this process).
+        self._copy = 0
+        self._copy_state: Literal["running", "done"] | None = None
+        self._copy_start: Start | None = None
+        self._copy_rows: dict[str, int] = {}
+        self._copy_estimated: dict[str, int | None] = {}
+        self._copy_began = 0.0
+        self._copy_ended: float | None = None
+        self._copy_asked = 0  # the copy whose estimate was asked for
 
     def applied(self, rows_by_table: dict[str, int], scn: int) -> None:
         now = self._clock()
@@ -48,6 +65,8 @@ class ReplicationStats:
             for table, n in rows_by_table.items():
                 self.rows[table] += n
                 self._recent.append((now, table, n))
+                if self._copy_state == "running":
+                    self._copy_rows[table] = self._copy_rows.get(table, 0) + n
             self.batches += 1
             self.applied_scn = scn
             self._trim(now)
@@ -56,6 +75,64 @@ class ReplicationStats:
         with self._lock:
             self.errors += 1
             self.last_error = error
+
+    # -- the copy through the bootstrap service ----------------------------------------
+
+    def copy_started(self, sources: Sequence[str], start: Checkpoint | None) -> None:
+        """The client began a bootstrap (``on_start_bootstrap``) resuming from ``start``
+        (None: no position at all). Called again before ``copy_done`` (the client
+        bootstraps again from its last checkpoint after a rollback), the same copy goes
+        on."""
+        with self._lock:
+            if self._copy_state == "running":
+                return
+            self._copy += 1
+            self._copy_state = "running"
+            self._copy_start = start_kind(start)
+            self._copy_rows = dict.fromkeys(sources, 0)
+            self._copy_estimated = dict.fromkeys(sources)
+            self._copy_began = self._clock()
+            self._copy_ended = None
+
+    def copy_done(self) -> None:
+        """The bootstrap ended and its last rows are in the target."""
+        with self._lock:
+            if self._copy_state == "running":
+                self._copy_state = "done"
+                self._copy_ended = self._clock()
+
+    def copy_to_estimate(self) -> int | None:
+        """The running copy whose estimate is to be asked for (once): one that starts
+        from empty, the only kind a snapshot's row count says the size of."""
+        with self._lock:
+            if (self._copy_state != "running" or self._copy_asked == self._copy
+                    or self._copy_start != "empty"):
+                return None
+            self._copy_asked = self._copy
+            return self._copy
+
+    def copy_estimate_failed(self, copy: int) -> None:
+        """Ask again later (the bootstrap service may be starting, as the client's
+        pulls find too)."""
+        with self._lock:
+            if self._copy_asked == copy:
+                self._copy_asked = 0
+
+    def set_copy_estimates(self, copy: int, rows: Mapping[str, int]) -> None:
+        with self._lock:
+            if copy == self._copy:
+                for source in self._copy_estimated:
+                    self._copy_estimated[source] = rows.get(source)
+
+    def copy_view(self) -> CopyView:
+        with self._lock:
+            if self._copy_state is None:
+                return CopyView()
+            end = self._copy_ended if self._copy_ended is not None else self._clock()
+            return CopyView(copy=self._copy, state=self._copy_state,
+                            start=self._copy_start, rows=dict(self._copy_rows),
+                            estimated=dict(self._copy_estimated),
+                            elapsed_s=max(0.0, end - self._copy_began))
 
     def _trim(self, now: float) -> None:
         while self._recent and now - self._recent[0][0] > _RATE_WINDOW_S:
@@ -93,6 +170,7 @@ def status_document(stats: ReplicationStats, *, relay_max_scn: int | None,
         "last_error": stats.last_error,
         "tables": {t: {"rows_applied": stats.rows[t], "rows_per_second": round(rates[t], 1)}
                    for t in sorted(stats.rows)},
+        "initial_copy": status_fields(stats.copy_view()),
     }
 
 
@@ -112,6 +190,7 @@ class _Collector(Collector):
             rate.add_metric([name, table], t["rows_per_second"])
         yield rows
         yield rate
+        yield from _copy_metrics(name, doc["initial_copy"])
         for key, kind, text in [
             ("applied_scn", GaugeMetricFamily, "SCN recorded in the target with the last batch"),
             ("lag_scn", GaugeMetricFamily, "Relay newest SCN minus the applied SCN"),
@@ -122,6 +201,76 @@ class _Collector(Collector):
             family = kind(f"{P}{key}", text, labels=["replication"])
             family.add_metric([name], float(doc[key] or 0))
             yield family
+
+
+def _copy_metrics(name: str, copy: dict[str, Any]) -> Iterator[Metric]:
+    running = GaugeMetricFamily(f"{P}initial_copy_running", "1 while a copy through the "
+                                "bootstrap service runs", labels=["replication"])
+    running.add_metric([name], float(copy["state"] == "running"))
+    yield running
+    rows = GaugeMetricFamily(f"{P}initial_copy_rows", "Rows copied by the current or last "
+                             "copy through the bootstrap service", labels=["replication", "table"])
+    estimated = GaugeMetricFamily(f"{P}initial_copy_estimated_rows", "Rows the bootstrap "
+                                  "snapshot held when the copy began (a copy from empty)",
+                                  labels=["replication", "table"])
+    for table, t in copy["tables"].items():
+        rows.add_metric([name, table], float(t["rows"]))
+        if t["estimated_rows"] is not None:
+            estimated.add_metric([name, table], float(t["estimated_rows"]))
+    yield rows
+    yield estimated
+    # No sample while unknown: a 0 would read as "done now".
+    eta = GaugeMetricFamily(f"{P}initial_copy_eta_seconds", "Seconds the running copy "
+                            "needs at its average rate", labels=["replication"])
+    if copy["eta_s"] is not None:
+        eta.add_metric([name], float(copy["eta_s"]))
+    yield eta
+
+
+# -- the copy's estimate, from the bootstrap service --------------------------------------
+
+
+async def bootstrap_rows(urls: Sequence[str], *, timeout_s: float = 10.0
+                         ) -> dict[str, int] | None:
+    """Live rows per source in the bootstrap snapshot, from the first bootstrap service
+    that answers its ``/v1/status`` (``snapshot_rows``: the store counts them, one
+    query per source, docs/bootstrap.md); None when none answers. No new endpoint is
+    needed, and nothing is written."""
+    import aiohttp
+
+    from databus.config import redact_uri
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for url in urls:
+            try:
+                async with session.get(f"{url.rstrip('/')}/v1/status") as resp:
+                    doc: Any = await resp.json(content_type=None)
+                if resp.status != 200 or not isinstance(doc.get("snapshot_rows"), dict):
+                    raise ValueError(f"answered {resp.status} without snapshot_rows")
+                return {str(k): int(v) for k, v in doc["snapshot_rows"].items()}
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError, TypeError,
+                    AttributeError) as exc:
+                log.debug("bootstrap service %s gave no row count: %s", redact_uri(url), exc)
+    return None
+
+
+async def estimate_copies(stats: ReplicationStats, urls: Sequence[str], *,
+                          poll_s: float = 0.2, retry_s: float = 2.0) -> None:
+    """Runs beside the client: gives each copy from empty its estimate, asked when the
+    copy begins (the client's callbacks run in its runner thread, so they are polled
+    rather than awaited)."""
+    while True:
+        await asyncio.sleep(poll_s)
+        copy = stats.copy_to_estimate()
+        if copy is None:
+            continue
+        rows = await bootstrap_rows(urls)
+        if rows is None:
+            stats.copy_estimate_failed(copy)
+            await asyncio.sleep(retry_s)
+        else:
+            stats.set_copy_estimates(copy, rows)
 
 
 def metrics_page(document: Any) -> bytes:

@@ -11,6 +11,9 @@ captured by triggers and written by a writer thread, a ``databus relay`` process
   run stops naming the table, the key and the SCN;
 - a target UNIQUE index two source rows violate: a stop naming the table, no part of
   the failing batch applied;
+- a NULL for a target column that is NOT NULL: ``assess`` blocks, and a run started
+  anyway stops naming the table, the key, the column and the SCN, nothing of the batch
+  applied;
 - an incompatible DDL (a NOT NULL column added) stops; a compatible one (a nullable
   column) is applied with on_ddl = "apply";
 - the replicator down while more than the relay holds goes by: at restart it falls
@@ -31,7 +34,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,7 +223,8 @@ class ReplicatorProcess:
     """``databus replicate [assess] --config FILE`` as child processes."""
 
     def __init__(self, tmp_path: Path, relay_url: str, target_url: str, *,
-                 on_ddl: str = "apply", bootstrap: str | None = None) -> None:
+                 on_ddl: str = "apply", bootstrap: str | None = None,
+                 settings: Sequence[str] = ()) -> None:
         self.config_path = tmp_path / "replicate.toml"
         self.config_path.write_text("\n".join([
             "[replicate]",
@@ -233,6 +237,7 @@ class ReplicatorProcess:
             "retry_initial_s = 0.2",
             "retry_max_s = 1.0",
             f'on_ddl = "{on_ddl}"',
+            *settings,  # more of [replicate] (``key = value`` lines)
             "[[replicate.tables]]",
             'source = "shop.orders"',
         ]) + "\n")
@@ -530,6 +535,43 @@ def test_a_target_constraint_violated_stops_without_a_partial_batch(
     assert "orders" in error and "key (52)" in error and f"SCN {bad}" in error, log
     assert target.scn() == top  # not moved past the failing batch
     assert not {50, 51, 52} & {r[0] for r in target.rows()}  # nothing of it applied
+
+
+def test_a_null_into_a_not_null_target_column_stops_without_a_partial_batch(
+        tmp_path: Path, target: Target, processes: list[Any]) -> None:
+    # The source's qty allows NULL; the target's does not (a table made by hand).
+    target.execute(f"CREATE TABLE {target.qname('orders')} (id bigint PRIMARY KEY, "
+                   "tag text NOT NULL, qty bigint NOT NULL, note text)")
+    src = new_source(tmp_path)
+    relay = started_relay(tmp_path, src)
+    processes.append(relay)
+    repl = ReplicatorProcess(tmp_path, relay.url, target.url)
+    processes.append(repl)
+
+    # assess blocks on it, before anything is written ...
+    result = repl.assess()
+    assert result.returncode == 1, result
+    assert "BLOCKING: column qty is NOT NULL in the target, but the source sends NULLs" \
+        in result.stdout, result
+    # ... and a run started anyway goes on while no NULL comes.
+    repl.start()
+    top = caught_up(relay, repl, target)
+    assert_equal(src, target, top)
+
+    # One window (so one batch): a fine row, then a NULL for qty.
+    src.txn("INSERT INTO orders (id, tag, qty, note) VALUES (70, 'ok', 1, 'fine')",
+            "INSERT INTO orders (id, tag, qty, note) VALUES (71, 'n', NULL, 'x')")
+    bad = relay_settled(relay)
+    assert bad > top
+    assert repl.wait_exit() != 0
+    log = repl.log()
+    error = next((line for line in log.splitlines() if "error:" in line), log)
+    # The table, the key, the column and the SCN, in the target's own words.
+    assert "table " in error and "orders" in error and "shop.orders" in error, log
+    assert "key (71)" in error and f"at SCN {bad}" in error, log
+    assert "qty" in error and re.search(r"not.null", error, re.IGNORECASE), log
+    assert target.scn() == top  # not moved past the failing batch
+    assert not {70, 71} & {r[0] for r in target.rows()}  # nothing of it applied
 
 
 # -- 5. DDL ---------------------------------------------------------------------------
