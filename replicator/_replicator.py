@@ -269,7 +269,7 @@ class Replicator:
             await asyncio.to_thread(target.ensure_state)
             schemas = await fetch_schemas(cfg.relays, [t.source for t in cfg.tables])
             maps = await asyncio.to_thread(self._prepare_tables, schemas)
-            position = TargetPosition(self._load_position)
+            position = TargetPosition(await self._first_position())
             client = DatabusClient(
                 list(cfg.relays), bootstrap=list(cfg.bootstrap),
                 sources=[t.source for t in cfg.tables], checkpoint_store=position,
@@ -342,6 +342,22 @@ class Replicator:
         log.info("replication %s: status on http://%s:%d/v1/status", cfg.name,
                  cfg.metrics_host, cfg.metrics_port)
         return runner
+
+    async def _first_position(self) -> Callable[[], Checkpoint | None]:
+        """Where the client starts: the target's position; on a first start with
+        ``initial_copy = "dump"``, after the SCN from which a relay dump is read."""
+        if self.config.initial_copy != "dump":
+            return self._load_position
+        if await asyncio.to_thread(self._load_position) is not None:
+            return self._load_position
+        from databus.replicator._initial_copy import request_dump
+
+        started = await asyncio.to_thread(request_dump, self.config)
+
+        def load() -> Checkpoint | None:
+            return self._load_position() or started.start
+
+        return load
 
     def _load_position(self) -> Checkpoint | None:
         return _checkpoint_of(self.target.load_checkpoint(self.config.name),
