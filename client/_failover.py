@@ -52,6 +52,7 @@ class FailoverPuller:
         backoff_max: float = 5.0,
         request_timeout: float = 30.0,
         rng: random.Random | None = None,
+        prefer_first: bool = False,
     ) -> None:
         if not urls:
             raise ValueError(f"at least one {self.service} URL is needed")
@@ -62,7 +63,9 @@ class FailoverPuller:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.request_timeout = request_timeout
-        self._index = (rng or random.Random()).randrange(len(self.urls))
+        # A random start spreads consumers over replicas; ``prefer_first`` starts at the
+        # first URL instead (a list in order of preference: a chained relay's upstreams).
+        self._index = 0 if prefer_first else (rng or random.Random()).randrange(len(self.urls))
         self._failures = 0
         self._catalogs: dict[str, dict[int, str]] = {}
         # Per wanted source: "active", or "pending" while the server is configured for

@@ -86,10 +86,11 @@ class RelayPuller(FailoverPuller):
         rng: random.Random | None = None,
         streaming: bool = True,
         heartbeat_ms: int = STREAM_HEARTBEAT_MS,
+        prefer_first: bool = False,
     ) -> None:
         super().__init__(relays, sources, session, filter_json=filter_json,
                          backoff_initial=backoff_initial, backoff_max=backoff_max,
-                         request_timeout=request_timeout, rng=rng)
+                         request_timeout=request_timeout, rng=rng, prefer_first=prefer_first)
         self.buffer_sources: dict[str, set[str]] = {}
         self.streaming = streaming
         self.heartbeat_ms = heartbeat_ms

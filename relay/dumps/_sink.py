@@ -173,6 +173,11 @@ class DumpSink:
                 event[HEADER_SIZE:HEADER_SIZE + key_length],
             ))
 
+    def append_control(self, event: bytes) -> None:
+        """A dump marker the fetcher read from an upstream relay (relay chaining,
+        docs/relay-chaining.md): stored in the open window as it came."""
+        self._target.append_control(event)
+
     def watermark(self, token: str) -> None:
         self._watermarks = True
         with self._cond:

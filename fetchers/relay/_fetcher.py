@@ -1,0 +1,399 @@
+"""``RelayChainFetcher``: a relay's buffer fed by another relay (DESIGN 15, relay chaining).
+
+The fetcher is a Databus client of its upstream relays: the client library's
+``RelayPuller`` does the requests (streaming subscriptions when the upstream offers
+them, long polls otherwise; failover among the upstreams with backoff; the upstream's
+own source id -> name map with every body), ``WindowAssembler`` cuts the bodies into
+whole windows and the windows go into this relay's buffer as the upstream served them:
+same SCNs, same event bytes but the source id (remapped by name, header CRC redone),
+same dump markers, the EOW written by the buffer with the upstream EOW's timestamp.
+Schemas are copied from the upstream (``/v1/schemas?source=NAME``, every version in
+order, then the upstream's current one) before the first event that uses them is
+stored. docs/relay-chaining.md is the user's page.
+
+Positions. The read starts after the SCN the fetcher host passes (this buffer's max
+SCN); an empty buffer starts after the upstream buffer's ``prev_scn`` (``initial_scn``:
+the host makes it this buffer's ``prev_scn`` too, so a checkpoint older than that gets
+``scn_not_found`` here as it would upstream). The position asked for next is the
+checkpoint the upstream returned (it may be inside a window: a body is cut by size),
+so an open stream stays open; but when the stream was cut and reopened while a window
+was open (a failover, an upstream restart), the window is dropped and read again from
+its start, after the last window stored: a window is never stored in pieces from two
+connections, and never ended here before the upstream ended it.
+
+Failures: connection trouble, a 5xx, a bad body go to the next upstream (``RelayPuller``),
+with backoff after each full round. ``scn_not_found`` from one upstream tries the
+others; when every upstream answered it, ``UpstreamFellOffError`` (not retriable: the
+host marks the fetcher ``failed``) names the SCN this buffer needs and the upstream's
+oldest. An upstream that does not know the sources (``unknown_source``) or refuses the
+filter (400) is a config error, not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import aiohttp
+
+from databus.checkpoint import Checkpoint
+from databus.client import FellOffRelay, RelayPuller
+from databus.errors import (
+    ConfigError,
+    ConnectionLostError,
+    DatabusError,
+    SchemaError,
+    UnknownSourceError,
+)
+from databus.event import HEADER
+from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
+from databus.fetchers.relay._uri import ChainURI
+from databus.fetchers.relay._windows import (
+    SourceIdMap,
+    UpstreamWindow,
+    WindowAssembler,
+    bad_answer,
+    remap_event,
+)
+from databus.schemas import Schema
+
+__all__ = ["RelayChainFetcher", "UpstreamFellOffError"]
+
+log = logging.getLogger("databus.fetchers.relay")
+
+# Where a data event's schema fingerprint is (databus.event's header layout).
+_FINGERPRINT = HEADER.size - 12
+_STATUS_TIMEOUT_S = 5.0
+# What the fetcher remembers across its restarts in one relay process
+# (FetcherContext.memory): per source, the fingerprints it registered, in order.
+_MEMORY_SCHEMAS = "relay_chain_schemas"
+
+
+class UpstreamFellOffError(DatabusError):
+    """No upstream holds the windows after this buffer's newest one any more."""
+
+    code = "fell_off_upstream"
+    retriable = False
+
+    def __init__(self, buffer: str, after_scn: int | None, min_scn: int | None,
+                 upstreams: Iterable[str]) -> None:
+        needed = "its first window" if after_scn is None else f"the windows after SCN {after_scn}"
+        oldest = "unknown" if min_scn is None else f"SCN {min_scn}"
+        super().__init__(
+            f"buffer {buffer} fell off its upstream relays ({', '.join(upstreams)}): it "
+            f"needs {needed}, and every upstream answered scn_not_found (the oldest window "
+            f"held upstream is {oldest}). The windows in between are gone upstream; chain "
+            "this buffer from a relay that still holds them, or start it anew (its buffer "
+            "file removed) and let consumers bootstrap."
+        )
+        self.after_scn = after_scn
+        self.min_scn = min_scn
+
+
+class RelayChainFetcher(Fetcher):
+    """``relay+http://host:port[,host:port...]/?sources=...&filter=...`` (module docstring)."""
+
+    scheme: ClassVar[str] = "relay+http"
+
+    def __init__(self, uri: str, context: FetcherContext) -> None:
+        super().__init__(uri, context)
+        self.chain = ChainURI.parse(uri)
+
+    def configured_sources(self) -> ConfiguredSources:
+        return ConfiguredSources(names=frozenset(self.chain.sources))
+
+    # -- where an empty buffer starts --------------------------------------------------
+
+    def initial_scn(self) -> int | None:
+        """The upstream buffer's ``prev_scn`` (None when it never started): an empty
+        buffer here starts where the upstream's history starts."""
+        errors: list[str] = []
+        for upstream in self.chain.upstreams:
+            try:
+                sources = _get_json(f"{upstream}/v1/sources")
+                status = _get_json(f"{upstream}/v1/status")
+            except (OSError, ValueError) as exc:
+                errors.append(f"{upstream}: {exc}")
+                continue
+            buffer = self._upstream_buffer(upstream, sources)
+            try:
+                prev = int(status["buffers"][buffer]["prev_scn"])
+            except (KeyError, TypeError, ValueError) as exc:
+                errors.append(f"{upstream}: /v1/status has no prev_scn of buffer "
+                              f"{buffer!r} ({exc})")
+                continue
+            return prev if prev >= 0 else None
+        raise ConnectionLostError("no upstream relay answered /v1/sources and /v1/status: "
+                                  + "; ".join(errors))
+
+    def _upstream_buffer(self, upstream: str, doc: Any) -> str:
+        """The upstream buffer that holds every source of ``sources=``."""
+        try:
+            listed = {str(e["name"]): str(e["buffer"]) for e in doc["sources"]}
+        except (KeyError, TypeError) as exc:
+            raise ConnectionLostError(f"{upstream}: /v1/sources is not a source list "
+                                      f"({exc})") from None
+        missing = [n for n in self.chain.sources if n not in listed]
+        if missing:
+            raise UnknownSourceError(f"upstream relay {upstream} has no source(s) "
+                                     f"{', '.join(missing)}")
+        buffers = sorted({listed[n] for n in self.chain.sources})
+        if len(buffers) > 1:
+            raise ConfigError(f"sources= of a relay+http:// buffer must come from one "
+                              f"upstream buffer (one SCN sequence); upstream {upstream} "
+                              f"holds them in buffers {', '.join(buffers)}")
+        return buffers[0]
+
+    # -- the run ---------------------------------------------------------------------
+
+    def run(self, sink: WindowSink, start_after_scn: int | None, stop: threading.Event) -> None:
+        asyncio.run(self._main(sink, start_after_scn, stop))
+
+    async def _main(self, sink: WindowSink, after: int | None, stop: threading.Event) -> None:
+        pull = asyncio.create_task(_Chain(self, sink, after).run())
+        try:
+            while not stop.is_set():
+                done, _ = await asyncio.wait({pull}, timeout=0.05)
+                if done:
+                    break
+        finally:
+            if not pull.done():
+                pull.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pull
+        if pull.done() and not pull.cancelled():
+            pull.result()  # its error, if any, for the host
+
+
+class _Chain:
+    """One run of the fetcher: the pull loop and what it holds."""
+
+    def __init__(self, fetcher: RelayChainFetcher, sink: WindowSink, after: int | None) -> None:
+        self.fetcher = fetcher
+        self.chain = fetcher.chain
+        self.context = fetcher.context
+        self.sink = sink
+        self.append_control = getattr(sink, "append_control", None)
+        self.committed = after  # the newest window stored (None: none yet, not started)
+        self.position = self._committed_position()
+        self.assembler = WindowAssembler()
+        self.ids = SourceIdMap(self.context.catalog.source_id, frozenset(self.chain.sources))
+        self.max_bytes = self.chain.max_bytes
+        self.fell_off: set[str] = set()
+        self.fell_off_min: int | None = None
+        registered: dict[str, list[int]] = self.context.memory.setdefault(_MEMORY_SCHEMAS, {})
+        self.registered = registered
+        self.known_fps = {fp for fps in registered.values() for fp in fps}
+        self.synced: set[str] = set()  # upstreams whose schemas were copied this run
+        self.markers_dropped = False
+
+    def _committed_position(self) -> Checkpoint:
+        return Checkpoint.flexible() if self.committed is None else Checkpoint.after(self.committed)
+
+    def restart_window(self) -> None:
+        """Drop the open window: the next read starts after the last window stored."""
+        self.assembler.reset()
+        self.position = self._committed_position()
+
+    async def run(self) -> None:
+        connector = aiohttp.TCPConnector(limit=4)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            puller = RelayPuller(
+                list(self.chain.upstreams), list(self.chain.sources), session,
+                filter_json=self.chain.filter_json, backoff_initial=0.1,
+                backoff_max=self.chain.backoff_max_s, streaming=self.chain.follow,
+                heartbeat_ms=self.chain.heartbeat_ms, prefer_first=True,
+            )
+            puller.client_id = (f"relay-chain:{self.context.buffer_name}@"
+                                f"{socket.gethostname()}")
+            try:
+                await self._loop(puller, session)
+            finally:
+                await puller.close_stream()
+
+    async def _loop(self, puller: RelayPuller, session: aiohttp.ClientSession) -> None:
+        while True:
+            before = puller.failovers
+            try:
+                batch = await puller.next_batch(self.position, max_bytes=self.max_bytes,
+                                                wait_ms=self.chain.wait_ms)
+            except FellOffRelay as exc:
+                await self._fell_off(puller, exc)
+                continue
+            if puller.failovers != before and self.assembler.open_scn is not None:
+                # Reconnected inside a window: read that window again from its start.
+                log.info("buffer %s: upstream connection cut inside window %s; reading it "
+                         "again from its start", self.context.buffer_name,
+                         self.assembler.open_scn)
+                await puller.close_stream()
+                self.restart_window()
+                continue
+            try:
+                await self._take(batch, session)
+            except (DatabusError, aiohttp.ClientError, OSError, TimeoutError, ValueError,
+                    KeyError, TypeError) as exc:
+                if isinstance(exc, DatabusError) and not exc.retriable:
+                    raise
+                await puller.close_stream()
+                self.restart_window()
+                await puller.failed(exc)
+
+    async def _fell_off(self, puller: RelayPuller, exc: FellOffRelay) -> None:
+        self.fell_off.add(puller.url)
+        if exc.min_scn is not None:
+            self.fell_off_min = exc.min_scn
+        if self.fell_off >= set(puller.urls):
+            raise UpstreamFellOffError(self.context.buffer_name, self.committed,
+                                       self.fell_off_min, puller.urls)
+        log.warning("buffer %s: upstream %s no longer holds the windows after SCN %s (its "
+                    "oldest is %s); trying another upstream", self.context.buffer_name,
+                    puller.url, self.committed, exc.min_scn)
+        await puller.close_stream()
+        self.restart_window()
+        await puller.failed(exc)
+
+    async def _take(self, batch: Any, session: aiohttp.ClientSession) -> None:
+        """Store the windows ``batch`` ends; move the position past it."""
+        if batch.max_scn is not None:
+            self.context.report_source_scn(batch.max_scn)
+        checkpoint: Checkpoint = batch.checkpoint
+        if batch.pending_event_size is not None and not batch.body:
+            # The next event is larger than a response: ask for more next time.
+            self.max_bytes = max(self.max_bytes, int(batch.pending_event_size))
+        windows = self.assembler.feed(batch.body)
+        open_scn = self.assembler.open_scn
+        if open_scn is None and checkpoint.window_offset >= 0:
+            raise bad_answer(f"upstream {batch.relay} returned a checkpoint inside window "
+                             f"{checkpoint.window_scn} after a body that ended no window")
+        if open_scn is not None and checkpoint.window_scn != open_scn:
+            raise bad_answer(f"upstream {batch.relay} returned checkpoint "
+                             f"{checkpoint.dumps()} inside window {open_scn}")
+        if windows:
+            await self._ensure_schemas(batch.relay, session, windows, batch.source_names)
+        for window in windows:
+            self._store(window, batch.relay, batch.source_names)
+        self.position = checkpoint
+        self.fell_off.clear()
+
+    def _store(self, window: UpstreamWindow, upstream: str, names: dict[int, str]) -> None:
+        if self.committed is not None and window.scn <= self.committed:
+            log.warning("buffer %s: upstream %s served window %d again (this buffer holds "
+                        "up to %d); skipped", self.context.buffer_name, upstream, window.scn,
+                        self.committed)
+            return
+        if (self.chain.filter_json is None and window.complete
+                and window.checksum != window.eow_checksum):
+            raise bad_answer(f"upstream {upstream}: window {window.scn} does not match its "
+                             "EOW checksum")
+        events: list[tuple[bool, bytes]] = []
+        for sid, raw in window.events:
+            if sid >= 0:
+                events.append((True, remap_event(raw, sid, self.ids.local(upstream, names, sid))))
+            else:
+                events.append((False, raw))
+        sink = self.sink
+        sink.start_window(window.scn)
+        try:
+            for data, raw in events:
+                if data:
+                    sink.append(raw)
+                elif self.append_control is not None:
+                    self.append_control(raw)
+                elif not self.markers_dropped:
+                    self.markers_dropped = True
+                    log.warning("buffer %s: this sink cannot store dump markers; the "
+                                "upstream's are left out", self.context.buffer_name)
+            sink.end_window(window.timestamp_ns)
+        except BaseException:
+            sink.rollback()
+            raise
+        self.committed = window.scn
+
+    # -- schemas ---------------------------------------------------------------------
+
+    async def _ensure_schemas(self, upstream: str, session: aiohttp.ClientSession,
+                              windows: list[UpstreamWindow], names: dict[int, str]) -> None:
+        """Every fingerprint the windows' data events carry is registered here."""
+        missing: dict[int, str] = {}
+        for window in windows:
+            for sid, raw in window.events:
+                if sid < 0:
+                    continue
+                fp = int.from_bytes(raw[_FINGERPRINT:_FINGERPRINT + 8], "big")
+                if fp and fp not in self.known_fps:
+                    missing.setdefault(fp, names.get(sid, f"#{sid}"))
+        if not missing and upstream in self.synced:
+            return
+        # Everything of the upstream's sources, once per upstream and run, and again
+        # when an event carries a fingerprint not seen yet (a DDL upstream).
+        await self._copy_schemas(upstream, session)
+        still = sorted(fp for fp in missing if fp not in self.known_fps)
+        if still:
+            raise bad_answer(f"upstream {upstream} served events with schema(s) "
+                             f"{', '.join(f'{fp:016x}' for fp in still)} that its /v1/schemas "
+                             "does not list")
+
+    async def _copy_schemas(self, upstream: str, session: aiohttp.ClientSession) -> None:
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with session.get(f"{upstream}/v1/sources", timeout=timeout) as resp:
+            resp.raise_for_status()
+            doc = await resp.json(content_type=None)
+        current = {str(e["name"]): e.get("schema_fingerprint") for e in doc["sources"]}
+        for name in self.chain.sources:
+            async with session.get(f"{upstream}/v1/schemas", params={"source": name},
+                                   timeout=timeout) as resp:
+                if resp.status == 404:
+                    continue  # not there yet (the puller reports unknown sources)
+                resp.raise_for_status()
+                versions = (await resp.json(content_type=None))["versions"]
+            schemas: list[Schema] = []
+            for item in versions:
+                schemas.append(_schema(upstream, item))
+            latest = current.get(name)
+            self._register(name, schemas, None if latest is None else int(str(latest), 16))
+        self.synced.add(upstream)
+
+    def _register(self, name: str, versions: list[Schema], latest: int | None) -> None:
+        """Register ``versions`` (oldest first) not registered yet, then make ``latest``
+        the current one if it is not the last registered."""
+        done = self.registered.setdefault(name, [])
+        by_fp = {s.fingerprint: s for s in versions}
+        catalog = self.context.catalog
+        for schema in versions:
+            if schema.fingerprint not in done:
+                catalog.register_schema(name, schema)
+                done.append(schema.fingerprint)
+                self.known_fps.add(schema.fingerprint)
+        if latest is not None and latest in by_fp and done and done[-1] != latest:
+            catalog.register_schema(name, by_fp[latest])
+            done.remove(latest)
+            done.append(latest)
+
+
+def _schema(upstream: str, item: Any) -> Schema:
+    try:
+        schema = Schema(item["schema"])
+        fp = int(str(item["fingerprint"]), 16)
+    except (KeyError, TypeError, ValueError, SchemaError) as exc:
+        raise bad_answer(f"upstream {upstream}: a bad schema in /v1/schemas ({exc})") from None
+    if schema.fingerprint != fp:
+        raise bad_answer(f"upstream {upstream}: schema {fp:016x} has fingerprint "
+                         f"{schema.fingerprint:016x} here")
+    return schema
+
+
+def _get_json(url: str) -> Any:
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=_STATUS_TIMEOUT_S) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise OSError(f"HTTP {exc.code}") from None
