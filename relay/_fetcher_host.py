@@ -34,22 +34,33 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
 from databus.errors import ConfigError, DatabusError, SourceGapError
-from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, fetcher_class
+from databus.fetchers._api import (
+    ConfiguredSources,
+    Fetcher,
+    FetcherContext,
+    WindowSink,
+    fetcher_class,
+)
 from databus.relay._buffer import BufferState, EventBuffer
 from databus.relay._catalog import RelayCatalog
 from databus.relay.dumps import DumpPort, DumpSink
+
+if TYPE_CHECKING:
+    from databus.relay.cluster import Assignment, Seat
 
 __all__ = ["Backoff", "FetcherHost", "FetcherState", "FetcherStatus", "configured_buffer",
            "resume_point"]
 
 log = logging.getLogger("databus.relay.fetchers")
 
-FetcherState = Literal["starting", "running", "backoff", "stopped", "failed"]
+# "standby": a cluster member's buffer with nothing to read for now (no leader known,
+# or its own lease as leader ran out: relay/cluster).
+FetcherState = Literal["starting", "running", "backoff", "standby", "stopped", "failed"]
 
 
 
@@ -186,8 +197,18 @@ class _Runner:
         self.thread = threading.Thread(
             target=self.loop, name=f"databus-fetcher-{name}", daemon=True
         )
+        # Cluster members (relay/cluster): what to read now, asked before each attempt
+        # (None: nothing yet), and the event that ends an attempt when that changes.
+        self.assignments: Callable[[], Assignment | None] | None = None
+        self.resolve: Callable[[str], type[Fetcher]] = fetcher_class
+        self.attempt_stop = threading.Event()
+        self.role: str | None = None
 
-    def new_fetcher(self) -> Fetcher:
+    def reassign(self) -> None:
+        """The assignment changed: end the current attempt; the loop asks again."""
+        self.attempt_stop.set()
+
+    def new_fetcher(self, uri: str | None = None, cls: type[Fetcher] | None = None) -> Fetcher:
         context = FetcherContext(
             buffer_name=self.name,
             partition_id=self.buffer.partition_id,
@@ -195,7 +216,7 @@ class _Runner:
             report_source_scn=self.report_source_scn,
             memory=self.memory,
         )
-        return self.cls(self.uri, context)
+        return (cls or self.cls)(uri or self.uri, context)
 
     def report_source_scn(self, scn: int) -> None:
         self.source_scn = scn
@@ -226,9 +247,27 @@ class _Runner:
             started = time.monotonic()
             error: BaseException | None = None
             fetcher: Fetcher | None = None
+            sink: WindowSink = self.sink
+            if self.assignments is not None:
+                self.attempt_stop.clear()
+                assignment = self.assignments()
+                if assignment is None:
+                    self.role = None
+                    self.set_state("standby")
+                    self.attempt_stop.wait(0.1)
+                    continue
+            else:
+                assignment = None
             try:
                 fetcher, self.first = self.first, None
-                if fetcher is None:
+                if assignment is not None:
+                    if fetcher is not None:
+                        fetcher.close()  # built for the config checks only
+                    fetcher = self.new_fetcher(assignment.uri, self.resolve(assignment.uri))
+                    self.role = assignment.role
+                    assignment.prepare()
+                    sink = assignment.wrap(self.sink)
+                elif fetcher is None:
                     fetcher = self.new_fetcher()
                 with self.lock:
                     self.fetcher = fetcher
@@ -241,7 +280,7 @@ class _Runner:
                     if after is not None:
                         self.buffer.start_after(after)
                 self.set_state("running")
-                fetcher.run(self.sink, after, self.stop)
+                fetcher.run(sink, after, self.attempt_stop)
             except Exception as exc:
                 error = exc
             finally:
@@ -251,6 +290,8 @@ class _Runner:
                     self.close(fetcher)
             if self.stop.is_set():
                 break
+            if self.assignments is not None and self.attempt_stop.is_set():
+                continue  # reassigned (relay/cluster): not a failure
             if error is None:
                 error = RuntimeError("run() returned before the host asked it to stop")
             if (isinstance(error, SourceGapError) and self.on_source_gap is not None
@@ -395,6 +436,9 @@ class FetcherHost:
         self._stop = threading.Event()
         self._runners: dict[str, _Runner] = {}
         self._started = False
+        # Set by the relay in a leader-follower cluster (relay/cluster): per buffer, what
+        # its fetcher reads now, and where to say that it changed.
+        self.seats: Mapping[str, Seat] = {}
         # Set by the relay: queue a dump of every table of a buffer past a source gap.
         self.dump_after_gap: Callable[[str], None] | None = None
 
@@ -423,6 +467,10 @@ class FetcherHost:
                                    else None),
                 )
             self._declare(runners)
+            for name, seat in self.seats.items():
+                runners[name].assignments = seat.assignment
+                runners[name].resolve = resolve
+                seat.on_change = runners[name].reassign
         except BaseException:
             for runner in runners.values():
                 if runner.first is not None:
@@ -461,6 +509,11 @@ class FetcherHost:
         (two ``mysql://`` sources without ``tables=``) is ambiguous: ``ConfigError``."""
         return configured_buffer(self.configured_sources(), source)
 
+    def runner_role(self, buffer: str) -> str | None:
+        """What the buffer's fetcher does in a cluster ("leader", "follower"), or None."""
+        runner = self._runners.get(buffer)
+        return runner.role if runner is not None else None
+
     def configured_sources(self) -> dict[str, ConfiguredSources | None]:
         """Per buffer, the sources its fetcher's configuration names (after ``start``;
         relay workers get them from the main process)."""
@@ -469,6 +522,8 @@ class FetcherHost:
     def stop(self, timeout: float = 5.0) -> None:
         """Ask every fetcher to stop, wait up to ``timeout`` seconds, close them."""
         self._stop.set()
+        for runner in self._runners.values():
+            runner.attempt_stop.set()
         deadline = time.monotonic() + timeout
         for runner in self._runners.values():
             runner.thread.join(max(0.0, deadline - time.monotonic()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from databus.config import RelayConfig
 from databus.relay._buffer import EventBuffer
@@ -18,6 +18,9 @@ from databus.relay._catalog import RelayCatalog, SourceEntry
 from databus.relay._fetcher_host import FetcherHost
 from databus.relay.dumps import DumpManager, DumpRequest
 from databus.schemas import SchemaRegistry
+
+if TYPE_CHECKING:
+    from databus.relay.cluster import ClusterMember
 
 log = logging.getLogger("databus.relay")
 
@@ -98,6 +101,11 @@ class Relay:
                 buffer.close()
             raise
         self._started = False
+        self.cluster: ClusterMember | None = None
+        if config.cluster is not None:
+            from databus.relay.cluster import join_cluster
+
+            self.cluster = join_cluster(self)
         # Set by the worker pool (relay/_workers.py) when other processes serve too:
         # their pid, state and restarts for /v1/status.
         self.workers_status: Callable[[], list[dict[str, Any]]] | None = None
@@ -107,6 +115,13 @@ class Relay:
             self._started = True
             self.fetchers.dump_after_gap = self._dump_after_gap
             self.fetchers.start()
+            if self.cluster is not None:
+                try:
+                    self.cluster.start()  # a follower's fetcher waits until then
+                except BaseException:
+                    self.fetchers.stop()
+                    self._started = False
+                    raise
             self.dumps.start(self.fetchers.dump_ports())
             for buffer_config in self.config.buffers:
                 if buffer_config.initial_dump and not self.dumps.has_dump(
@@ -133,6 +148,8 @@ class Relay:
         if self._started:
             self.dumps.close()
             self.fetchers.stop()
+            if self.cluster is not None:
+                self.cluster.close()  # after the fetchers: nothing is written any more
             self._started = False
         for buffer in self.buffers.values():
             buffer.close()
@@ -156,6 +173,8 @@ class Relay:
                 "input_bytes_per_second": round(buffer.input_rate(), 1),
                 "fetcher": fetcher.to_json() if fetcher is not None else None,
             }
+            if self.cluster is not None:
+                out[name]["cluster"] = self.cluster.buffer_status(name)
         dumps = self.dumps.status()
         for name, doc in out.items():
             doc["dumps"] = dumps.get(name, [])

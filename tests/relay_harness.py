@@ -194,8 +194,9 @@ class RelayProcess:
     """``databus relay --config FILE`` as a child process (for kill -9 tests)."""
 
     def __init__(self, tmp_path: Path, buffers: dict[str, str], capacity_mb: int = 4,
-                 workers: int | None = None, admin_token: str | None = None) -> None:
-        self.port = free_port()
+                 workers: int | None = None, admin_token: str | None = None,
+                 extra_toml: str = "", port: int | None = None) -> None:
+        self.port = port or free_port()
         self.config_path = tmp_path / "relay.toml"
         lines = [
             "[relay]",
@@ -209,7 +210,7 @@ class RelayProcess:
         for name, source in buffers.items():
             lines += ["[[relay.buffers]]", f'name = "{name}"', f"capacity_mb = {capacity_mb}",
                       f'source = "{source}"']
-        self.config_path.write_text("\n".join(lines) + "\n")
+        self.config_path.write_text("\n".join(lines) + "\n" + extra_toml)
         self.log_path = tmp_path / "relay.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -28,6 +28,7 @@ from databus.config._checks import (
     check_range,
     check_serving_limits,
 )
+from databus.config._cluster import RelayClusterConfig, check_zookeeper_hosts
 from databus.config._loader import from_mapping, load_toml
 from databus.config._relay import BufferConfig, RelayConfig
 from databus.config._replicate import ReplicateConfig, ReplicatedTableConfig
@@ -41,6 +42,7 @@ __all__ = [
     "ConfigFieldError",
     "DatabusConfig",
     "ProducerConfig",
+    "RelayClusterConfig",
     "RelayConfig",
     "ReplicateConfig",
     "ReplicatedTableConfig",
@@ -50,6 +52,7 @@ __all__ = [
     "check_name",
     "check_range",
     "check_serving_limits",
+    "check_zookeeper_hosts",
     "from_mapping",
     "load_config",
     "load_toml",

@@ -16,6 +16,7 @@ from databus.config._checks import (
     check_range,
     check_serving_limits,
 )
+from databus.config._cluster import RelayClusterConfig
 from databus.config._secrets import _URI_RE, Secret, redact_uri
 
 # --- the relay -------------------------------------------------------------------------
@@ -130,6 +131,8 @@ class RelayConfig:
     # A streaming subscription (follow=true) with nothing new writes a heartbeat this
     # often, unless the request asks for another interval (heartbeat_ms).
     stream_heartbeat_ms: int = 1000
+    # [relay.cluster]: membership of a relay cluster on ZooKeeper (docs/clusters.md).
+    cluster: RelayClusterConfig | None = None
 
     def __post_init__(self) -> None:
         check_serving_limits(self)
@@ -152,6 +155,11 @@ class RelayConfig:
         check_range(self.stream_heartbeat_ms, "stream_heartbeat_ms", min=50, max=60_000)
         if not self.buffers:
             raise ConfigFieldError("buffers", "a relay needs at least one [[relay.buffers]]")
+        if self.cluster is not None and not self.cluster.advertise_url and (
+                self.port == 0 or self.host in ("0.0.0.0", "::", "")):
+            raise ConfigFieldError("cluster.advertise_url", "needed when the relay listens "
+                                   "on port 0 or on every address: members and clients "
+                                   "must know where to reach it")
         seen: set[str] = set()
         for index, buffer in enumerate(self.buffers):
             if buffer.name in seen:

@@ -1,0 +1,68 @@
+"""``[relay.cluster]``: a relay as a member of a cluster on ZooKeeper (DESIGN 15,
+docs/clusters.md).
+
+```toml
+[relay.cluster]
+zookeeper = "zk1:2181,zk2:2181,zk3:2181/databus"  # connect string, optional chroot
+name = "shop"                                     # relays of one name form one cluster
+mode = "leader-follower"                          # or "independent"
+session_timeout_s = 10.0
+advertise_url = "http://relay-1.example:11190"    # default: http://host:port
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Literal
+
+from databus._redact import register_uri
+from databus.config._checks import ConfigFieldError, check_name
+
+__all__ = ["RelayClusterConfig", "check_zookeeper_hosts"]
+
+# host:port[,host:port...][/chroot]: kazoo would take a bad one and retry forever.
+_HOST = r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?"
+_CONNECT = re.compile(rf"{_HOST}(?:,{_HOST})*(?:/[^\s/]+(?:/[^\s/]+)*)?")
+
+
+def check_zookeeper_hosts(value: str, field: str = "zookeeper") -> None:
+    """A ZooKeeper connect string, ``host:port,host:port/chroot``, or a clear error."""
+    if "@" in value:
+        register_uri(f"zookeeper://{value}")
+        raise ConfigFieldError(field, "credentials do not go in the connect string")
+    if not _CONNECT.fullmatch(value):
+        raise ConfigFieldError(field, f"expected host:port[,host:port...][/chroot], got "
+                                      f"{value!r}")
+    for part in value.split("/", 1)[0].split(","):
+        port = part.rsplit(":", 1)[1] if ":" in part and not part.endswith("]") else "2181"
+        if not 0 < int(port) < 65536:
+            raise ConfigFieldError(field, f"port {port} out of range in {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RelayClusterConfig:
+    """``[relay.cluster]``. ``mode``: "independent" (every member reads its source and
+    registers itself for discovery) or "leader-follower" (per buffer one member, the
+    leader, reads the source; the others chain from it). ``session_timeout_s``: the
+    ZooKeeper session; a leader stops appending half of it after it last heard from
+    ZooKeeper (the fencing lease, docs/clusters.md). ``advertise_url``: the URL other
+    members and clients reach this relay at."""
+
+    zookeeper: str
+    name: str
+    mode: Literal["independent", "leader-follower"] = "independent"
+    session_timeout_s: float = 10.0
+    advertise_url: str = ""
+
+    def __post_init__(self) -> None:
+        check_zookeeper_hosts(self.zookeeper)
+        check_name(self.name, "name")
+        if self.mode not in ("independent", "leader-follower"):
+            raise ConfigFieldError("mode", 'must be "independent" or "leader-follower"')
+        if not 0.4 <= self.session_timeout_s <= 600:
+            raise ConfigFieldError("session_timeout_s", "must be between 0.4 and 600")
+        if self.advertise_url and not re.fullmatch(r"https?://[^\s/?#]+/?",
+                                                   self.advertise_url):
+            raise ConfigFieldError("advertise_url", "expected http://host:port")

@@ -1,0 +1,439 @@
+"""A relay as a member of a cluster on ZooKeeper (DESIGN 15, docs/clusters.md).
+
+ZooKeeper layout, under the connect string's chroot::
+
+    /databus/relays/<cluster>/members/member-<seq>      ephemeral: this relay's JSON
+    /databus/relays/<cluster>/buffers/<buffer>/lock     kazoo Lock: the election
+    /databus/relays/<cluster>/buffers/<buffer>/epoch    the newest epoch, as text
+
+Every member registers an ephemeral sequential node with its URL, mode, and per buffer
+its role, epoch and max SCN (refreshed every second): discovery and ``databus cluster
+status`` read those. In leader-follower mode each buffer has a ``Seat``:
+
+- a contender thread waits in the buffer's kazoo Lock. Holding it, it takes the next
+  epoch (compare-and-set on the epoch node), records it in the buffer's epoch history
+  and starts the term: the fetcher reads the source from the buffer's own max SCN,
+  behind a fence (``FencedSink``) that refuses a commit once the lease (``_lease``) is
+  gone. A renewal thread confirms the lease: a read of the epoch node that still says
+  this term's epoch, on a connected session that still holds the lock;
+- otherwise the member follows: the fetcher chains (``relay+http://``) from the
+  leader, the first contender of the lock, after taking the leader's epoch history for
+  the windows it will copy. A new leader makes it chain from that one.
+
+The session lost (expired: a pause, a partition) ends the term for good; kazoo opens a
+new session, the member registers again and contends again. With the connection only
+suspended, the lease runs out, commits stop, and they go on if the same session comes
+back in time. ZooKeeper out of quorum: members keep serving what they hold, a leader
+stops appending once its lease ends, and no one else can win meanwhile, so there is no
+split brain when quorum returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from databus.config import RelayClusterConfig
+from databus.errors import DatabusError
+from databus.fetchers._api import WindowSink
+from databus.relay._buffer import EventBuffer
+from databus.relay.cluster._epochs import EpochEntry, EpochHistory
+from databus.relay.cluster._lease import Lease
+
+__all__ = ["Assignment", "ClusterMember", "FencedError", "FencedSink", "epochs_path"]
+
+log = logging.getLogger("databus.relay.cluster")
+
+_REFRESH_S = 1.0  # how often the member node's data is rewritten
+_WATCH_S = 0.25  # how often a follower looks for another leader
+
+
+class FencedError(DatabusError):
+    """The leader's lease ran out before a window's commit: the window is dropped."""
+
+    code = "fenced"
+    retriable = True
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What a buffer's fetcher does now: read ``uri`` (the source, or the leader through
+    ``relay+http://``), its sink wrapped by ``wrap``, after ``prepare`` ran."""
+
+    role: str  # "leader" | "follower"
+    uri: str
+    epoch: int
+    wrap: Callable[[WindowSink], WindowSink] = lambda sink: sink
+    prepare: Callable[[], None] = lambda: None
+
+
+class FencedSink:
+    """A leader's sink: every window's start and commit check the lease first."""
+
+    def __init__(self, inner: WindowSink, lease: Lease, epoch: int) -> None:
+        self.inner = inner
+        self.lease = lease
+        self.epoch = epoch
+
+    def _check(self) -> None:
+        if not self.lease.valid():
+            raise FencedError(f"the lease of epoch {self.epoch} ran out: not writing")
+
+    def start_window(self, scn: int) -> None:
+        self._check()
+        self.inner.start_window(scn)
+
+    def append(self, event: bytes) -> None:
+        self.inner.append(event)
+
+    def watermark(self, token: str) -> None:
+        self.inner.watermark(token)
+
+    def end_window(self, timestamp_ns: int | None = None) -> int:
+        try:
+            self._check()
+        except FencedError:
+            self.inner.rollback()
+            raise
+        return self.inner.end_window(timestamp_ns)
+
+    def rollback(self) -> None:
+        self.inner.rollback()
+
+
+def epochs_path(data_dir: Path, buffer: str) -> Path:
+    return data_dir / f"{buffer}.epochs.json"
+
+
+def _root(config: RelayClusterConfig) -> str:
+    return f"/databus/relays/{config.name}"
+
+
+class Seat:
+    """One buffer's place in the election (module docstring)."""
+
+    def __init__(self, member: ClusterMember, buffer: str, source_uri: str,
+                 event_buffer: EventBuffer, history: EpochHistory,
+                 chain_sources: Callable[[], list[str]]) -> None:
+        self.member = member
+        self.buffer = buffer
+        self.source_uri = source_uri
+        self.event_buffer = event_buffer
+        self.history = history
+        self.chain_sources = chain_sources
+        base = f"{_root(member.config)}/buffers/{buffer}"
+        self.lock_path = f"{base}/lock"
+        self.epoch_path = f"{base}/epoch"
+        self.lock_guard = threading.Lock()
+        self.term: tuple[int, Lease] | None = None  # (epoch, lease) while leading
+        self.leader_url: str | None = None  # the first contender, when not us
+        self.on_change: Callable[[], None] = lambda: None  # the runner's reassign
+        self._lock: Any = None
+        self._threads: list[threading.Thread] = []
+
+    # -- what the runner asks -----------------------------------------------------------
+
+    def assignment(self) -> Assignment | None:
+        with self.lock_guard:
+            term, leader = self.term, self.leader_url
+        if term is not None:
+            epoch, lease = term
+            if not lease.valid():
+                return None  # suspended or ending: wait, commit nothing
+            return Assignment("leader", self.source_uri, epoch,
+                              wrap=lambda sink: FencedSink(sink, lease, epoch))
+        if leader is None:
+            return None
+        sources = self.chain_sources()
+        if not sources:
+            return None
+        uri = f"relay+{leader.rstrip('/')}/?sources={quote(','.join(sources), safe=',')}"
+        return Assignment("follower", uri, self.history.current,
+                          prepare=lambda: self._adopt(leader))
+
+    def _adopt(self, leader: str) -> None:
+        """Take the leader's epochs for the windows about to be copied."""
+        doc = self.member.http_json(f"{leader.rstrip('/')}/v1/status")
+        entries = doc["buffers"][self.buffer].get("cluster", {}).get("epochs", [])
+        upstream = [EpochEntry(int(e), None if a is None else int(a)) for e, a in entries]
+        self.history.adopt(upstream, self.event_buffer.state().max_scn)
+
+    def role(self) -> str:
+        with self.lock_guard:
+            if self.term is not None:
+                return "leader"
+            return "follower" if self.leader_url else "waiting"
+
+    # -- threads -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        for target, name in ((self._contend, "contend"), (self._watch, "watch")):
+            thread = threading.Thread(target=target, daemon=True,
+                                      name=f"databus-cluster-{name}-{self.buffer}")
+            self._threads.append(thread)
+            thread.start()
+
+    def stop(self) -> None:
+        self._end_term("relay stopping")
+        lock = self._lock
+        if lock is not None:
+            lock.cancel()
+            try:
+                lock.release()
+            except Exception:  # the session may be gone already
+                log.debug("lock release of %s failed", self.buffer, exc_info=True)
+        for thread in self._threads:
+            thread.join(5)
+
+    def _contend(self) -> None:
+        from kazoo.exceptions import CancelledError, KazooException
+
+        member = self.member
+        while not member.stopping.is_set():
+            if not member.connected.wait(0.2):
+                continue
+            session = member.session_id()
+            try:
+                self._lock = member.client.Lock(self.lock_path, identifier=member.url)
+                if not self._lock.acquire(blocking=True):
+                    continue
+                if member.stopping.is_set():
+                    break
+                self._lead(session)
+            except CancelledError:
+                continue
+            except (KazooException, DatabusError, OSError) as exc:
+                log.warning("buffer %s: election round failed: %s", self.buffer, exc)
+                time.sleep(0.5)
+            finally:
+                self._end_term("term over")
+                lock, self._lock = self._lock, None
+                if lock is not None:
+                    try:
+                        lock.release()
+                    except Exception:
+                        log.debug("lock release failed", exc_info=True)
+
+    def _next_epoch(self) -> tuple[int, float]:
+        from kazoo.exceptions import BadVersionError
+
+        client = self.member.client
+        client.ensure_path(self.epoch_path)
+        while True:
+            sent = self.lease_clock()
+            data, stat = client.get(self.epoch_path)
+            current = int(data or b"0")
+            # Never below what the buffer has seen (an epoch node lost with a wiped
+            # ensemble must not restart the numbering under the buffers' histories).
+            epoch = max(current, self.history.current) + 1
+            try:
+                client.set(self.epoch_path, str(epoch).encode(), version=stat.version)
+                return epoch, sent
+            except BadVersionError:
+                continue
+
+    def lease_clock(self) -> float:
+        return time.monotonic()
+
+    def _lead(self, session: int | None) -> None:
+        member = self.member
+        epoch, sent = self._next_epoch()
+        lease = Lease(member.config.session_timeout_s / 2)
+        lease.confirm(sent)
+        self.history.append(epoch, self.event_buffer.state().max_scn)
+        with self.lock_guard:
+            self.term = (epoch, lease)
+            self.leader_url = None
+        log.info("buffer %s: leader, epoch %d, reading the source after SCN %s",
+                 self.buffer, epoch, self.event_buffer.state().max_scn)
+        self.on_change()
+        renew_every = lease.length_s / 4
+        while not member.stopping.is_set():
+            time.sleep(renew_every)
+            if member.session_id() != session or not member.connected.is_set():
+                if member.session_id() != session:
+                    log.warning("buffer %s: session lost, epoch %d over", self.buffer, epoch)
+                    return
+                continue  # suspended: the lease runs out unless the session comes back
+            sent = lease.now()
+            try:
+                data, _ = member.client.get(self.epoch_path)
+            except Exception as exc:  # a timeout, a lost connection: no confirmation
+                log.debug("lease renewal of %s failed: %s", self.buffer, exc)
+                continue
+            if int(data or b"0") != epoch or self._lock is None or not self._lock.is_acquired:
+                log.warning("buffer %s: epoch moved on to %s, epoch %d over", self.buffer,
+                            data, epoch)
+                return
+            lease.confirm(sent)
+
+    def _end_term(self, why: str) -> None:
+        with self.lock_guard:
+            term, self.term = self.term, None
+        if term is not None:
+            term[1].revoke()
+            log.info("buffer %s: epoch %d ends (%s)", self.buffer, term[0], why)
+            self.on_change()
+
+    def _watch(self) -> None:
+        member = self.member
+        while not member.stopping.wait(_WATCH_S):
+            if self.term is not None or not member.connected.is_set():
+                continue
+            try:
+                lock = member.client.Lock(self.lock_path)
+                contenders = lock.contenders()
+            except Exception as exc:
+                log.debug("contenders of %s: %s", self.buffer, exc)
+                continue
+            leader = contenders[0] if contenders else None
+            if leader == member.url:
+                continue  # the contender thread is about to lead
+            with self.lock_guard:
+                changed = leader != self.leader_url and self.term is None
+                if changed:
+                    self.leader_url = leader
+            if changed:
+                log.info("buffer %s: following %s", self.buffer, leader)
+                self.on_change()
+
+
+class ClusterMember:
+    """This relay's session, registration and seats (module docstring)."""
+
+    def __init__(self, config: RelayClusterConfig, url: str) -> None:
+        self.config = config
+        self.url = url.rstrip("/")
+        self.client: Any = None
+        self.stopping = threading.Event()
+        self.connected = threading.Event()
+        self.seats: dict[str, Seat] = {}
+        self.status_of: Callable[[], dict[str, Any]] = dict
+        self.histories: dict[str, EpochHistory] = {}  # per buffer (leader-follower)
+        self._node: str | None = None
+        self._session: int | None = None
+        self._refresher: threading.Thread | None = None
+        self._register_needed = threading.Event()
+
+    def session_id(self) -> int | None:
+        return self._session
+
+    def add_seat(self, seat: Seat) -> None:
+        self.seats[seat.buffer] = seat
+
+    def start(self) -> None:
+        """Connect (a clear error when ZooKeeper cannot be reached), register, contend."""
+        from kazoo.client import KazooClient
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        self.client = KazooClient(hosts=self.config.zookeeper,
+                                  timeout=self.config.session_timeout_s)
+        self.client.add_listener(self._state_changed)
+        try:
+            self.client.start(timeout=max(5.0, self.config.session_timeout_s))
+        except KazooTimeoutError:
+            self.client.close()
+            raise DatabusError(
+                f"cannot reach ZooKeeper at {self.config.zookeeper} (relay.cluster."
+                "zookeeper): no server answered; check the hosts and ports") from None
+        self._session = self.client.client_id[0] if self.client.client_id else None
+        self.connected.set()
+        self._register()
+        self._refresher = threading.Thread(target=self._refresh, daemon=True,
+                                           name="databus-cluster-member")
+        self._refresher.start()
+        for seat in self.seats.values():
+            seat.start()
+
+    def _state_changed(self, state: str) -> None:
+        # kazoo's connection thread: no blocking calls here.
+        from kazoo.client import KazooState
+
+        if state == KazooState.CONNECTED:
+            client_id = self.client.client_id
+            session = client_id[0] if client_id else None
+            if session != self._session:
+                self._session = session
+                self._register_needed.set()
+            self.connected.set()
+        else:
+            self.connected.clear()
+            if state == KazooState.LOST:
+                self._session = None
+                log.warning("ZooKeeper session lost")
+
+    def _register(self) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        base = f"{_root(self.config)}/members"
+        self.client.ensure_path(base)
+        if self._node is not None:
+            with contextlib.suppress(NoNodeError):  # gone with the old session
+                self.client.delete(self._node)
+        self._node = self.client.create(f"{base}/member-", self._data(), ephemeral=True,
+                                        sequence=True)
+
+    def _data(self) -> bytes:
+        doc = {"url": self.url, "mode": self.config.mode, "buffers": self.status_of(),
+               "updated_at": time.time()}
+        return json.dumps(doc).encode()
+
+    def _refresh(self) -> None:
+        while not self.stopping.wait(_REFRESH_S):
+            if not self.connected.is_set():
+                continue
+            try:
+                if self._register_needed.is_set():
+                    self._register_needed.clear()
+                    self._register()
+                elif self._node is not None:
+                    self.client.set(self._node, self._data())
+            except Exception as exc:
+                log.debug("member refresh failed: %s", exc)
+                self._register_needed.set()
+
+    def buffer_status(self, buffer: str) -> dict[str, Any]:
+        """``/v1/status``'s ``cluster`` of a buffer: the cluster, mode, this member's
+        role and session state, the epoch history and, for a follower, its leader."""
+        seat = self.seats.get(buffer)
+        history = self.histories.get(buffer)
+        return {
+            "name": self.config.name,
+            "mode": self.config.mode,
+            "url": self.url,
+            "connected": self.connected.is_set(),
+            "role": seat.role() if seat is not None else "independent",
+            "leader": (self.url if seat is not None and seat.role() == "leader"
+                       else seat.leader_url if seat is not None else None),
+            "epoch": history.current if history is not None else None,
+            "epochs": history.to_json() if history is not None else [],
+        }
+
+    def http_json(self, url: str) -> Any:
+        import urllib.request
+
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def close(self) -> None:
+        self.stopping.set()
+        for seat in self.seats.values():
+            seat.stop()
+        if self._refresher is not None:
+            self._refresher.join(5)
+        if self.client is not None:
+            try:
+                if self._node is not None and self.connected.is_set():
+                    self.client.delete(self._node)
+            except Exception:
+                log.debug("member node delete failed", exc_info=True)
+            self.client.stop()
+            self.client.close()

@@ -1,0 +1,287 @@
+"""Relay clusters in leader-follower mode (issue 16, docs/clusters.md), on real
+processes: three ``databus relay`` processes over one SQLite source (captured by
+triggers: every relay reading it would get the same SCNs) and the 3-node ZooKeeper
+ensemble of the fixtures.
+
+- one leader reads the source, the others chain from it, and all hold the same windows;
+- the leader killed with SIGKILL: a follower is promoted with the next epoch and reads
+  the source from its own max SCN; a consumer's checkpoint goes on from any member with
+  no gap and no repeat;
+- fencing: the leader paused (SIGSTOP) past its session timeout while the source keeps
+  changing, a follower takes over, the old leader resumed (SIGCONT): it appends no
+  window of its old epoch after its pause (its epoch history shows the new epoch taken
+  from exactly where it stopped), and every member agrees with the source;
+- a wrong connect string is a clear error at start.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from databus.checkpoint import Checkpoint
+from databus.fetchers.txlog import seal_sqlite_transaction
+from tests.fixtures.servers import EnsembleChroot, paused
+from tests.relay_harness import RelayProcess, parse_windows
+from tests.unit.test_txlog_support import SqliteSource
+
+pytestmark = pytest.mark.integration
+
+SESSION_S = 2.0
+DDL = "CREATE TABLE orders (id INTEGER PRIMARY KEY, qty INTEGER)"
+
+
+def cluster_toml(zk: EnsembleChroot, name: str = "shop") -> str:
+    return ("[relay.cluster]\n"
+            f'zookeeper = "{zk.hosts}"\n'
+            f'name = "{name}"\n'
+            'mode = "leader-follower"\n'
+            f"session_timeout_s = {SESSION_S}\n")
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def cluster_of(relay: RelayProcess) -> dict[str, Any]:
+    doc: dict[str, Any] = relay.status()["buffers"]["src"]
+    return doc
+
+
+def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except OSError as exc:  # a relay starting or gone
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"timed out: {what} (last: {last})")
+
+
+def stream(relay: RelayProcess, after: int | None = None) -> bytes:
+    """Every window ``relay`` holds after SCN ``after`` (all of them: None)."""
+    body = b""
+    while True:
+        query = {"sources": "shop.orders", "max_bytes": "1048576"}
+        if after is not None:
+            query["checkpoint"] = Checkpoint(after).dumps()
+        url = f"{relay.url}/v1/stream?{urllib.parse.urlencode(query)}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            chunk = resp.read()
+        windows = parse_windows(chunk)
+        if not windows:
+            return body
+        body += chunk
+        after = windows[-1].scn
+
+
+class Writer(threading.Thread):
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.halt = threading.Event()
+        self.count = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10)
+        rng = random.Random(16)
+        try:
+            while not self.halt.is_set():
+                conn.execute("BEGIN IMMEDIATE")
+                for _ in range(rng.randint(1, 3)):
+                    conn.execute("INSERT INTO orders (id, qty) VALUES (?, ?) ON CONFLICT(id) "
+                                 "DO UPDATE SET qty = excluded.qty",
+                                 (rng.randint(1, 200), rng.randrange(1000)))
+                seal_sqlite_transaction(conn)
+                conn.execute("COMMIT")
+                self.count += 1
+                time.sleep(0.005)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(10)
+        assert self.error is None, self.error
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zookeeper_chroot: EnsembleChroot
+            ) -> Iterator[tuple[SqliteSource, list[RelayProcess]]]:
+    src = SqliteSource(tmp_path / "shop.db", DDL)
+    src.install("orders")
+    src.txn("INSERT INTO orders (id, qty) VALUES (1, 1)")
+    relays = []
+    for i in range(3):
+        home = tmp_path / f"relay{i}"
+        home.mkdir()
+        relays.append(RelayProcess(home, {"src": src.uri("orders", poll_ms=10)}, workers=1,
+                                   extra_toml=cluster_toml(zookeeper_chroot)))
+    for relay in relays:
+        relay.start()
+    try:
+        yield src, relays
+    finally:
+        for relay in relays:
+            if relay.proc is not None and relay.proc.poll() is None:
+                relay.kill()
+        src.close()
+
+
+def leader_of(relays: list[RelayProcess]) -> RelayProcess:
+    def one() -> RelayProcess | None:
+        leaders = [r for r in relays if r.proc is not None and r.proc.poll() is None
+                   and cluster_of(r)["cluster"]["role"] == "leader"]
+        return leaders[0] if len(leaders) == 1 else None
+    found: RelayProcess = wait_for(one, "exactly one leader")
+    return found
+
+
+def converged(relays: list[RelayProcess], src: SqliteSource) -> int:
+    """Every live relay at the same max SCN, the source's newest."""
+    def same() -> int | None:
+        tops = {cluster_of(r)["max_scn"] for r in relays}
+        return tops.pop() if len(tops) == 1 and None not in tops else None
+
+    def settled() -> int | None:  # the writer stopped: the newest window stays newest
+        top = same()
+        time.sleep(0.3)
+        return top if top is not None and same() == top else None
+    top: int = wait_for(settled, "the members at one max SCN, the source's newest")
+    return top
+
+
+def test_one_leader_reads_the_others_chain_and_all_hold_the_same_windows(
+        cluster: tuple[SqliteSource, list[RelayProcess]]) -> None:
+    src, relays = cluster
+    leader = leader_of(relays)
+    followers = [r for r in relays if r is not leader]
+    for r in followers:
+        wait_for(lambda r=r: cluster_of(r)["cluster"]["leader"] == leader.url,
+                 "followers know the leader")
+        assert cluster_of(r)["cluster"]["role"] == "follower"
+        wait_for(lambda r=r: cluster_of(r)["fetcher"]["state"] == "running",
+                 "followers chaining")
+    writer = Writer(src.path)
+    writer.start()
+    time.sleep(1.0)
+    writer.stop()
+    converged(relays, src)
+    bodies = {stream(r) for r in relays}
+    assert len(bodies) == 1 and parse_windows(bodies.pop())
+    epochs = {json.dumps(cluster_of(r)["cluster"]["epochs"]) for r in relays}
+    assert len(epochs) == 1  # the followers took the leader's history
+
+
+def test_leader_killed_a_follower_takes_over_with_the_next_epoch(
+        cluster: tuple[SqliteSource, list[RelayProcess]]) -> None:
+    src, relays = cluster
+    writer = Writer(src.path)
+    writer.start()
+    try:
+        for _ in range(2):
+            live = [r for r in relays if r.proc is not None and r.proc.poll() is None]
+            leader = leader_of(live)
+            epoch = cluster_of(leader)["cluster"]["epoch"]
+            time.sleep(0.5)
+            leader.kill()
+            rest = [r for r in live if r is not leader]
+            new = leader_of(rest)
+            assert cluster_of(new)["cluster"]["epoch"] == epoch + 1
+            leader.start()  # back, as a follower
+            wait_for(lambda r=leader: cluster_of(r)["cluster"]["role"] == "follower",
+                     "the old leader follows")
+    finally:
+        writer.stop()
+    top = converged(relays, src)
+    bodies = [stream(r) for r in relays]
+    assert bodies[0] == bodies[1] == bodies[2]
+    windows = parse_windows(bodies[0])
+    assert windows[-1].scn == top
+    assert [w.scn for w in windows] == sorted({w.scn for w in windows})  # no repeat
+    # A checkpoint taken on one member goes on from another with no gap, no repeat.
+    middle = windows[len(windows) // 2].scn
+    assert stream(relays[1], middle) == stream(relays[2], middle)
+
+
+def test_a_paused_leader_is_fenced(cluster: tuple[SqliteSource, list[RelayProcess]]) -> None:
+    src, relays = cluster
+    leader = leader_of(relays)
+    old_epoch = cluster_of(leader)["cluster"]["epoch"]
+    writer = Writer(src.path)
+    writer.start()
+    time.sleep(0.5)
+    writer.stop()
+    held = converged(relays, src)  # the leader's newest window when it is paused
+    writer = Writer(src.path)  # the source changes while the leader is stopped ...
+    assert leader.proc is not None
+    try:
+        with paused(leader.proc, seconds=SESSION_S * 3):
+            writer.start()
+            promoted = wait_for(lambda: [r for r in relays if r is not leader and
+                                         cluster_of(r)["cluster"]["role"] == "leader"],
+                                "a follower promoted", timeout=SESSION_S * 5)
+            new_leader = promoted[0]
+        # ... and after it resumed: its lease ran out while it was stopped.
+        wait_for(lambda: cluster_of(leader)["cluster"]["role"] == "follower",
+                 "the old leader follows the new one")
+        time.sleep(0.5)
+    finally:
+        writer.stop()
+    top = converged(relays, src)
+    assert top > held
+    new_epoch = cluster_of(new_leader)["cluster"]["epoch"]
+    assert new_epoch > old_epoch
+    history = cluster_of(leader)["cluster"]["epochs"]
+    assert [e for e, _ in history] == sorted(e for e, _ in history)
+    # The old leader's own epoch ends exactly at the window it held when it was paused:
+    # the next entry of its history (the new epoch, taken when it began to follow)
+    # starts there. One window appended in its old epoch after the resume would have
+    # moved it.
+    assert history[-1] == [new_epoch, held], history
+    assert [e for e, _ in history[:-1]] == [old_epoch]
+    # Every member holds the same windows, and agrees on the epochs after the pause.
+    bodies = [stream(r) for r in relays]
+    assert bodies[0] == bodies[1] == bodies[2]
+    for r in relays:
+        assert cluster_of(r)["cluster"]["epochs"][-1][0] == new_epoch
+
+
+def test_a_wrong_connect_string_is_a_clear_error_at_start(tmp_path: Path) -> None:
+    src = SqliteSource(tmp_path / "shop.db", DDL)
+    src.install("orders")
+    for hosts, expect in (("127.0.0.1:1", "cannot reach ZooKeeper"),
+                          ("zk1:2181;zk2", "expected host:port")):
+        config = tmp_path / "relay.toml"
+        config.write_text(
+            "[relay]\n" f'data_dir = "{tmp_path / "data"}"\n' "port = 18999\nworkers = 1\n"
+            "[[relay.buffers]]\n" 'name = "src"\ncapacity_mb = 1\n'
+            f'source = "{src.uri("orders")}"\n'
+            "[relay.cluster]\n" f'zookeeper = "{hosts}"\n' 'name = "shop"\n'
+            'session_timeout_s = 1.0\n')
+        done = subprocess.run([str(Path(sys.executable).with_name("databus")), "relay",
+                               "--config", str(config)], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode != 0
+        assert expect in done.stderr, done.stderr
+    src.close()
