@@ -265,7 +265,8 @@ class Seat:
                 continue  # suspended: the lease runs out unless the session comes back
             sent = lease.now()
             try:
-                data, _ = member.client.get(self.epoch_path)
+                # Bounded: a request lost with a connection must not stall the renewals.
+                data, _ = member.client.get_async(self.epoch_path).get(timeout=renew_every)
             except Exception as exc:  # a timeout, a lost connection: no confirmation
                 log.debug("lease renewal of %s failed: %s", self.buffer, exc)
                 continue

@@ -285,3 +285,73 @@ def test_a_wrong_connect_string_is_a_clear_error_at_start(tmp_path: Path) -> Non
         assert done.returncode != 0
         assert expect in done.stderr, done.stderr
     src.close()
+
+
+def test_loss_of_quorum_stops_appends_keeps_serving_and_no_split_brain(
+        cluster: tuple[SqliteSource, list[RelayProcess]],
+        zookeeper_chroot: EnsembleChroot) -> None:
+    src, relays = cluster
+    leader_of(relays)
+    converged(relays, src)
+    writer = Writer(src.path)
+    writer.start()
+    try:
+        with zookeeper_chroot.ensemble.lose_quorum():
+            time.sleep(SESSION_S)  # past the lease (half the session timeout)
+            frozen = [cluster_of(r)["max_scn"] for r in relays]
+            time.sleep(SESSION_S)
+            # Nothing appended without a confirmed lease, though the source moved on ...
+            assert [cluster_of(r)["max_scn"] for r in relays] == frozen
+            # ... and every member still serves what it holds.
+            for r in relays:
+                assert parse_windows(stream(r))
+        # Quorum back: one leader (no split brain), and the cluster catches up.
+        time.sleep(1.0)
+    finally:
+        writer.stop()
+    leader = leader_of(relays)
+    held = max(s for s in frozen if s is not None)
+    wait_for(lambda: cluster_of(leader)["max_scn"] > held, "the leader appending again")
+    converged(relays, src)
+    bodies = [stream(r) for r in relays]
+    assert bodies[0] == bodies[1] == bodies[2]
+    epochs = [[e for e, _ in cluster_of(r)["cluster"]["epochs"]] for r in relays]
+    for history in epochs:
+        assert history == sorted(history)
+
+
+def test_a_follower_that_fell_off_its_leader_reports_a_clear_error(
+        tmp_path: Path, zookeeper_chroot: EnsembleChroot) -> None:
+    src = SqliteSource(tmp_path / "shop.db",
+                       "CREATE TABLE orders (id INTEGER PRIMARY KEY, qty INTEGER, note TEXT)")
+    src.install("orders")
+    src.txn("INSERT INTO orders (id, qty) VALUES (1, 1)")
+    relays = []
+    for i in range(2):
+        home = tmp_path / f"relay{i}"
+        home.mkdir()
+        relays.append(RelayProcess(home, {"src": src.uri("orders", poll_ms=10)}, workers=1,
+                                   capacity_mb=1, extra_toml=cluster_toml(zookeeper_chroot)))
+    try:
+        relays[0].start()
+        wait_for(lambda: cluster_of(relays[0])["cluster"]["role"] == "leader", "a leader")
+        relays[1].start()
+        wait_for(lambda: cluster_of(relays[1])["fetcher"]["state"] == "running",
+                 "the follower chaining")
+        relays[1].kill()
+        # More than the leader's 1 MiB ring while the follower is away.
+        pad = "x" * 2000
+        for n in range(12):
+            src.txn(*[f"INSERT INTO orders (id, qty, note) VALUES ({1000 + n * 100 + i}, 0, "
+                      f"'{pad}')" for i in range(100)])
+        wait_for(lambda: (cluster_of(relays[0])["min_scn"] or 0) > 2, "the leader's ring wrapped")
+        relays[1].start()
+        status = wait_for(lambda: (lambda s: s if s["fetcher"]["state"] == "failed" else None)(
+            cluster_of(relays[1])), "the follower stops with an error")
+        error = status["fetcher"]["last_error"]
+        assert "fell off" in error and relays[0].url.split("//")[1] in error, error
+    finally:
+        for relay in relays:
+            if relay.proc is not None and relay.proc.poll() is None:
+                relay.kill()
+        src.close()
