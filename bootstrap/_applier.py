@@ -41,6 +41,7 @@ class LogApplier(BackgroundComponent):
     """Owns one background task (``start``/``close``)."""
 
     task_name = "databus-bootstrap-applier"
+    component = "applier"
     log = log
     status: ApplierStatus
 
@@ -68,7 +69,8 @@ class LogApplier(BackgroundComponent):
     def apply_available(self) -> int:
         """Apply until caught up (blocking); the number of rows applied."""
         rows = 0
-        while (result := self.storage.apply(max_rows=self.batch_rows)) is not None:
+        while (result := self.storage.apply(max_rows=self.batch_rows,
+                                            fence=self.fence)) is not None:
             rows += result.rows
             self.status.batches += 1
             self.status.rows += result.rows
@@ -84,7 +86,7 @@ class LogApplier(BackgroundComponent):
         self.status.retention_runs += 1
         if cut is None:
             return {"cut_scn": None, "windows_dropped": 0}
-        result = self.storage.retain(cut_scn=cut)
+        result = self.storage.retain(cut_scn=cut, fence=self.fence)
         self.status.log_floor_scn = result.log_floor_scn
         if result.windows_dropped:
             log.info("retention dropped %d windows; the log now starts after SCN %s",
@@ -103,6 +105,7 @@ class LogApplier(BackgroundComponent):
         self.status.state = "running"
         while True:
             try:
+                await self.take_fence()
                 rows = await asyncio.to_thread(self.apply_available)
                 if self._retention_on and time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + self.retention_interval

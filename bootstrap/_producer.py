@@ -127,6 +127,7 @@ class LogProducer(BackgroundComponent):
     """Owns one background task (``start``/``close``) that pulls and appends."""
 
     task_name = "databus-bootstrap-producer"
+    component = "producer"
     log = log
     status: ProducerStatus
 
@@ -158,6 +159,7 @@ class LogProducer(BackgroundComponent):
         delay = self.backoff_initial
         while True:
             try:
+                await self.take_fence()  # before the checkpoint is read
                 async with aiohttp.ClientSession() as session:
                     await self._pull(session)
             except asyncio.CancelledError:
@@ -241,7 +243,7 @@ class LogProducer(BackgroundComponent):
     async def _append(self, windows: LogBatch, floor: int | None) -> None:
         committed = Checkpoint.after(windows.last_scn)
         await asyncio.to_thread(self.storage.append, windows, committed,
-                                log_floor_scn=floor)
+                                log_floor_scn=floor, fence=self.fence)
         self.status.scn = committed.window_scn
         self.status.windows += len(windows)
         self.status.events += windows.events

@@ -60,6 +60,8 @@ class ServiceInfo:
         self.max_bytes_cap = max_bytes_cap
         self.components: dict[str, Callable[[], dict[str, Any]]] = {}
         self.retain: Callable[[], dict[str, Any]] | None = None
+        # [bootstrap.cluster]: the cluster, and which components this member runs now.
+        self.cluster: Callable[[], dict[str, Any]] | None = None
 
 
 BOOTSTRAPPER = web.AppKey("bootstrapper", Bootstrapper)
@@ -141,6 +143,7 @@ async def status_doc(app: web.Application) -> dict[str, Any]:
         "snapshot_rows": state.snapshot_rows,
         "update_ratio": state.update_ratio,
         "components": {name: report() for name, report in app[INFO].components.items()},
+        "cluster": cluster() if (cluster := app[INFO].cluster) is not None else None,
         # The loop this process actually runs on (bootstrap.event_loop, DATABUS_EVENT_LOOP).
         "event_loop": running_loop_name(),
     }

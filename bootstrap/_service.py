@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from databus._http import BadRequest
 from databus._serving import ServingLimits, install
 from databus.bootstrap._applier import LogApplier
+from databus.bootstrap._component import BackgroundComponent
 from databus.bootstrap._producer import LogProducer
 from databus.bootstrap._serve import Bootstrapper, ServePolicy
 from databus.bootstrap._server import DEFAULT_MAX_BYTES, ServiceInfo, create_app
@@ -55,6 +57,9 @@ def build_app(config: BootstrapConfig, storage: BootstrapStorage) -> web.Applica
         info.components["applier"] = applier.status.to_json
         info.retain = applier.retain
 
+    if config.cluster is not None:
+        return _clustered(app, config, storage, info, producer, applier)
+
     async def components(app: web.Application) -> AsyncIterator[None]:
         for component in (producer, applier):
             if component is not None:
@@ -66,4 +71,45 @@ def build_app(config: BootstrapConfig, storage: BootstrapStorage) -> web.Applica
         storage.close()
 
     app.cleanup_ctx.append(components)
+    return app
+
+
+def _clustered(app: web.Application, config: BootstrapConfig, storage: BootstrapStorage,
+               info: ServiceInfo, producer: LogProducer | None, applier: LogApplier | None
+               ) -> web.Application:
+    """``[bootstrap.cluster]``: the producer and the applier run while this service
+    holds their locks (bootstrap/_cluster.py); the server always."""
+    from databus.bootstrap._cluster import BootstrapMember
+
+    cluster = config.cluster
+    assert cluster is not None
+    url = cluster.advertise_url or f"http://{config.host}:{config.port}"
+    components: dict[str, BackgroundComponent] = {}
+    if producer is not None:
+        components["producer"] = producer
+    if applier is not None:
+        components["applier"] = applier
+    member = BootstrapMember(cluster, url, storage, components,
+                             sources=config.producer.sources)
+    info.cluster = member.status
+    if applier is not None:
+        def retain() -> dict[str, object]:
+            seat = member.seats.get("applier")
+            if seat is None or not seat.holding:
+                raise BadRequest(f"cluster {cluster.name}: another service runs the "
+                                 "applier now (see /v1/status): ask that one")
+            return applier.retain()
+        info.retain = retain
+
+    async def membership(app: web.Application) -> AsyncIterator[None]:
+        try:
+            await member.start()
+        except BaseException:
+            storage.close()
+            raise
+        yield
+        await member.close()
+        storage.close()
+
+    app.cleanup_ctx.append(membership)
     return app

@@ -10,13 +10,17 @@ rows (whole partitions on PostgreSQL).
 from __future__ import annotations
 
 import contextlib
+import uuid
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from databus.bootstrap._storage import (
+    COMPONENTS,
     ApplyResult,
     BootstrapStorage,
+    Fence,
+    FencedError,
     LogBatch,
     LogRow,
     LogRows,
@@ -41,6 +45,15 @@ LOG_FLOOR_SCN = "log_floor_scn"
 APPLIER_ROWS = "applier_rows"
 APPLIER_NEW_KEYS = "applier_new_keys"
 KEY_HASH = "key_hash"  # "1" if the key_hash column is filled (hash filters can be pushed)
+STORE_ID = "store_id"  # made once: the identity cluster members find the store's locks by
+
+
+def fence_state(component: str) -> str:
+    """The dbus_state name of a component's fencing token ("producer_fence", ...)."""
+    if component not in COMPONENTS:
+        raise ValueError(f"no fence for {component!r}")
+    return f"{component}_fence"
+
 
 _SNAPSHOT_COLUMNS = "key, scn, op, pkey, key_hash, event"
 
@@ -74,6 +87,10 @@ class SqlStorage(BootstrapStorage):
 
     paramstyle = "format"
     blob_type = "bytea"
+    # Appended to the read of a fencing token inside a write: PostgreSQL locks the row
+    # (a takeover's new token waits for the write to end, and the write sees a token
+    # committed before it); SQLite's writers are serialized by BEGIN IMMEDIATE already.
+    for_update = " FOR UPDATE"
     # Whether key_hash is computed and stored; fixed when the store is created.
     key_hash: bool = True
 
@@ -223,6 +240,56 @@ class SqlStorage(BootstrapStorage):
                         " ORDER BY added_order")
             return [(_unsigned64(int(fp)), str(src), str(js)) for fp, src, js in cur.fetchall()]
 
+    # -- fencing --------------------------------------------------------------------
+
+    def store_id(self) -> str:
+        with self._transaction(write=True) as cur:
+            cur.execute(self._q("INSERT INTO dbus_state (name, value) VALUES (%s, %s)"
+                                " ON CONFLICT (name) DO NOTHING"), (STORE_ID, uuid.uuid4().hex))
+            value = self._get_state(cur, STORE_ID)
+        assert value is not None
+        return value
+
+    def take_fence(self, component: str) -> int:
+        name = fence_state(component)
+        with self._transaction(write=True) as cur:
+            # One statement: two takers never get the same token, and on PostgreSQL it
+            # waits for the row lock a write of the older holder has (_check_fence).
+            cur.execute(self._q(
+                "INSERT INTO dbus_state (name, value) VALUES (%s, '1') ON CONFLICT (name)"
+                " DO UPDATE SET value = CAST(CAST(dbus_state.value AS bigint) + 1 AS text)"
+                " RETURNING value"), (name,))
+            return int(cur.fetchone()[0])
+
+    def fence_tokens(self) -> dict[str, int]:
+        with self._transaction(write=False) as cur:
+            out = {}
+            for component in COMPONENTS:
+                value = self._get_state(cur, fence_state(component))
+                if value is not None:
+                    out[component] = int(value)
+            return out
+
+    def _check_fence(self, cur: Cursor, fence: Fence | None) -> None:
+        """First thing in a fenced write's transaction: the writer's token must still
+        be the store's (PostgreSQL: the row stays locked until the commit)."""
+        if fence is None:
+            return
+        cur.execute(self._q("SELECT value FROM dbus_state WHERE name = %s")
+                    + self.for_update, (fence_state(fence.component),))
+        row = cur.fetchone()
+        current = None if row is None else int(row[0])
+        if current != fence.token:
+            raise FencedError(
+                f"the {fence.component}'s fencing token {fence.token} is no longer the "
+                f"store's ({current}): another service took the {fence.component} over; "
+                "this write was not made")
+
+    @staticmethod
+    def _before_commit(fence: Fence | None) -> None:
+        if fence is not None and fence.guard is not None:
+            fence.guard()
+
     # -- producer -------------------------------------------------------------------
 
     def producer_checkpoint(self) -> Checkpoint | None:
@@ -236,6 +303,7 @@ class SqlStorage(BootstrapStorage):
         checkpoint: Checkpoint,
         *,
         log_floor_scn: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
         by_source: dict[int, LogRows | list[tuple[int, int, StoredEvent]]] = {}
         window_rows: list[tuple[int, int, int, int]] = []
@@ -266,6 +334,7 @@ class SqlStorage(BootstrapStorage):
             scns = [w.scn for w in windows]
         self._prepare_append(coming)
         with self._transaction(write=True) as cur:
+            self._check_fence(cur, fence)
             cur.execute("SELECT max(scn) FROM dbus_windows")
             row = cur.fetchone()
             end = None if row is None or row[0] is None else int(row[0])
@@ -280,11 +349,13 @@ class SqlStorage(BootstrapStorage):
             self._set_state(cur, PRODUCER_CHECKPOINT, checkpoint.dumps())
             if log_floor_scn is not None and self._get_state(cur, LOG_FLOOR_SCN) is None:
                 self._set_state(cur, LOG_FLOOR_SCN, log_floor_scn)
+            self._before_commit(fence)
 
     # -- applier --------------------------------------------------------------------
 
-    def apply(self, *, max_rows: int) -> ApplyResult | None:
+    def apply(self, *, max_rows: int, fence: Fence | None = None) -> ApplyResult | None:
         with self._transaction(write=True) as cur:
+            self._check_fence(cur, fence)
             applied = self._int_state(cur, APPLIED_SCN)
             after = applied if applied is not None else -1
             cur.execute(
@@ -333,6 +404,7 @@ class SqlStorage(BootstrapStorage):
             self._set_state(cur, APPLIER_ROWS, (self._int_state(cur, APPLIER_ROWS) or 0) + rows)
             self._set_state(cur, APPLIER_NEW_KEYS,
                             (self._int_state(cur, APPLIER_NEW_KEYS) or 0) + new_keys)
+            self._before_commit(fence)
         return ApplyResult(after, upto, count, rows, new_keys)
 
     # -- reads ----------------------------------------------------------------------
@@ -508,8 +580,9 @@ class SqlStorage(BootstrapStorage):
                     cuts.append(int(row[0]))
         return max(cuts) if cuts else None
 
-    def retain(self, *, cut_scn: int) -> RetentionResult:
+    def retain(self, *, cut_scn: int, fence: Fence | None = None) -> RetentionResult:
         with self._transaction(write=True) as cur:
+            self._check_fence(cur, fence)
             applied = self._int_state(cur, APPLIED_SCN)
             floor = self._int_state(cur, LOG_FLOOR_SCN)
             if applied is None:
@@ -533,6 +606,7 @@ class SqlStorage(BootstrapStorage):
                         (TOMBSTONE, floor),
                     )
                     purged += max(0, int(getattr(cur, "rowcount", 0) or 0))
+            self._before_commit(fence)
         if cut >= 0:
             self._drop_log(ids, cut)
         return RetentionResult(floor, int(dropped), purged)

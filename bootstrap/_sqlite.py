@@ -23,6 +23,7 @@ from databus.errors import ConfigError, StorageUnavailableError
 class SqliteStorage(SqlStorage):
     paramstyle = "qmark"
     blob_type = "blob"
+    for_update = ""  # BEGIN IMMEDIATE: one writer at a time already
 
     def __init__(self, url: str, *, busy_timeout: float = 30.0, key_hash: bool = True) -> None:
         parts = urlsplit(url)

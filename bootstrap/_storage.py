@@ -10,16 +10,39 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from databus._hashing import stable_key_hash
 from databus.batch import Scan, copy_rows, group_rows, key_hashes, restamp
 from databus.checkpoint import Checkpoint
-from databus.errors import ConfigError
+from databus.errors import ConfigError, DatabusError
 from databus.event import HEADER_SIZE, decode_header
 from databus.filters import FilterSpec
+
+COMPONENTS = ("producer", "applier")  # the writers of a store, one of each at a time
+
+
+class FencedError(DatabusError):
+    """A newer holder of the component's fence took over the store: this holder's write
+    was refused, in the transaction that would have made it (bootstrap/_cluster.py)."""
+
+    code = "fenced"
+    retriable = False
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What a writer (producer or applier) presents with each write: its ``token``,
+    taken with ``BootstrapStorage.take_fence`` when it started, compared with the
+    store's inside the write's transaction (a newer token there: ``FencedError``, no
+    write). ``guard``, when set, runs just before the commit and raises when the writer
+    may no longer write (a cluster member whose lease ran out)."""
+
+    component: str
+    token: int
+    guard: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +245,23 @@ class BootstrapStorage(ABC):
     @abstractmethod
     def producer_checkpoint(self) -> Checkpoint | None: ...
 
+    # -- fencing (one writer per component) --------------------------------------------
+
+    @abstractmethod
+    def store_id(self) -> str:
+        """This store's identity, made once when first asked and kept in the store
+        (cluster members on one store find each other's locks by it)."""
+
+    @abstractmethod
+    def take_fence(self, component: str) -> int:
+        """A new fencing token for ``component`` ("producer" or "applier"), above
+        every token taken before: from its commit on, writes presenting an older token
+        are refused. It waits for a write of an older holder in progress to end."""
+
+    @abstractmethod
+    def fence_tokens(self) -> dict[str, int]:
+        """The current token of each component that has one."""
+
     @abstractmethod
     def append(
         self,
@@ -229,20 +269,24 @@ class BootstrapStorage(ABC):
         checkpoint: Checkpoint,
         *,
         log_floor_scn: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
         """Append whole windows and the producer's checkpoint in one transaction
         (``LogWindow`` objects, or a producer's ``LogBatch``).
 
         ``log_floor_scn`` is given on the very first append: the SCN after which the
         log is complete. Windows must come in increasing SCN order, after the log's end.
+        With ``fence``, nothing is written unless it is still the producer's current
+        token (``FencedError``).
         """
 
     # -- applier --------------------------------------------------------------------
 
     @abstractmethod
-    def apply(self, *, max_rows: int) -> ApplyResult | None:
+    def apply(self, *, max_rows: int, fence: Fence | None = None) -> ApplyResult | None:
         """Move the next windows (about ``max_rows`` rows, whole windows) into the
-        snapshot and advance the applied SCN, in one transaction; None if caught up."""
+        snapshot and advance the applied SCN, in one transaction; None if caught up.
+        ``fence``: the applier's, as ``append``'s."""
 
     # -- reads ----------------------------------------------------------------------
 
@@ -295,7 +339,7 @@ class BootstrapStorage(ABC):
     # -- retention --------------------------------------------------------------------
 
     @abstractmethod
-    def retain(self, *, cut_scn: int) -> RetentionResult:
+    def retain(self, *, cut_scn: int, fence: Fence | None = None) -> RetentionResult:
         """Drop log windows with SCN <= ``cut_scn`` (never past the applied SCN; the
         PostgreSQL backend rounds down to whole partitions) and purge tombstones the
         log no longer covers."""

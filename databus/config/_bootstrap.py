@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Literal
 
 from databus._redact import register_uri
-from databus.config._checks import _MIB, ConfigFieldError, check_range, check_serving_limits
+from databus.config._checks import (
+    _MIB,
+    ConfigFieldError,
+    check_name,
+    check_range,
+    check_serving_limits,
+)
+from databus.config._cluster import check_zookeeper_hosts
 from databus.config._secrets import Secret
 
 
@@ -94,6 +102,32 @@ class BootstrapServerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class BootstrapClusterConfig:
+    """``[bootstrap.cluster]``: bootstrap failover (docs/clusters.md, "Bootstrap
+    failover"). Services of one ``name`` on one store run its producer and applier in
+    exactly one of them at a time (a kazoo Lock per store and component); all of them
+    serve. ``session_timeout_s``: the ZooKeeper session, so the time a standby takes to
+    take over a dead holder's work; a holder stops writing half of it after it last
+    heard from ZooKeeper (its lease), and the store refuses its writes once a standby
+    took over (the fencing token). ``advertise_url``: where clients reach this service
+    (shown to ``databus cluster status``); default ``http://host:port``."""
+
+    zookeeper: str
+    name: str
+    session_timeout_s: float = 10.0
+    advertise_url: str = ""
+
+    def __post_init__(self) -> None:
+        check_zookeeper_hosts(self.zookeeper)
+        check_name(self.name, "name")
+        if not 0.4 <= self.session_timeout_s <= 600:
+            raise ConfigFieldError("session_timeout_s", "must be between 0.4 and 600")
+        if self.advertise_url and not re.fullmatch(r"https?://[^\s/?#]+/?",
+                                                   self.advertise_url):
+            raise ConfigFieldError("advertise_url", "expected http://host:port")
+
+
+@dataclasses.dataclass(frozen=True)
 class BootstrapConfig:
     """``[bootstrap]``: the store and which of producer, applier and server run here."""
 
@@ -117,6 +151,8 @@ class BootstrapConfig:
     applier: ApplierConfig = dataclasses.field(default_factory=ApplierConfig)
     server: BootstrapServerConfig = dataclasses.field(default_factory=BootstrapServerConfig)
     retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
+    # [bootstrap.cluster]: failover between services on one store (docs/clusters.md).
+    cluster: BootstrapClusterConfig | None = None
 
     def __post_init__(self) -> None:
         register_uri(self.storage)
@@ -133,3 +169,8 @@ class BootstrapConfig:
             raise ConfigFieldError("admin_token", "must not be empty (omit it to disable admin)")
         if self.log_partition_span is not None:
             check_range(self.log_partition_span, "log_partition_span", min=1)
+        if self.cluster is not None and not self.cluster.advertise_url and (
+                self.port == 0 or self.host in ("0.0.0.0", "::", "")):
+            raise ConfigFieldError("cluster.advertise_url", "needed when the service "
+                                   "listens on port 0 or on every address: the other "
+                                   "members must know where to reach it")
