@@ -75,11 +75,13 @@ def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
     raise AssertionError(f"timed out: {what} (last: {last})")
 
 
-def stream(relay: RelayProcess, after: int | None = None) -> bytes:
-    """Every window ``relay`` holds after SCN ``after`` (all of them: None)."""
+def stream(relay: RelayProcess, after: int | None = None,
+           sources: str = "shop.orders") -> bytes:
+    """Every window ``relay`` holds after SCN ``after`` (all of them: None); windows
+    of up to 8 MiB (a larger one would be cut, and this reads after whole windows)."""
     body = b""
     while True:
-        query = {"sources": "shop.orders", "max_bytes": "1048576"}
+        query = {"sources": sources, "max_bytes": str(8 << 20)}
         if after is not None:
             query["checkpoint"] = Checkpoint(after).dumps()
         url = f"{relay.url}/v1/stream?{urllib.parse.urlencode(query)}"
