@@ -15,6 +15,7 @@ from databus.client._checkpoint_store import (
 from databus.client._checkpoint_zookeeper import ZooKeeperCheckpointStore
 from databus.client._client import ClientMetrics, DatabusClient, RetryBudgetExhausted
 from databus.client._consumer import CallbackResult, Consumer
+from databus.client._discovery import RelayDiscovery, ZooKeeperUnreachable
 from databus.client._events import DataEvent, EndOfWindow, Window
 from databus.client._relay_puller import FellOffRelay, RelayError, RelayPuller
 from databus.client._runner import CallbackTimeout, ConsumerError
@@ -35,9 +36,11 @@ __all__ = [
     "FileCheckpointStore",
     "MemoryCheckpointStore",
     "PostgresCheckpointStore",
+    "RelayDiscovery",
     "RelayError",
     "RelayPuller",
     "RetryBudgetExhausted",
     "Window",
     "ZooKeeperCheckpointStore",
+    "ZooKeeperUnreachable",
 ]

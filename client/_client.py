@@ -44,6 +44,7 @@ from databus.client._bootstrap_puller import BootstrapError, BootstrapPuller
 from databus.client._checkpoint_store import CheckpointStore
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._decode import WINDOW_FAILURES, Framing, ResponseDecoder
+from databus.client._discovery import RelayDiscovery, validate_discovery
 from databus.client._dispatcher import Dispatcher, checkpoint_scn
 from databus.client._events import (
     BootstrapMark,
@@ -55,7 +56,7 @@ from databus.client._events import (
 )
 from databus.client._relay_puller import FellOffRelay, RelayPuller
 from databus.client._runner import Outcome, Runner
-from databus.errors import DatabusError, EventFormatError, UnknownSchemaError
+from databus.errors import ConfigError, DatabusError, EventFormatError, UnknownSchemaError
 from databus.filters import FilterSpec
 from databus.schemas import AvroCodec, Schema
 
@@ -299,7 +300,7 @@ class DatabusClient:
 
     def __init__(
         self,
-        relays: Sequence[str],
+        relays: Sequence[str] = (),
         *,
         sources: Sequence[str] = (),
         checkpoint_store: CheckpointStore | None = None,
@@ -319,11 +320,31 @@ class DatabusClient:
         backoff_max: float = 5.0,
         streaming: bool = True,
         client_id: str | None = None,
+        zookeeper: str | None = None,
+        cluster: str | None = None,
+        zookeeper_timeout: float = 10.0,
     ) -> None:
-        if not relays:
-            raise ValueError("DatabusClient needs at least one relay URL")
+        # Relay discovery (docs/clusters.md, "Discovery"): the members of a relay
+        # cluster on ZooKeeper instead of a list of URLs.
+        if zookeeper is not None or cluster is not None:
+            if relays:
+                raise ConfigError("DatabusClient takes either relays=[...] or zookeeper= "
+                                  "and cluster= (relay discovery), not both")
+            if zookeeper is None or cluster is None:
+                raise ConfigError("relay discovery needs both zookeeper= (the connect "
+                                  "string) and cluster= (the relay cluster's name)")
+            validate_discovery(zookeeper, cluster, zookeeper_timeout)
+        elif not relays:
+            raise ValueError("DatabusClient needs at least one relay URL (or zookeeper= "
+                             "and cluster= to discover them)")
+        if isinstance(relays, str):
+            raise ConfigError("relays is a list of URLs, not one string")
+        self.zookeeper = zookeeper
+        self.cluster = cluster
+        self.zookeeper_timeout = zookeeper_timeout
         if start_from not in ("earliest", "latest"):
             raise ValueError("start_from is 'earliest' or 'latest'")
+        # With discovery: the cluster's members, kept up to date while the client runs.
         self.relays = list(relays)
         self.sources = list(sources)
         self.checkpoint_store = checkpoint_store
@@ -382,12 +403,50 @@ class DatabusClient:
         """Run until ``stop()`` or a fatal error (raised here)."""
         asyncio.run(self.run_async())
 
+    # -- relay discovery ----------------------------------------------------------------
+
+    async def _start_discovery(self) -> RelayDiscovery | None:
+        """With ``zookeeper=``/``cluster=``: connect and read the members (a clear
+        ``ZooKeeperUnreachable`` after ``zookeeper_timeout`` seconds, raised by
+        ``run``), or None for a client given its relays."""
+        if self.zookeeper is None or self.cluster is None:
+            return None
+        discovery = RelayDiscovery(self.zookeeper, self.cluster,
+                                   timeout=self.zookeeper_timeout)
+        self.relays = await asyncio.to_thread(discovery.start)
+        return discovery
+
+    def _follow_discovery(self, discovery: RelayDiscovery, puller: RelayPuller,
+                          loop: asyncio.AbstractEventLoop) -> None:
+        """Membership changes reach the puller in its loop; ``self.relays`` shows them."""
+        puller.empty_reason = f"the {discovery.where} has no members"
+
+        def changed(urls: list[str]) -> None:  # the discovery thread
+            self.relays = urls
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(puller.set_urls, urls)
+
+        discovery.subscribe(changed)
+        # A change between the first read and the subscription is not lost.
+        if discovery.urls != puller.urls:
+            changed(list(discovery.urls))
+
     # -- the async core ---------------------------------------------------------------
 
     async def run_async(self) -> None:
         if not self._consumers:
             raise ValueError("register a Consumer before running the client")
         loop = asyncio.get_running_loop()
+        # First, so that an unreachable ZooKeeper stops the client before anything runs.
+        discovery = await self._start_discovery()
+        try:
+            await self._run_with(loop, discovery)
+        finally:
+            if discovery is not None:
+                await asyncio.to_thread(discovery.close)
+
+    async def _run_with(self, loop: asyncio.AbstractEventLoop,
+                        discovery: RelayDiscovery | None) -> None:
         self._loop = loop
         self._wake = asyncio.Event()
         outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
@@ -437,7 +496,7 @@ class DatabusClient:
             pullers = _Pullers(
                 RelayPuller(self.relays, self.sources, session, filter_json=filter_json,
                             backoff_initial=self.backoff_initial, backoff_max=self.backoff_max,
-                            streaming=self.streaming),
+                            streaming=self.streaming, allow_empty=discovery is not None),
                 BootstrapPuller(self.bootstrap, self.sources, session, filter_json=filter_json,
                                 backoff_initial=self.backoff_initial,
                                 backoff_max=self.backoff_max) if self.bootstrap else None,
@@ -448,6 +507,8 @@ class DatabusClient:
             pullers.relay.client_id = self.client_id
             if pullers.bootstrap is not None:
                 pullers.bootstrap.client_id = self.client_id
+            if discovery is not None:
+                self._follow_discovery(discovery, pullers.relay, loop)
             gen = runner.start()
             try:
                 while not self._stop_requested.is_set():

@@ -5,14 +5,22 @@ request), so any replica can answer the next request. A puller starts at a rando
 and, on a connection error, a 5xx or a bad answer, moves to the next one round-robin,
 sleeping with exponential backoff once every URL has failed in a row. Source ids are per
 server: each server's own id -> name map is kept, and dropped when that server fails.
+
+The list may change while the puller runs (relay discovery, ``client/_discovery.py``):
+``set_urls`` keeps the current server current while it is in the new list, and one that
+left it stays current until it fails (an open stream keeps going); the next server is
+then picked from the new list. With an empty list (a cluster with no members yet) the
+puller waits for one, as it waits when every server is down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import ClassVar, TypeVar
 
@@ -53,10 +61,11 @@ class FailoverPuller:
         request_timeout: float = 30.0,
         rng: random.Random | None = None,
         prefer_first: bool = False,
+        allow_empty: bool = False,
     ) -> None:
-        if not urls:
+        if not urls and not allow_empty:
             raise ValueError(f"at least one {self.service} URL is needed")
-        self.urls = [u.rstrip("/") for u in urls]
+        self.urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
         self.sources = list(sources)
         self.filter_json = filter_json
         self.session = session
@@ -65,7 +74,13 @@ class FailoverPuller:
         self.request_timeout = request_timeout
         # A random start spreads consumers over replicas; ``prefer_first`` starts at the
         # first URL instead (a list in order of preference: a chained relay's upstreams).
-        self._index = 0 if prefer_first else (rng or random.Random()).randrange(len(self.urls))
+        self._rng = rng or random.Random()
+        self._index = 0 if prefer_first or not self.urls else self._rng.randrange(len(self.urls))
+        # A server dropped from the list by ``set_urls`` while current: used until it fails.
+        self._leaving: str | None = None
+        self._urls_changed = asyncio.Event()
+        # Why the list may be empty, for the log line while waiting (set by the owner).
+        self.empty_reason = f"no {self.service} URL"
         self._failures = 0
         self._catalogs: dict[str, dict[int, str]] = {}
         # Per wanted source: "active", or "pending" while the server is configured for
@@ -113,16 +128,64 @@ class FailoverPuller:
 
     @property
     def url(self) -> str:
+        """The current server (call ``wait_for_urls`` first when the list may be empty)."""
+        if self._leaving is not None:
+            return self._leaving
+        if not self.urls:
+            raise LookupError(f"{self.empty_reason}: no {self.service} to ask")
         return self.urls[self._index]
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Replace the list (discovery; must run in the puller's event loop): the current
+        server stays current while listed; one no longer listed is used until it fails,
+        and failover then picks from the new list."""
+        new = list(dict.fromkeys(u.rstrip("/") for u in urls))
+        if new == self.urls:
+            return
+        current = self._leaving or (self.urls[self._index] if self.urls else None)
+        self.urls = new
+        self._leaving = None
+        if current is not None and current in new:
+            self._index = new.index(current)
+        else:
+            self._index = self._rng.randrange(len(new)) if new else 0
+            self._leaving = current
+        self._failures = 0
+        log.info("%s list: %s", self.service, ", ".join(new) or "(empty)")
+        self._urls_changed.set()
+
+    async def wait_for_urls(self) -> None:
+        """Return once there is a server to ask; with an empty list, wait (and say so in
+        the log, again every minute) until ``set_urls`` brings one."""
+        if self._leaving is not None or self.urls:
+            return
+        log.warning("%s; waiting for a %s", self.empty_reason, self.service)
+        started = time.monotonic()
+        next_log = started + 60
+        while not self.urls and self._leaving is None:
+            self._urls_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._urls_changed.wait(), timeout=1.0)
+            if time.monotonic() >= next_log and not self.urls:
+                next_log += 60
+                log.warning("%s (for %.0f s); still waiting for a %s", self.empty_reason,
+                            time.monotonic() - started, self.service)
+        log.info("%s to ask after %.1f s of waiting: %s", self.service,
+                 time.monotonic() - started, self.url)
 
     async def failed(self, error: BaseException) -> None:
         """The current server failed: move on, and back off after a full round."""
         self.last_error = error
         self._failures += 1
-        log.warning("%s %s failed (%s); trying the next one", self.service, self.url, error)
-        self._catalogs.pop(self.url, None)
-        self._index = (self._index + 1) % len(self.urls)
+        failed_url = self.url
+        log.warning("%s %s failed (%s); trying the next one", self.service, failed_url, error)
+        self._catalogs.pop(failed_url, None)
         self.failovers += 1
+        if self._leaving is not None:
+            # It had left the list already: the next one is the one set_urls picked.
+            self._leaving = None
+            return
+        self._index = (self._index + 1) % len(self.urls)
         rounds = self._failures // len(self.urls)
         if rounds:
             delay = min(self.backoff_max, self.backoff_initial * 2 ** (rounds - 1))
@@ -132,6 +195,7 @@ class FailoverPuller:
         """Run ``attempt(url)`` until one server answers; retriable failures move on to
         the next server (with backoff after a full round), others are raised."""
         while True:
+            await self.wait_for_urls()
             try:
                 result = await attempt(self.url)
             except DatabusError as exc:

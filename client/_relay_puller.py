@@ -87,10 +87,12 @@ class RelayPuller(FailoverPuller):
         streaming: bool = True,
         heartbeat_ms: int = STREAM_HEARTBEAT_MS,
         prefer_first: bool = False,
+        allow_empty: bool = False,
     ) -> None:
         super().__init__(relays, sources, session, filter_json=filter_json,
                          backoff_initial=backoff_initial, backoff_max=backoff_max,
-                         request_timeout=request_timeout, rng=rng, prefer_first=prefer_first)
+                         request_timeout=request_timeout, rng=rng, prefer_first=prefer_first,
+                         allow_empty=allow_empty)
         self.buffer_sources: dict[str, set[str]] = {}
         self.streaming = streaming
         self.heartbeat_ms = heartbeat_ms
@@ -209,6 +211,7 @@ class RelayPuller(FailoverPuller):
         (default ``max_bytes``) for as long as it stays open: the caller reads the next
         write only when it has room, so a write may exceed what is free by one write."""
         while True:
+            await self.wait_for_urls()  # an empty list (discovery): wait for a relay
             if not self.streaming or self._polled(self.url):
                 await self.close_stream()
                 return await self.fetch(position, max_bytes=max_bytes, wait_ms=wait_ms)

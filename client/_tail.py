@@ -3,6 +3,11 @@
     databus tail --relay http://127.0.0.1:11190 --sources shop.orders [--from-scn N]
                  [--from-earliest] [--filter JSON] [--count N] [--exit]
                  [--client-id ID] [--no-streaming]
+    databus tail --zookeeper zk1:2181,zk2:2181/chroot --cluster shop ...
+
+``--zookeeper``/``--cluster`` find the relays among the members of a relay cluster
+(docs/clusters.md, "Discovery") and follow the membership while tailing; a ZooKeeper
+that does not answer within ``--zookeeper-timeout`` seconds is an error at start.
 
 Without ``--from-scn``/``--from-earliest`` it starts at the relay's newest window and
 follows. One line per row change::
@@ -30,12 +35,21 @@ from databus.client._checkpoint_store import MemoryCheckpointStore
 from databus.client._client import DatabusClient
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._events import DataEvent
+from databus.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("tail", help="print a relay's events as JSON lines")
-    parser.add_argument("--relay", action="append", required=True,
-                        help="relay URL (repeat for failover)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--relay", action="append",
+                       help="relay URL (repeat for failover)")
+    where.add_argument("--zookeeper", metavar="HOSTS",
+                       help="find the relays in ZooKeeper instead: the connect string "
+                            "(host:port[,host:port...][/chroot]); needs --cluster")
+    parser.add_argument("--cluster", help="the relay cluster's name (with --zookeeper)")
+    parser.add_argument("--zookeeper-timeout", type=float, default=10.0, metavar="S",
+                        help="give up when ZooKeeper does not answer within S seconds at "
+                             "start (default 10)")
     parser.add_argument("--sources", default="", help="comma-separated logical sources")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--from-scn", type=int, help="print windows after this SCN")
@@ -131,8 +145,19 @@ async def tail(args: argparse.Namespace, out: TextIO) -> None:
     store = MemoryCheckpointStore()
     if args.from_scn is not None:
         store.store(Checkpoint(args.from_scn))
+    zookeeper = getattr(args, "zookeeper", None)
+    cluster = getattr(args, "cluster", None)
+    if zookeeper is not None and not cluster:
+        raise ConfigError("--zookeeper needs --cluster (the relay cluster's name)")
+    if cluster and zookeeper is None:
+        raise ConfigError("--cluster goes with --zookeeper (relay discovery)")
+    discovery: dict[str, Any] = {}
+    if zookeeper is not None:
+        discovery = {"zookeeper": zookeeper, "cluster": cluster,
+                     "zookeeper_timeout": getattr(args, "zookeeper_timeout", 10.0)}
     client = DatabusClient(
-        args.relay,
+        args.relay or (),
+        **discovery,
         sources=[s for s in args.sources.split(",") if s],
         checkpoint_store=store,
         filter=args.filter,

@@ -1,0 +1,338 @@
+"""``databus cluster status``: relay clusters (and bootstrap clusters) as ZooKeeper sees
+them (DESIGN 15, docs/clusters.md "``databus cluster status``").
+
+::
+
+    databus cluster status --zookeeper HOSTS [--cluster NAME] [--json] [--timeout S]
+
+It reads ZooKeeper only (no relay is asked anything), under the connect string's chroot:
+
+    /databus/relays/<cluster>/members/member-<seq>     each member's JSON: url, mode,
+                                                       per buffer role, epoch, max SCN
+    /databus/relays/<cluster>/buffers/<buffer>/lock    the election: first contender leads
+    /databus/relays/<cluster>/buffers/<buffer>/epoch   the buffer's newest epoch
+    /databus/bootstrap/<cluster>/...                   bootstrap clusters: every kazoo lock
+                                                       found there and who holds it
+
+Three parts: ``read_snapshot`` (kazoo, imported lazily; read-only, it creates no node),
+``summarize`` (pure: the raw snapshot -> the document ``--json`` prints) and
+``render`` (pure: that document -> the small tables printed otherwise). The exit status
+is 0, or 1 when a buffer of a leader-follower cluster has no leader (or the cluster
+asked for does not exist; ZooKeeper unreachable is an error, also 1).
+
+Bootstrap clusters (``[bootstrap.cluster]``, issue 16 item 4) are read generically: any
+node under ``/databus/bootstrap/<cluster>/`` whose children are kazoo lock contenders
+(``...__lock__<seq>``) is shown with its holder (the first contender's identifier) and
+the waiting contenders, and JSON members under a ``members`` node are listed. With a
+lock per store and source, that is "who runs which producer/applier".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TextIO
+
+from databus.errors import ConfigError, DatabusError
+
+__all__ = ["exit_status", "lock_order", "read_snapshot", "register", "render", "summarize"]
+
+RELAYS_ROOT = "/databus/relays"
+BOOTSTRAP_ROOT = "/databus/bootstrap"
+_CONTENDER = re.compile(r"(?:__lock__|__rlock__)(-?\d{10})$")
+_MAX_WALK_NODES = 2000  # bounds the generic walk of a bootstrap cluster's tree
+_MAX_WALK_DEPTH = 6
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "cluster", help="relay clusters on ZooKeeper: status",
+        description="Relay clusters (and bootstrap clusters) as registered in ZooKeeper "
+        "(docs/clusters.md).")
+    actions = parser.add_subparsers(dest="cluster_action", metavar="ACTION", required=True)
+    status = actions.add_parser(
+        "status", help="members, leaders, epochs, max SCNs; who runs which producer/applier",
+        description="Exit status 0, or 1 when a buffer of a leader-follower cluster has "
+        "no leader.")
+    status.add_argument("--zookeeper", required=True, metavar="HOSTS",
+                        help="connect string, host:port[,host:port...][/chroot]")
+    status.add_argument("--cluster", metavar="NAME",
+                        help="only this cluster (default: every cluster found)")
+    status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    status.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                        help="give up when ZooKeeper does not answer within S seconds "
+                             "(default 10)")
+    status.set_defaults(handler=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    return status(args.zookeeper, args.cluster, as_json=args.json, timeout=args.timeout,
+                  out=sys.stdout)
+
+
+def status(zookeeper: str, cluster: str | None, *, as_json: bool = False,
+           timeout: float = 10.0, out: TextIO = sys.stdout) -> int:
+    from databus.client._discovery import validate_discovery
+
+    validate_discovery(zookeeper, cluster or "any", timeout)
+    snapshot = read_snapshot(zookeeper, cluster, timeout=timeout)
+    doc = summarize(snapshot, now=time.time())
+    doc["zookeeper"] = zookeeper
+    if as_json:
+        out.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    else:
+        out.write(render(doc))
+    out.flush()
+    return exit_status(doc)
+
+
+# -- reading ZooKeeper ----------------------------------------------------------------
+
+
+def lock_order(children: Iterable[str]) -> list[str]:
+    """A kazoo lock's contender nodes in the order they hold it (sequence number)."""
+    found = [(m.group(1), name) for name in children if (m := _CONTENDER.search(name))]
+    return [name for _seq, name in sorted(found)]
+
+
+def read_snapshot(zookeeper: str, cluster: str | None, *,
+                  timeout: float = 10.0) -> dict[str, Any]:
+    """What ZooKeeper holds for the relay cluster ``cluster`` (every one: None) and the
+    bootstrap clusters, raw: ``{"relays": {name: {"members": [{"node", "data"}],
+    "buffers": {buffer: {"contenders": [...], "epoch": text}}}}, "bootstrap": {...}}``."""
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from databus.client._discovery import ZooKeeperUnreachable
+
+    client = KazooClient(hosts=zookeeper, timeout=timeout, read_only=True)
+    try:
+        client.start(timeout=timeout)
+    except KazooTimeoutError:
+        client.close()
+        raise ZooKeeperUnreachable(
+            f"cannot reach ZooKeeper at {zookeeper} within {timeout:g} s: no server "
+            "answered; check the hosts and ports") from None
+    try:
+        reader = _Reader(client, timeout)
+        relays = reader.children(RELAYS_ROOT)
+        if cluster is not None:
+            if cluster not in relays and cluster not in reader.children(BOOTSTRAP_ROOT):
+                known = ", ".join(relays) or "none"
+                raise ConfigError(f"no relay cluster {cluster!r} in ZooKeeper {zookeeper} "
+                                  f"(under {RELAYS_ROOT}; clusters there: {known})")
+            relays = [cluster] if cluster in relays else []
+        snapshot: dict[str, Any] = {"relays": {}, "bootstrap": {}}
+        for name in relays:
+            snapshot["relays"][name] = reader.relay_cluster(f"{RELAYS_ROOT}/{name}")
+        boot = reader.children(BOOTSTRAP_ROOT)
+        for name in boot if cluster is None else [c for c in boot if c == cluster]:
+            snapshot["bootstrap"][name] = reader.bootstrap_cluster(f"{BOOTSTRAP_ROOT}/{name}")
+        return snapshot
+    except DatabusError:
+        raise
+    except Exception as exc:  # a timeout, a lost connection, no read permission
+        raise DatabusError(f"cannot read the clusters from ZooKeeper {zookeeper}: "
+                           f"{type(exc).__name__}: {exc}") from None
+    finally:
+        client.stop()
+        client.close()
+
+
+class _Reader:
+    """Read-only calls with a deadline each (kazoo's blocking calls have none)."""
+
+    def __init__(self, client: Any, timeout: float) -> None:
+        self.client = client
+        self.timeout = timeout
+
+    def children(self, path: str) -> list[str]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            return sorted(self.client.get_children_async(path).get(timeout=self.timeout))
+        except NoNodeError:
+            return []
+
+    def data(self, path: str) -> str | None:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, _stat = self.client.get_async(path).get(timeout=self.timeout)
+        except NoNodeError:
+            return None
+        return bytes(data or b"").decode("utf-8", "replace")
+
+    def contenders(self, lock_path: str) -> list[str]:
+        out = []
+        for node in lock_order(self.children(lock_path)):
+            ident = self.data(f"{lock_path}/{node}")
+            if ident is not None:
+                out.append(ident)
+        return out
+
+    def relay_cluster(self, root: str) -> dict[str, Any]:
+        members = [{"node": node, "data": self.data(f"{root}/members/{node}")}
+                   for node in self.children(f"{root}/members")]
+        buffers = {}
+        for buffer in self.children(f"{root}/buffers"):
+            base = f"{root}/buffers/{buffer}"
+            buffers[buffer] = {"contenders": self.contenders(f"{base}/lock"),
+                               "epoch": self.data(f"{base}/epoch")}
+        return {"members": [m for m in members if m["data"] is not None],
+                "buffers": buffers}
+
+    def bootstrap_cluster(self, root: str) -> dict[str, Any]:
+        """The generic hook (module docstring): locks and their contenders, members."""
+        locks: dict[str, list[str]] = {}
+        members: list[dict[str, Any]] = []
+        todo: list[tuple[str, int]] = [(root, 0)]
+        seen = 0
+        while todo and seen < _MAX_WALK_NODES:
+            path, depth = todo.pop()
+            kids = self.children(path)
+            seen += 1 + len(kids)
+            if lock_order(kids):
+                locks[path[len(root) + 1:] or "."] = self.contenders(path)
+                continue
+            if path.rsplit("/", 1)[-1] == "members":
+                for kid in kids:
+                    data = self.data(f"{path}/{kid}")
+                    if data is not None:
+                        members.append({"node": kid, "data": data})
+                continue
+            if depth < _MAX_WALK_DEPTH:
+                todo.extend((f"{path}/{kid}", depth + 1) for kid in reversed(kids))
+        return {"locks": dict(sorted(locks.items())), "members": members}
+
+
+# -- the document -----------------------------------------------------------------------
+
+
+def _json(text: str | None) -> dict[str, Any]:
+    try:
+        doc = json.loads(text or "")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _int(text: Any) -> int | None:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def summarize(snapshot: Mapping[str, Any], *, now: float) -> dict[str, Any]:
+    """The status document (pure). Per relay cluster: its mode, members (url, mode,
+    updated_at and its age), per buffer the leader (the election's first contender),
+    the epoch, each member's role, epoch and max SCN, and the problems found; then the
+    bootstrap clusters' locks and holders; ``ok`` is false when a problem was found."""
+    clusters = []
+    for name, raw in sorted(snapshot.get("relays", {}).items()):
+        members = []
+        for m in raw.get("members", []):
+            doc = _json(m.get("data"))
+            updated = doc.get("updated_at")
+            updated = float(updated) if isinstance(updated, int | float) else None
+            members.append({
+                "node": m.get("node"), "url": doc.get("url"), "mode": doc.get("mode"),
+                "updated_at": updated,
+                "age_s": None if updated is None else round(max(0.0, now - updated), 1),
+                "buffers": doc.get("buffers") if isinstance(doc.get("buffers"), dict) else {},
+            })
+        modes = sorted({str(m["mode"]) for m in members if m["mode"]})
+        elections = raw.get("buffers", {})
+        mode = (modes[0] if len(modes) == 1 else "mixed" if modes
+                else "leader-follower" if elections else "unknown")
+        names = sorted({*elections, *(b for m in members for b in m["buffers"])})
+        buffers, problems = [], []
+        for buffer in names:
+            election = elections.get(buffer, {})
+            contenders = list(election.get("contenders", []))
+            leader = contenders[0] if contenders else None
+            rows = []
+            for m in members:
+                info = m["buffers"].get(buffer)
+                if not isinstance(info, dict):
+                    continue
+                rows.append({"url": m["url"], "role": info.get("role"),
+                             "epoch": info.get("epoch"), "max_scn": info.get("max_scn")})
+            elected = bool(election) or any(m["mode"] == "leader-follower" and buffer in
+                                            m["buffers"] for m in members)
+            if elected and leader is None:
+                problems.append(f"buffer {buffer} has no leader")
+            buffers.append({"name": buffer, "leader_follower": elected, "leader": leader,
+                            "waiting": contenders[1:], "epoch": _int(election.get("epoch")),
+                            "members": rows})
+        if not members:
+            problems.append("no members")
+        clusters.append({"name": name, "mode": mode,
+                         "members": [{k: v for k, v in m.items() if k != "buffers"}
+                                     for m in members],
+                         "buffers": buffers, "problems": problems})
+    bootstrap = []
+    for name, raw in sorted(snapshot.get("bootstrap", {}).items()):
+        locks = [{"lock": path, "holder": holders[0] if holders else None,
+                  "waiting": holders[1:]} for path, holders in raw.get("locks", {}).items()]
+        members = [{"node": m.get("node"), **_json(m.get("data"))}
+                   for m in raw.get("members", [])]
+        bootstrap.append({"name": name, "locks": locks, "members": members})
+    leaderless = any(p.endswith("has no leader") for c in clusters for p in c["problems"])
+    return {"clusters": clusters, "bootstrap": bootstrap, "ok": not leaderless}
+
+
+def exit_status(doc: Mapping[str, Any]) -> int:
+    """1 when a buffer of a leader-follower cluster has no leader, else 0."""
+    return 0 if doc.get("ok", True) else 1
+
+
+# -- the tables -----------------------------------------------------------------------------
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> str:
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row]
+                                           for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "".join(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+                   .rstrip() + "\n" for row in cells)
+
+
+def render(doc: Mapping[str, Any]) -> str:
+    """The document as small text tables (pure)."""
+    out: list[str] = []
+    if not doc.get("clusters") and not doc.get("bootstrap"):
+        out.append(f"no relay clusters under {RELAYS_ROOT}\n")
+    for c in doc.get("clusters", []):
+        count = len(c["members"])
+        out.append(f"relay cluster {c['name']} ({c['mode']}), {count} member"
+                   f"{'' if count == 1 else 's'}\n")
+        if c["members"]:
+            out.append(_table(["MEMBER", "MODE", "UPDATED"], [
+                [m["url"], m["mode"], None if m["age_s"] is None else f"{m['age_s']:.1f} s ago"]
+                for m in c["members"]]))
+        for b in c["buffers"]:
+            if b["leader_follower"]:
+                epoch = "" if b["epoch"] is None else f", epoch {b['epoch']}"
+                out.append(f"  buffer {b['name']}: leader {b['leader'] or 'NONE'}{epoch}\n")
+            else:
+                out.append(f"  buffer {b['name']}: independent (every member reads the "
+                           "source)\n")
+            if b["members"]:
+                out.append(_table(["MEMBER", "ROLE", "EPOCH", "MAX SCN"], [
+                    [r["url"], r["role"], r["epoch"], r["max_scn"]] for r in b["members"]],
+                    indent="    "))
+        for problem in c["problems"]:
+            out.append(f"  problem: {problem}\n")
+    for bc in doc.get("bootstrap", []):
+        out.append(f"bootstrap cluster {bc['name']}: {len(bc['members'])} members\n")
+        if bc["locks"]:
+            out.append(_table(["LOCK (producer/applier)", "HELD BY", "STANDBY"], [
+                [lk["lock"], lk["holder"], ", ".join(lk["waiting"]) or None]
+                for lk in bc["locks"]]))
+    return "".join(out)

@@ -1,0 +1,350 @@
+"""Relay discovery and ``databus cluster status`` (issue 16 items 3 and 5,
+docs/clusters.md) on real processes: ``databus relay`` processes in a leader-follower
+cluster over one SQLite source (captured by triggers) and the 3-node ZooKeeper ensemble.
+
+- a client built with ``zookeeper=``/``cluster=`` starts on an empty cluster and waits,
+  consumes once relays join, uses a relay added after it started, drops relays that
+  were killed, and its windows are the source's transactions with no gap and no repeat;
+- ``databus tail --zookeeper --cluster`` prints the events; ``databus cluster status``
+  (tables and ``--json``) shows the leader, epochs and max SCNs of a live cluster, and
+  exits 1 once the buffer has no leader;
+- an unreachable ZooKeeper and a wrong connect string are clear errors at start.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from databus.checkpoint import Checkpoint
+from databus.client import (
+    CallbackResult,
+    Consumer,
+    DatabusClient,
+    DataEvent,
+    ZooKeeperUnreachable,
+)
+from databus.fetchers.txlog import seal_sqlite_transaction
+from databus.relay.cluster._cli import status as cluster_status
+from tests.fixtures.servers import EnsembleChroot
+from tests.relay_harness import RelayProcess, parse_windows
+from tests.unit.test_txlog_support import SqliteSource
+
+pytestmark = pytest.mark.integration
+
+SESSION_S = 2.0
+DDL = "CREATE TABLE orders (id INTEGER PRIMARY KEY, qty INTEGER)"
+DATABUS = str(Path(sys.executable).with_name("databus"))
+
+
+def cluster_toml(zk: EnsembleChroot, name: str = "shop") -> str:
+    return ("[relay.cluster]\n"
+            f'zookeeper = "{zk.hosts}"\n'
+            f'name = "{name}"\n'
+            'mode = "leader-follower"\n'
+            f"session_timeout_s = {SESSION_S}\n")
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except OSError as exc:  # a relay starting or gone
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"timed out: {what} (last: {last})")
+
+
+def relays_of(tmp_path: Path, src: SqliteSource, zk: EnsembleChroot, n: int
+              ) -> list[RelayProcess]:
+    out = []
+    for i in range(n):
+        home = tmp_path / f"relay{i}"
+        home.mkdir()
+        out.append(RelayProcess(home, {"src": src.uri("orders", poll_ms=10)}, workers=1,
+                                extra_toml=cluster_toml(zk)))
+    return out
+
+
+def role_of(relay: RelayProcess) -> str:
+    return str(relay.status()["buffers"]["src"]["cluster"]["role"])
+
+
+def max_scn_of(relay: RelayProcess) -> int | None:
+    scn = relay.status()["buffers"]["src"]["max_scn"]
+    return None if scn is None else int(scn)
+
+
+class Writer(threading.Thread):
+    """Upserts in small transactions (one window each) until stopped."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.halt = threading.Event()
+        self.count = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10)
+        rng = random.Random(16)
+        try:
+            while not self.halt.is_set():
+                conn.execute("BEGIN IMMEDIATE")
+                for _ in range(rng.randint(1, 3)):
+                    conn.execute("INSERT INTO orders (id, qty) VALUES (?, ?) ON CONFLICT(id) "
+                                 "DO UPDATE SET qty = excluded.qty",
+                                 (rng.randint(1, 200), rng.randrange(1000)))
+                seal_sqlite_transaction(conn)
+                conn.execute("COMMIT")
+                self.count += 1
+                time.sleep(0.01)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(10)
+        assert self.error is None, self.error
+
+
+def held_events(relay: RelayProcess) -> list[tuple[int, Any]]:
+    """(SCN, key) of every event ``relay`` holds, in order."""
+    out: list[tuple[int, Any]] = []
+    checkpoint: Checkpoint | None = None
+    while True:
+        query = {"sources": "shop.orders", "max_bytes": "1048576"}
+        if checkpoint is not None:
+            query["checkpoint"] = checkpoint.dumps()
+        url = f"{relay.url}/v1/stream?{urllib.parse.urlencode(query)}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            windows = parse_windows(resp.read())
+        if not windows:
+            return out
+        out += [(w.scn, key) for w in windows for _source, key, _value in w.events]
+        checkpoint = Checkpoint(windows[-1].scn)
+
+
+class Replica(Consumer):
+    """Keeps the table as the events say, every window's SCN and every (SCN, key)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[Any, dict[str, Any]] = {}
+        self.windows: list[int] = []
+        self.events: list[tuple[int, Any]] = []
+
+    def on_data_event(self, event: DataEvent) -> CallbackResult:
+        self.events.append((event.scn, event.key))
+        if event.op.name.lower() == "delete":
+            self.rows.pop(event.key, None)
+        else:
+            assert event.value is not None
+            self.rows[event.key] = {"id": event.value["id"], "qty": event.value["qty"]}
+        return CallbackResult.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> CallbackResult:
+        self.windows.append(scn)
+        return CallbackResult.SUCCESS
+
+
+def kill_all(relays: list[RelayProcess]) -> None:
+    for relay in relays:
+        if relay.proc is not None and relay.proc.poll() is None:
+            relay.kill()
+
+
+def test_a_client_follows_the_cluster_with_no_gap_and_no_repeat(
+        tmp_path: Path, zookeeper_chroot: EnsembleChroot,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="databus")
+    src = SqliteSource(tmp_path / "shop.db", DDL)
+    src.install("orders")
+    src.txn("INSERT INTO orders (id, qty) VALUES (1, 1)")
+    relays = relays_of(tmp_path, src, zookeeper_chroot, 3)
+    replica = Replica()
+    client = DatabusClient(zookeeper=zookeeper_chroot.hosts, cluster="shop",
+                           sources=["shop.orders"], backoff_initial=0.05, backoff_max=0.5,
+                           client_id="discovery-test")
+    client.register(replica)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            client.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    writer = Writer(src.path)
+    try:
+        # An empty cluster: the client waits (and says so), it does not fail.
+        thread.start()
+        wait_for(lambda: "has no members" in caplog.text, "the client says it waits")
+        time.sleep(0.5)
+        assert thread.is_alive() and not errors and client.relays == []
+        relays[0].start()
+        relays[1].start()
+        writer.start()
+        wait_for(lambda: sorted(client.relays) == sorted(r.url for r in relays[:2]),
+                 "the client sees the first two relays")
+        wait_for(lambda: len(replica.windows) > 5, "the client consumes")
+        # A relay added while the client runs is seen ...
+        relays[2].start()
+        wait_for(lambda: relays[2].url in client.relays, "the added relay discovered")
+        # ... and the killed ones are dropped; the client goes on from the added one.
+        for gone in relays[:2]:
+            gone.kill()
+            wait_for(lambda g=gone: g.url not in client.relays, "a killed relay dropped",
+                     timeout=SESSION_S * 5)
+        assert client.relays == [relays[2].url]
+        wait_for(lambda: role_of(relays[2]) == "leader", "the added relay leads")
+        at_kills = replica.windows[-1]
+        wait_for(lambda: replica.windows[-1] > at_kills + 10,
+                 "the client consumes from the added relay")
+        writer.stop()
+        top = wait_for(lambda: (scn := max_scn_of(relays[2])) and replica.windows
+                       and replica.windows[-1] == scn and scn, "the client caught up")
+        time.sleep(0.5)  # nothing more arrives
+        assert max_scn_of(relays[2]) == top
+        # The added relay took every window from the start (chained, then read the
+        # source itself): what the cluster produced, once each.
+        held = held_events(relays[2])
+        assert not errors, errors
+    finally:
+        client.stop()
+        thread.join(20)
+        if writer.is_alive():
+            writer.stop()
+        kill_all(relays)
+    # No gap, no repeat: every event the cluster holds, once, in order (windows in SCN
+    # order, each once), and the rows the source has.
+    assert replica.windows == sorted(set(replica.windows))
+    assert replica.events == held
+    assert len(replica.windows) > 20
+    source_rows = {row["id"]: row for row in src.rows("orders")}
+    assert replica.rows == source_rows
+    src.close()
+
+
+def test_tail_and_cluster_status_on_a_live_cluster(
+        tmp_path: Path, zookeeper_chroot: EnsembleChroot) -> None:
+    src = SqliteSource(tmp_path / "shop.db", DDL)
+    src.install("orders")
+    for i in range(1, 6):
+        src.txn(f"INSERT INTO orders (id, qty) VALUES ({i}, {i * 10})")
+    relays = relays_of(tmp_path, src, zookeeper_chroot, 3)
+    hosts = zookeeper_chroot.hosts
+    try:
+        for relay in relays:
+            relay.start()
+        leader = wait_for(lambda: [r for r in relays if role_of(r) == "leader"],
+                          "a leader")[0]
+        top = wait_for(lambda: (tops := {max_scn_of(r) for r in relays}) and len(tops) == 1
+                       and tops.pop(), "the members at one max SCN")
+        # databus tail through ZooKeeper
+        done = subprocess.run(
+            [DATABUS, "tail", "--zookeeper", hosts, "--cluster", "shop", "--sources",
+             "shop.orders", "--from-earliest", "--exit"],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        assert [(e["key"], e["value"]["qty"]) for e in lines] == [
+            (i, i * 10) for i in range(1, 6)]
+        # databus cluster status: wait until every member's node shows the newest SCN
+        # (members rewrite their node every second) ...
+        def current() -> dict[str, Any] | None:
+            out = io.StringIO()
+            assert cluster_status(hosts, "shop", as_json=True, out=out) == 0
+            doc: dict[str, Any] = json.loads(out.getvalue())
+            rows = doc["clusters"][0]["buffers"][0]["members"]
+            return doc if len(rows) == 3 and all(r["max_scn"] == top for r in rows) else None
+        wait_for(current, "the members' nodes up to date")
+        # ... then as a command, JSON and tables.
+        done = subprocess.run([DATABUS, "cluster", "status", "--zookeeper", hosts,
+                               "--cluster", "shop", "--json"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(done.stdout)
+        [cluster] = doc["clusters"]
+        assert cluster["name"] == "shop" and cluster["mode"] == "leader-follower"
+        assert sorted(m["url"] for m in cluster["members"]) == sorted(r.url for r in relays)
+        assert all(0 <= m["age_s"] < 5 for m in cluster["members"])
+        [buffer] = cluster["buffers"]
+        epoch = leader.status()["buffers"]["src"]["cluster"]["epoch"]
+        assert buffer["name"] == "src" and buffer["leader"] == leader.url
+        assert buffer["epoch"] == epoch
+        roles = {r["url"]: (r["role"], r["epoch"], r["max_scn"]) for r in buffer["members"]}
+        assert roles == {r.url: ("leader" if r is leader else "follower", epoch, top)
+                         for r in relays}
+        assert cluster["problems"] == [] and doc["ok"] is True
+        done = subprocess.run([DATABUS, "cluster", "status", "--zookeeper", hosts],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert "relay cluster shop (leader-follower), 3 members" in done.stdout
+        assert f"buffer src: leader {leader.url}, epoch {epoch}" in done.stdout
+        for relay in relays:
+            assert relay.url in done.stdout
+        done = subprocess.run([DATABUS, "cluster", "status", "--zookeeper", hosts,
+                               "--cluster", "nosuch"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 1
+        assert "no relay cluster 'nosuch'" in done.stderr and "Traceback" not in done.stderr
+        # Every member gone: the buffer has no leader, and the status says so (exit 1).
+        kill_all(relays)
+
+        def leaderless() -> str | None:
+            out = io.StringIO()
+            code = cluster_status(hosts, "shop", out=out)
+            return out.getvalue() if code == 1 else None
+        text = wait_for(leaderless, "no leader", timeout=SESSION_S * 5)
+        assert "leader NONE" in text and "problem: buffer src has no leader" in text
+    finally:
+        kill_all(relays)
+        src.close()
+
+
+def test_an_unreachable_zookeeper_or_a_wrong_connect_string_is_a_clear_error() -> None:
+    client = DatabusClient(zookeeper="127.0.0.1:1", cluster="shop", zookeeper_timeout=1.0)
+    client.register(Replica())
+    started = time.monotonic()
+    with pytest.raises(ZooKeeperUnreachable, match=r"cannot reach ZooKeeper at 127\.0\.0\.1:1 "
+                       r"within 1 s"):
+        client.run()
+    assert time.monotonic() - started < 10
+    for args, expect in (
+        (["tail", "--zookeeper", "127.0.0.1:1", "--cluster", "shop",
+          "--zookeeper-timeout", "1"], "databus tail: error: cannot reach ZooKeeper"),
+        (["tail", "--zookeeper", "zk1:2181;zk2", "--cluster", "shop"],
+         "expected host:port"),
+        (["tail", "--zookeeper", "127.0.0.1:1"], "--zookeeper needs --cluster"),
+        (["cluster", "status", "--zookeeper", "127.0.0.1:1", "--timeout", "1"],
+         "databus cluster: error: cannot reach ZooKeeper"),
+        (["cluster", "status", "--zookeeper", "zk1:2181;zk2"], "expected host:port"),
+    ):
+        started = time.monotonic()
+        done = subprocess.run([DATABUS, *args], capture_output=True, text=True, timeout=60,
+                              check=False)
+        assert done.returncode == 1, (args, done.stderr)
+        assert expect in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+        assert time.monotonic() - started < 15
