@@ -70,8 +70,8 @@ def binlog_cluster(tmp_path: Path, mariadb_server: MariaDBServer,
     for i in range(3):
         home = tmp_path / f"relay{i}"
         home.mkdir()
-        # Each member its own server id: the server would cut a second connection with
-        # the same one, which must not be what keeps the count at one.
+        # Each member its own server id here (the server would end an older connection
+        # of the same id): the count stays at one by the election alone.
         relays.append(RelayProcess(home, {"src": source_uri(mariadb_server, f"{db}.big")},
                                    workers=1, capacity_mb=32,
                                    extra_toml=cluster_toml(zookeeper_chroot, "binlog")))
