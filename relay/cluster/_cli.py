@@ -3,7 +3,7 @@ them (DESIGN 15, docs/clusters.md "``databus cluster status``").
 
 ::
 
-    databus cluster status --zookeeper HOSTS [--cluster NAME] [--json] [--timeout S]
+    databus cluster status --zookeeper HOSTS [--cluster NAME ...] [--json] [--timeout S]
 
 It reads ZooKeeper only (no relay is asked anything), under the connect string's chroot:
 
@@ -11,20 +11,24 @@ It reads ZooKeeper only (no relay is asked anything), under the connect string's
                                                        per buffer role, epoch, max SCN
     /databus/relays/<cluster>/buffers/<buffer>/lock    the election: first contender leads
     /databus/relays/<cluster>/buffers/<buffer>/epoch   the buffer's newest epoch
-    /databus/bootstrap/<cluster>/...                   bootstrap clusters: every kazoo lock
-                                                       found there and who holds it
+    /databus/bootstrap/<cluster>/members/member-<seq>  each bootstrap service's JSON:
+                                                       url, what it runs ("runs")
+    /databus/bootstrap/<cluster>/stores/<id>/producer  kazoo Lock: who runs the producer
+    /databus/bootstrap/<cluster>/stores/<id>/applier   kazoo Lock: who runs the applier
 
 Three parts: ``read_snapshot`` (kazoo, imported lazily; read-only, it creates no node),
 ``summarize`` (pure: the raw snapshot -> the document ``--json`` prints) and
 ``render`` (pure: that document -> the small tables printed otherwise). The exit status
-is 0, or 1 when a buffer of a leader-follower cluster has no leader (or the cluster
-asked for does not exist; ZooKeeper unreachable is an error, also 1).
+is 0, or 1 when a buffer of a leader-follower cluster has no leader (or a cluster
+asked for does not exist; ZooKeeper unreachable is an error, also 1). ``--cluster``
+names relay or bootstrap clusters (they have names of their own), repeatable.
 
-Bootstrap clusters (``[bootstrap.cluster]``, issue 16 item 4) are read generically: any
-node under ``/databus/bootstrap/<cluster>/`` whose children are kazoo lock contenders
-(``...__lock__<seq>``) is shown with its holder (the first contender's identifier) and
-the waiting contenders, and JSON members under a ``members`` node are listed. With a
-lock per store and source, that is "who runs which producer/applier".
+Bootstrap clusters (``[bootstrap.cluster]``, ``bootstrap/_cluster.py``) are read
+without depending on that module: every node under ``/databus/bootstrap/<cluster>/``
+whose children are kazoo lock contenders (``...__lock__<seq>``) is a lock, shown with
+its holder (the first contender's identifier: a member URL) and the standbys; a lock at
+``stores/<id>/<component>`` is shown as that store's producer or applier. The member
+nodes (under ``members``) are listed with what each says it runs.
 """
 
 from __future__ import annotations
@@ -60,8 +64,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "no leader.")
     status.add_argument("--zookeeper", required=True, metavar="HOSTS",
                         help="connect string, host:port[,host:port...][/chroot]")
-    status.add_argument("--cluster", metavar="NAME",
-                        help="only this cluster (default: every cluster found)")
+    status.add_argument("--cluster", metavar="NAME", action="append",
+                        help="only this relay or bootstrap cluster (repeatable; default: "
+                             "every cluster found)")
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.add_argument("--timeout", type=float, default=10.0, metavar="S",
                         help="give up when ZooKeeper does not answer within S seconds "
@@ -74,12 +79,16 @@ def _status(args: argparse.Namespace) -> int:
                   out=sys.stdout)
 
 
-def status(zookeeper: str, cluster: str | None, *, as_json: bool = False,
+def status(zookeeper: str, clusters: str | Sequence[str] | None, *, as_json: bool = False,
            timeout: float = 10.0, out: TextIO = sys.stdout) -> int:
+    """Print the status of ``clusters`` (names of relay or bootstrap clusters; None:
+    every one) and return the exit status."""
     from databus.client._discovery import validate_discovery
 
-    validate_discovery(zookeeper, cluster or "any", timeout)
-    snapshot = read_snapshot(zookeeper, cluster, timeout=timeout)
+    names = [clusters] if isinstance(clusters, str) else clusters
+    for name in names or ["any"]:
+        validate_discovery(zookeeper, name, timeout)
+    snapshot = read_snapshot(zookeeper, names, timeout=timeout)
     doc = summarize(snapshot, now=time.time())
     doc["zookeeper"] = zookeeper
     if as_json:
@@ -99,11 +108,12 @@ def lock_order(children: Iterable[str]) -> list[str]:
     return [name for _seq, name in sorted(found)]
 
 
-def read_snapshot(zookeeper: str, cluster: str | None, *,
+def read_snapshot(zookeeper: str, clusters: Sequence[str] | None, *,
                   timeout: float = 10.0) -> dict[str, Any]:
-    """What ZooKeeper holds for the relay cluster ``cluster`` (every one: None) and the
-    bootstrap clusters, raw: ``{"relays": {name: {"members": [{"node", "data"}],
-    "buffers": {buffer: {"contenders": [...], "epoch": text}}}}, "bootstrap": {...}}``."""
+    """What ZooKeeper holds for the relay and bootstrap clusters named ``clusters``
+    (every one: None), raw: ``{"relays": {name: {"members": [{"node", "data"}],
+    "buffers": {buffer: {"contenders": [...], "epoch": text}}}}, "bootstrap": {name:
+    {"locks": {path: [contenders]}, "members": [{"node", "data"}]}}}``."""
     from kazoo.client import KazooClient
     from kazoo.handlers.threading import KazooTimeoutError
 
@@ -120,17 +130,20 @@ def read_snapshot(zookeeper: str, cluster: str | None, *,
     try:
         reader = _Reader(client, timeout)
         relays = reader.children(RELAYS_ROOT)
-        if cluster is not None:
-            if cluster not in relays and cluster not in reader.children(BOOTSTRAP_ROOT):
-                known = ", ".join(relays) or "none"
-                raise ConfigError(f"no relay cluster {cluster!r} in ZooKeeper {zookeeper} "
-                                  f"(under {RELAYS_ROOT}; clusters there: {known})")
-            relays = [cluster] if cluster in relays else []
+        boot = reader.children(BOOTSTRAP_ROOT)
+        if clusters:
+            for name in clusters:
+                if name not in relays and name not in boot:
+                    raise ConfigError(
+                        f"no relay cluster {name!r} in ZooKeeper {zookeeper} (relay "
+                        f"clusters: {', '.join(relays) or 'none'}; bootstrap clusters: "
+                        f"{', '.join(boot) or 'none'})")
+            relays = [c for c in relays if c in clusters]
+            boot = [c for c in boot if c in clusters]
         snapshot: dict[str, Any] = {"relays": {}, "bootstrap": {}}
         for name in relays:
             snapshot["relays"][name] = reader.relay_cluster(f"{RELAYS_ROOT}/{name}")
-        boot = reader.children(BOOTSTRAP_ROOT)
-        for name in boot if cluster is None else [c for c in boot if c == cluster]:
+        for name in boot:
             snapshot["bootstrap"][name] = reader.bootstrap_cluster(f"{BOOTSTRAP_ROOT}/{name}")
         return snapshot
     except DatabusError:
@@ -196,8 +209,10 @@ class _Reader:
             path, depth = todo.pop()
             kids = self.children(path)
             seen += 1 + len(kids)
-            if lock_order(kids):
-                locks[path[len(root) + 1:] or "."] = self.contenders(path)
+            rel = path[len(root) + 1:]
+            parts = rel.split("/")
+            if lock_order(kids) or (len(parts) == 3 and parts[0] == "stores"):
+                locks[rel or "."] = self.contenders(path)  # held, or (no children) not
                 continue
             if path.rsplit("/", 1)[-1] == "members":
                 for kid in kids:
@@ -278,10 +293,21 @@ def summarize(snapshot: Mapping[str, Any], *, now: float) -> dict[str, Any]:
                          "buffers": buffers, "problems": problems})
     bootstrap = []
     for name, raw in sorted(snapshot.get("bootstrap", {}).items()):
-        locks = [{"lock": path, "holder": holders[0] if holders else None,
-                  "waiting": holders[1:]} for path, holders in raw.get("locks", {}).items()]
-        members = [{"node": m.get("node"), **_json(m.get("data"))}
-                   for m in raw.get("members", [])]
+        locks = []
+        for path, holders in raw.get("locks", {}).items():
+            parts = path.split("/")
+            store, component = ((parts[1], parts[2]) if len(parts) == 3
+                                and parts[0] == "stores" else (None, None))
+            locks.append({"lock": path, "store": store, "component": component,
+                          "holder": holders[0] if holders else None,
+                          "waiting": holders[1:]})
+        members = []
+        for m in raw.get("members", []):
+            doc = _json(m.get("data"))
+            updated = doc.get("updated_at")
+            age = (round(max(0.0, now - float(updated)), 1)
+                   if isinstance(updated, int | float) else None)
+            members.append({"node": m.get("node"), **doc, "age_s": age})
         bootstrap.append({"name": name, "locks": locks, "members": members})
     leaderless = any(p.endswith("has no leader") for c in clusters for p in c["problems"])
     return {"clusters": clusters, "bootstrap": bootstrap, "ok": not leaderless}
@@ -330,9 +356,26 @@ def render(doc: Mapping[str, Any]) -> str:
         for problem in c["problems"]:
             out.append(f"  problem: {problem}\n")
     for bc in doc.get("bootstrap", []):
-        out.append(f"bootstrap cluster {bc['name']}: {len(bc['members'])} members\n")
+        count = len(bc["members"])
+        out.append(f"bootstrap cluster {bc['name']}, {count} member"
+                   f"{'' if count == 1 else 's'}\n")
+        if bc["members"]:
+            out.append(_table(["MEMBER", "RUNS", "UPDATED"], [
+                [m.get("url"), _runs(m.get("runs")),
+                 None if m["age_s"] is None else f"{m['age_s']:.1f} s ago"]
+                for m in bc["members"]]))
         if bc["locks"]:
-            out.append(_table(["LOCK (producer/applier)", "HELD BY", "STANDBY"], [
-                [lk["lock"], lk["holder"], ", ".join(lk["waiting"]) or None]
-                for lk in bc["locks"]]))
+            out.append(_table(["STORE", "RUNS", "HELD BY", "STANDBY"], [
+                [lk["store"] or lk["lock"], lk["component"] or "lock", lk["holder"] or "NONE",
+                 ", ".join(lk["waiting"]) or None] for lk in bc["locks"]]))
     return "".join(out)
+
+
+def _runs(runs: Any) -> str:
+    """``{"producer": [sources], "applier": []}`` -> ``producer (2 sources)``."""
+    if not isinstance(runs, dict):
+        return "-"
+    parts = [f"{component} ({len(sources)} source{'' if len(sources) == 1 else 's'})"
+             for component, sources in sorted(runs.items())
+             if isinstance(sources, list) and sources]
+    return ", ".join(parts) or "standby"

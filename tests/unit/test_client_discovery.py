@@ -176,8 +176,12 @@ def snapshot(contenders: list[str], *, mode: str = "leader-follower") -> dict[st
     buffers = ({"src": {"contenders": contenders, "epoch": "3"}}
                if mode == "leader-follower" else {})
     return {"relays": {"shop": {"members": members, "buffers": buffers}},
-            "bootstrap": {"shop": {"locks": {"store/shop.orders/lock": ["boot-1", "boot-2"]},
-                                   "members": []}}}
+            "bootstrap": {"shop-bootstrap": {
+                "locks": {"stores/s1/producer": ["http://b1", "http://b2"],
+                          "stores/s1/applier": ["http://b2", "http://b1"]},
+                "members": [{"node": "member-1", "data": json.dumps({
+                    "url": "http://b1", "updated_at": 101.0,
+                    "runs": {"producer": ["shop.orders", "shop.items"], "applier": []}})}]}}}
 
 
 def test_status_document_and_tables() -> None:
@@ -191,14 +195,22 @@ def test_status_document_and_tables() -> None:
     assert b["members"] == [
         {"url": "http://r1", "role": "leader", "epoch": 3, "max_scn": 50},
         {"url": "http://r2", "role": "follower", "epoch": 3, "max_scn": 49}]
-    assert doc["bootstrap"][0]["locks"] == [
-        {"lock": "store/shop.orders/lock", "holder": "boot-1", "waiting": ["boot-2"]}]
+    [boot] = doc["bootstrap"]
+    assert boot["locks"] == [
+        {"lock": "stores/s1/producer", "store": "s1", "component": "producer",
+         "holder": "http://b1", "waiting": ["http://b2"]},
+        {"lock": "stores/s1/applier", "store": "s1", "component": "applier",
+         "holder": "http://b2", "waiting": ["http://b1"]}]
+    assert boot["members"][0]["url"] == "http://b1" and boot["members"][0]["age_s"] == 1.5
     assert exit_status(doc) == 0
     text = render(doc)
     assert "relay cluster shop (leader-follower), 2 members" in text
     assert "buffer src: leader http://r1, epoch 3" in text
     assert "2.5 s ago" in text
-    assert "boot-1" in text
+    assert "bootstrap cluster shop-bootstrap, 1 member" in text
+    assert "producer (2 sources)" in text
+    assert any(line.split() == ["s1", "producer", "http://b1", "http://b2"]
+               for line in text.splitlines())
     json.dumps(doc)  # --json
 
 
