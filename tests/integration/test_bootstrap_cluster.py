@@ -268,8 +268,9 @@ def test_holder_killed_the_standby_takes_over_with_no_duplicate_and_no_gap(
         # The session ends SESSION_S after the holder's last heartbeat; then the lock's
         # watch wakes the standby at once.
         assert took < SESSION_S + 1.5, took
-        assert {k: v - token[k] for k, v in cluster.store.fence_tokens().items()} == \
-            {"producer": 1, "applier": 1}
+        # Each component took the next fencing token before reading its position.
+        wait_for(lambda: {k: v - token[k] for k, v in cluster.store.fence_tokens().items()}
+                 == {"producer": 1, "applier": 1}, "the standby's tokens", timeout=5)
         serves_reads(standby)
         time.sleep(1.0)  # the standby writes the windows of the writer meanwhile
     finally:
@@ -297,8 +298,9 @@ def test_a_paused_holder_resumed_writes_nothing(cluster: Cluster) -> None:
             writer.start()
             wait_for(lambda: holds_all(standby), "the standby took over",
                      timeout=SESSION_S * 4)
-            wait_for(lambda: (cluster.store.positions()[0] or 0) > relay_top(cluster.relay)
-                     - 50 and standby.status()["components"]["applier"]["batches"] > 0,
+            target = relay_top(cluster.relay)  # a window written during the pause
+            wait_for(lambda: (cluster.store.positions()[0] or 0) >= target and
+                     standby.status()["components"]["applier"]["batches"] > 0,
                      "the standby writes")
         # Resumed: its relay poll and its applier find new windows at once, and its
         # lease and token are out of date: nothing may be committed.
