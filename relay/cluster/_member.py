@@ -347,6 +347,9 @@ class ClusterMember:
                 "zookeeper): no server answered; check the hosts and ports") from None
         self._session = self.client.client_id[0] if self.client.client_id else None
         self.connected.set()
+        # The listener saw this first CONNECTED before the session was noted: not a
+        # new session to register again.
+        self._register_needed.clear()
         self._register()
         self._refresher = threading.Thread(target=self._refresh, daemon=True,
                                            name="databus-cluster-member")

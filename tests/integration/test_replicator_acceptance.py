@@ -151,10 +151,16 @@ class RandomWriter(threading.Thread):
         self.transactions = 0
         self.error: BaseException | None = None
 
+    def _pick(self, table: str, column: str) -> int:
+        """An id that exists now (0 when the table is empty): ids move on as rows
+        come and go, and a long run must keep changing rows, not missing them."""
+        rows = self.sql.query(f"SELECT {column} FROM {table} ORDER BY RAND() LIMIT 1")
+        return int(rows[0][0]) if rows else 0
+
     def _one(self, n: int) -> list[str]:
         rng = self.rng
-        film = rng.randint(1, 420)
-        actor = rng.randint(1, 210)
+        film = self._pick("film", "film_id")
+        actor = self._pick("actor", "actor_id")
         kind = rng.randrange(9)
         if kind == 0:
             features = ",".join(f for f in FEATURES if rng.random() < 0.5)
@@ -171,15 +177,19 @@ class RandomWriter(threading.Thread):
                     f"VALUES ('NEW {n}', {rng.randint(1, 6)}, {rng.choice([1901, 2155, 2000])}, "
                     "'Commentaries,Behind the Scenes')"]
         if kind == 3:
-            return [f"INSERT IGNORE INTO film_actor (actor_id, film_id) SELECT {actor}, film_id "
-                    f"FROM film WHERE film_id = {film}"]
+            return [f"INSERT IGNORE INTO film_actor (actor_id, film_id) SELECT actor_id, "
+                    f"{film} FROM actor WHERE actor_id = {actor} AND EXISTS (SELECT 1 FROM "
+                    f"film WHERE film_id = {film})"]
         if kind == 4:
             return [f"UPDATE actor SET first_name = 'F{n}', last_name = "
                     f"'{rng.choice(NAMES)}' "
                     f"WHERE actor_id = {actor}"]
-        if kind == 5:
+        if kind == 5 and rng.random() < 0.5:
             return [f"DELETE FROM film_actor WHERE actor_id = {actor}",
                     f"DELETE FROM actor WHERE actor_id = {actor}"]
+        if kind == 5:  # as many actors come as go: no table drains in a long run
+            return [f"INSERT INTO actor (first_name, last_name) VALUES ('NEW{n}', "
+                    f"'{rng.choice(NAMES)}')"]
         if kind == 6:
             x, y = rng.uniform(-90, 90), rng.uniform(-180, 180)
             return ["INSERT INTO address (address, district, postal_code, phone, location) "
