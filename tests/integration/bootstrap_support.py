@@ -52,13 +52,15 @@ def window(scn: int, changes: Sequence[tuple[str, bytes]]) -> LogWindow:
 class BootstrapProcess:
     """``databus bootstrap --config FILE --run PARTS`` as a child process (kill -9 tests)."""
 
-    def __init__(self, tmp_path: Path, storage: str, relay_url: str, run: str,
+    def __init__(self, tmp_path: Path, storage: str, relay_url: str | list[str], run: str,
                  **sections: dict[str, object]) -> None:
         self.port = free_port()
         self.run = run
         self.config_path = tmp_path / f"bootstrap-{run.replace(',', '-')}.toml"
         lines = ["[bootstrap]", f'storage = "{storage}"', f"port = {self.port}",
-                 "[bootstrap.producer]", f'relays = ["{relay_url}"]', "poll_wait_ms = 100",
+                 "[bootstrap.producer]",
+                 f"relays = {json.dumps([relay_url] if isinstance(relay_url, str) else relay_url)}",
+                 "poll_wait_ms = 100",
                  "max_bytes = 65536"]
         for name, values in sections.items():
             lines.append(f"[bootstrap.{name}]")

@@ -1,11 +1,14 @@
-"""Issue 16's acceptance run: three relays in leader-follower mode on one MariaDB, and
-a consumer, on the 3-node ZooKeeper ensemble.
+"""Issue 16's acceptance run: three relays in leader-follower mode on one MariaDB, a
+pair of bootstrap services on one PostgreSQL store (``[bootstrap.cluster]``), and a
+consumer, on the 3-node ZooKeeper ensemble.
 
 For ``DATABUS_CLUSTER_ACCEPTANCE_SECONDS`` (20 in the suite; the issue's run is 60) a
 transfer workload runs: each transaction moves money from an account of one table to
 an account of another, so the total over both tables is constant. Meanwhile the leader
-is killed with SIGKILL three times and paused once (SIGSTOP past its session timeout,
-then SIGCONT), each time at a random moment. The consumer (a ``DatabusClient`` given
+is killed with SIGKILL three times and paused once (SIGSTOP past its session
+timeout, then SIGCONT), each time at a random moment, and the bootstrap service
+running the producer and applier is killed with SIGKILL (its standby takes over).
+The consumer (a ``DatabusClient`` given
 all three relays) applies every window to a replica of both tables and checks the
 total at every window end. At the end:
 
@@ -14,7 +17,9 @@ total at every window end. At the end:
 - the invariant held at every window end, and the replica equals the source;
 - the cluster never had more than one binlog connection (``SHOW PROCESSLIST`` sampled
   every 20 ms);
-- every member ends with the same windows.
+- every member ends with the same windows;
+- the bootstrap log holds every transaction once, in order, and its snapshot equals
+  the source.
 """
 
 from __future__ import annotations
@@ -28,9 +33,12 @@ from typing import Any
 
 import pytest
 
+from databus.bootstrap import open_storage
 from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent
-from tests.fixtures.servers import EnsembleChroot, MariaDBServer, paused
+from databus.filters import FilterSpec
+from tests.fixtures.servers import EnsembleChroot, MariaDBServer, PostgresServer, paused
 from tests.integration.binlog_support import Sql, fresh_database, source_uri
+from tests.integration.bootstrap_support import BootstrapProcess, drop_schema, storage_url
 from tests.integration.test_relay_cluster import (
     SESSION_S,
     cluster_of,
@@ -109,9 +117,20 @@ class Replica(Consumer):
         return CallbackResult.SUCCESS
 
 
+def holder(services: list[BootstrapProcess]) -> BootstrapProcess | None:
+    """The service running both the producer and the applier, if one does."""
+    for service in services:
+        if service.proc is None or service.proc.poll() is not None:
+            continue
+        roles = service.status()["cluster"]["components"]
+        if roles["producer"]["role"] == roles["applier"]["role"] == "holder":
+            return service
+    return None
+
+
 def test_transfers_through_leader_kills_and_a_pause(
-        tmp_path: Path, mariadb_server: MariaDBServer,
-        zookeeper_chroot: EnsembleChroot) -> None:
+        tmp_path: Path, mariadb_server: MariaDBServer, postgres_server: PostgresServer,
+        zookeeper_chroot: EnsembleChroot, request: pytest.FixtureRequest) -> None:
     sql = fresh_database(mariadb_server, DB)
     sql.run("CREATE TABLE savings (id INT PRIMARY KEY, balance BIGINT NOT NULL)",
             "CREATE TABLE checking (id INT PRIMARY KEY, balance BIGINT NOT NULL)")
@@ -124,6 +143,16 @@ def test_transfers_through_leader_kills_and_a_pause(
         home.mkdir()
         relays.append(RelayProcess(home, {"src": uri}, workers=1, capacity_mb=32,
                                    extra_toml=cluster_toml(zookeeper_chroot, "bank")))
+    store_url = storage_url("postgresql", tmp_path, request)
+    services = []
+    for name in ("boot-a", "boot-b"):
+        home = tmp_path / name
+        home.mkdir()
+        services.append(BootstrapProcess(
+            home, store_url, [r.url for r in relays], "producer,applier,server",
+            applier={"poll_interval_ms": 50, "batch_rows": 500},
+            cluster={"zookeeper": zookeeper_chroot.hosts, "name": "bank-boot",
+                     "session_timeout_s": SESSION_S}))
     connections = BinlogConnections(mariadb_server)
     replica = Replica()
     client: DatabusClient | None = None
@@ -132,8 +161,11 @@ def test_transfers_through_leader_kills_and_a_pause(
     try:
         for relay in relays:
             relay.start()
+        for service in services:
+            service.start()
         connections.start()
         leader_of(relays)
+        wait_for(lambda: holder(services), "a bootstrap service runs the producer")
         opening = sql.txn(
             "INSERT INTO savings VALUES " + ", ".join(f"({i}, {START})"
                                                       for i in range(1, ACCOUNTS + 1)),
@@ -147,9 +179,17 @@ def test_transfers_through_leader_kills_and_a_pause(
         consuming.start()
         writer.start()
         started = time.monotonic()
-        for at, fault in ((0.15, "kill"), (0.35, "kill"), (0.55, "pause"), (0.75, "kill")):
-            at += rng.uniform(-0.05, 0.05)
+        for at, fault in ((0.15, "kill"), (0.35, "kill"), (0.45, "bootstrap"),
+                          (0.55, "pause"), (0.75, "kill")):
+            at += rng.uniform(-0.03, 0.03)
             time.sleep(max(0.0, started + SECONDS * at - time.monotonic()))
+            if fault == "bootstrap":
+                running = holder(services)
+                assert running is not None
+                running.kill()
+                wait_for(lambda: holder(services), "the standby bootstrap took over",
+                         timeout=SESSION_S * 4)
+                continue
             live = [r for r in relays if r.proc is not None and r.proc.poll() is None]
             leader = leader_of(live)
             if fault == "kill":
@@ -171,16 +211,37 @@ def test_transfers_through_leader_kills_and_a_pause(
                  "every member at the last transaction", timeout=60)
         bodies = [stream(r, sources=f"{DB}.savings,{DB}.checking") for r in relays]
         assert bodies[0] == bodies[1] == bodies[2]
+        store = open_storage(store_url)
+        try:
+            wait_for(lambda: (store.positions()[0] or 0) >= last,
+                     "the bootstrap store applied the last transaction", timeout=60)
+            logged = [row.scn for row in store.log_batch(
+                [f"{DB}.savings", f"{DB}.checking"], after_scn=-1, upto_scn=1 << 62,
+                limit=1 << 30, filter=FilterSpec())]
+            snapshot_total = sum(
+                1 for t in ("savings", "checking") for _ in store.snapshot_batch(
+                    f"{DB}.{t}", after_key=None, since_scn=None, limit=1 << 30,
+                    filter=FilterSpec()))
+        finally:
+            store.close()
     finally:
         if writer.is_alive():
             writer.halt.set()
         if client is not None:
             client.stop()
         samples = connections.stop()
+        for service in services:
+            service.kill()
         for relay in relays:
             if relay.proc is not None and relay.proc.poll() is None:
                 relay.kill()
+        drop_schema(postgres_server, store_url)
     source = [opening, *writer.scns]
+    # The log: every transaction once (two rows each, the opening one 2 * ACCOUNTS),
+    # in order, through the bootstrap failover; the snapshot: every account.
+    assert sorted(set(logged)) == source
+    assert len(logged) == 2 * ACCOUNTS + 2 * len(writer.scns)
+    assert snapshot_total == 2 * ACCOUNTS
     assert len(writer.scns) > 200
     assert replica.windows == source  # every transaction, in commit order, once
     assert replica.broken == []
