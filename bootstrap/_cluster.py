@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -50,8 +48,8 @@ from typing import Any
 from databus.bootstrap._component import BackgroundComponent
 from databus.bootstrap._storage import BootstrapStorage
 from databus.config._bootstrap import BootstrapClusterConfig
+from databus.coordination import Lease, LockContender, ZooKeeperMember
 from databus.errors import DatabusError
-from databus.relay.cluster import Lease
 
 __all__ = ["BootstrapMember", "LeaseExpiredError", "root_path"]
 
@@ -84,23 +82,18 @@ class Seat:
         self.holding = False
         self.lease: Lease | None = None
         self.terms = 0
-        self._lock: Any = None
-        self._thread: threading.Thread | None = None
+        self.contender = LockContender(member, self.lock_path, name, hold=self._hold,
+                                       on_end=self._stop_component)
         component.status.state = "standby"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._contend, daemon=True,
-                                        name=f"databus-bootstrap-{self.name}-lock")
-        self._thread.start()
+        self.contender.start(f"databus-bootstrap-{self.name}-lock")
 
     def cancel(self) -> None:
-        lock = self._lock
-        if lock is not None:
-            lock.cancel()
+        self.contender.cancel()
 
     def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join(_STOP_TIMEOUT_S + 5)
+        self.contender.join(_STOP_TIMEOUT_S + 5)
 
     def guard(self) -> None:
         """Before each commit of the component: the lease must still run."""
@@ -108,35 +101,6 @@ class Seat:
         if lease is None or not lease.valid():
             raise LeaseExpiredError(f"the {self.name}'s ZooKeeper lease ran out: no "
                                     "write until the session is confirmed again")
-
-    def _contend(self) -> None:
-        from kazoo.exceptions import CancelledError, KazooException
-
-        member = self.member
-        while not member.stopping.is_set():
-            if not member.connected.wait(0.2):
-                continue
-            session = member.session_id()
-            try:
-                self._lock = member.client.Lock(self.lock_path, identifier=member.url)
-                if not self._lock.acquire(blocking=True):
-                    continue
-                if member.stopping.is_set():
-                    break
-                self._hold(session)
-            except CancelledError:
-                continue
-            except (KazooException, DatabusError, OSError, TimeoutError) as exc:
-                log.warning("%s: lock round failed: %s", self.name, exc)
-                time.sleep(0.5)
-            finally:
-                self._stop_component()
-                lock, self._lock = self._lock, None
-                if lock is not None:
-                    try:
-                        lock.release()
-                    except Exception:  # the session may be gone with the node
-                        log.debug("lock release of %s failed", self.name, exc_info=True)
 
     def _confirm(self, lease: Lease, node: str) -> bool:
         """A read of our lock node answered: the session and the lock were ours when it
@@ -149,8 +113,10 @@ class Seat:
 
     def _hold(self, session: int | None) -> None:
         member = self.member
-        node = f"{self.lock_path}/{self._lock.node}"
-        lease = Lease(member.config.session_timeout_s / 2)
+        node = self.contender.holding_node
+        if node is None:
+            return
+        lease = Lease(member.session_timeout_s / 2)
         if not self._confirm(lease, node):
             return
         self.lease = lease
@@ -208,55 +174,29 @@ class Seat:
         asyncio.run_coroutine_threadsafe(coro, loop).result(_STOP_TIMEOUT_S)
 
 
-class BootstrapMember:
+class BootstrapMember(ZooKeeperMember):
     """This service's ZooKeeper session, member node and seats (module docstring)."""
 
     def __init__(self, config: BootstrapClusterConfig, url: str, storage: BootstrapStorage,
                  components: Mapping[str, BackgroundComponent],
                  sources: tuple[str, ...] = ()) -> None:
+        super().__init__(config.zookeeper, config.session_timeout_s,
+                         f"{root_path(config.name)}/members", "bootstrap.cluster.zookeeper",
+                         url)
         self.config = config
-        self.url = url.rstrip("/")
         self.storage = storage
         self.components = dict(components)
         self.configured_sources = sources
-        self.client: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.store = ""
         self.seats: dict[str, Seat] = {}
-        self.stopping = threading.Event()
-        self.connected = threading.Event()
-        self.changed = threading.Event()  # a term began or ended: rewrite the node now
         self.sources: list[str] = list(sources)
-        self._session: int | None = None
-        self._node: str | None = None
-        self._register_needed = threading.Event()
-        self._refresher: threading.Thread | None = None
-
-    def session_id(self) -> int | None:
-        return self._session
 
     def connect(self) -> None:
         """Blocking: the store's id, then ZooKeeper (a clear error when no server of
         the connect string answers)."""
-        from kazoo.client import KazooClient
-        from kazoo.handlers.threading import KazooTimeoutError
-
         self.store = self.storage.store_id()
-        self.client = KazooClient(hosts=self.config.zookeeper,
-                                  timeout=self.config.session_timeout_s)
-        self.client.add_listener(self._state_changed)
-        try:
-            self.client.start(timeout=max(5.0, self.config.session_timeout_s))
-        except KazooTimeoutError:
-            self.client.close()
-            raise DatabusError(
-                f"cannot reach ZooKeeper at {self.config.zookeeper} (bootstrap.cluster."
-                "zookeeper): no server answered; check the hosts and ports") from None
-        client_id = self.client.client_id
-        self._session = client_id[0] if client_id else None
-        self.connected.set()
-        self._refresh_sources()
-        self._register()
+        super().connect()
 
     async def start(self) -> None:
         """Connect (in a thread), register and contend for this service's components."""
@@ -264,9 +204,7 @@ class BootstrapMember:
         await asyncio.to_thread(self.connect)
         for name, component in self.components.items():
             self.seats[name] = Seat(self, name, component)
-        self._refresher = threading.Thread(target=self._refresh, daemon=True,
-                                           name="databus-bootstrap-member")
-        self._refresher.start()
+        self.start_refresher("databus-bootstrap-member")
         for seat in self.seats.values():
             seat.start()
 
@@ -277,84 +215,27 @@ class BootstrapMember:
         for seat in self.seats.values():
             seat.cancel()
         await asyncio.to_thread(self._join)
-        if self.client is not None:
-            await asyncio.to_thread(self._leave)
+        await asyncio.to_thread(self.leave)
 
     def _join(self) -> None:
         for seat in self.seats.values():
             seat.join()
-        if self._refresher is not None:
-            self._refresher.join(5)
-
-    def _leave(self) -> None:
-        try:
-            if self._node is not None and self.connected.is_set():
-                self.client.delete(self._node)
-        except Exception:
-            log.debug("member node delete failed", exc_info=True)
-        self.client.stop()
-        self.client.close()
-
-    def _state_changed(self, state: str) -> None:
-        # kazoo's connection thread: no blocking calls here.
-        from kazoo.client import KazooState
-
-        if state == KazooState.CONNECTED:
-            client_id = self.client.client_id
-            session = client_id[0] if client_id else None
-            if session != self._session:
-                self._session = session
-                self._register_needed.set()
-            self.connected.set()
-        else:
-            self.connected.clear()
-            if state == KazooState.LOST:
-                self._session = None
-                log.warning("ZooKeeper session lost")
+        self.stop_refresher()
 
     def runs(self) -> dict[str, list[str]]:
         """Per component, the sources this service runs it for now (empty: standby)."""
         return {name: list(self.sources) if name in self.seats and self.seats[name].holding
                 else [] for name in ("producer", "applier")}
 
-    def _data(self) -> bytes:
-        doc = {"url": self.url, "runs": self.runs(), "updated_at": time.time(),
-               "store": self.store, "cluster": self.config.name}
-        return json.dumps(doc).encode()
+    def data(self) -> dict[str, Any]:
+        return {"url": self.url, "runs": self.runs(), "updated_at": time.time(),
+                "store": self.store, "cluster": self.config.name}
 
-    def _register(self) -> None:
-        from kazoo.exceptions import NoNodeError
-
-        base = f"{root_path(self.config.name)}/members"
-        self.client.ensure_path(base)
-        if self._node is not None:
-            with contextlib.suppress(NoNodeError):  # gone with the old session
-                self.client.delete(self._node)
-        self._node = self.client.create(f"{base}/member-", self._data(), ephemeral=True,
-                                        sequence=True)
-
-    def _refresh_sources(self) -> None:
+    def before_refresh(self) -> None:
         if self.configured_sources:
             return
         with contextlib.suppress(DatabusError, OSError):
             self.sources = sorted(self.storage.source_ids())
-
-    def _refresh(self) -> None:
-        while not self.stopping.is_set():
-            self.changed.wait(_REFRESH_S)
-            self.changed.clear()
-            if self.stopping.is_set() or not self.connected.is_set():
-                continue
-            self._refresh_sources()
-            try:
-                if self._register_needed.is_set():
-                    self._register_needed.clear()
-                    self._register()
-                elif self._node is not None:
-                    self.client.set(self._node, self._data())
-            except Exception as exc:
-                log.debug("member refresh failed: %s", exc)
-                self._register_needed.set()
 
     def status(self) -> dict[str, Any]:
         """``/v1/status``'s ``cluster``: the cluster, this member, what it runs."""

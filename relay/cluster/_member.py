@@ -30,7 +30,6 @@ split brain when quorum returns.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -42,11 +41,11 @@ from typing import Any
 from urllib.parse import quote
 
 from databus.config import RelayClusterConfig
+from databus.coordination import Lease, LockContender, ZooKeeperMember
 from databus.errors import DatabusError
 from databus.fetchers._api import WindowSink
 from databus.relay._buffer import EventBuffer
 from databus.relay.cluster._epochs import EpochEntry, EpochHistory
-from databus.relay.cluster._lease import Lease
 
 __all__ = ["Assignment", "ClusterMember", "FencedError", "FencedSink", "epochs_path"]
 
@@ -136,8 +135,10 @@ class Seat:
         self.term: tuple[int, Lease] | None = None  # (epoch, lease) while leading
         self.leader_url: str | None = None  # the first contender, when not us
         self.on_change: Callable[[], None] = lambda: None  # the runner's reassign
-        self._lock: Any = None
-        self._threads: list[threading.Thread] = []
+        self.contender = LockContender(member, self.lock_path, f"buffer {buffer}",
+                                       hold=self._lead,
+                                       on_end=lambda: self._end_term("term over"))
+        self._watcher: threading.Thread | None = None
 
     # -- what the runner asks -----------------------------------------------------------
 
@@ -175,52 +176,17 @@ class Seat:
     # -- threads -----------------------------------------------------------------------
 
     def start(self) -> None:
-        for target, name in ((self._contend, "contend"), (self._watch, "watch")):
-            thread = threading.Thread(target=target, daemon=True,
-                                      name=f"databus-cluster-{name}-{self.buffer}")
-            self._threads.append(thread)
-            thread.start()
+        self.contender.start(f"databus-cluster-contend-{self.buffer}")
+        self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                         name=f"databus-cluster-watch-{self.buffer}")
+        self._watcher.start()
 
     def stop(self) -> None:
         self._end_term("relay stopping")
-        lock = self._lock
-        if lock is not None:
-            lock.cancel()
-            try:
-                lock.release()
-            except Exception:  # the session may be gone already
-                log.debug("lock release of %s failed", self.buffer, exc_info=True)
-        for thread in self._threads:
-            thread.join(5)
-
-    def _contend(self) -> None:
-        from kazoo.exceptions import CancelledError, KazooException
-
-        member = self.member
-        while not member.stopping.is_set():
-            if not member.connected.wait(0.2):
-                continue
-            session = member.session_id()
-            try:
-                self._lock = member.client.Lock(self.lock_path, identifier=member.url)
-                if not self._lock.acquire(blocking=True):
-                    continue
-                if member.stopping.is_set():
-                    break
-                self._lead(session)
-            except CancelledError:
-                continue
-            except (KazooException, DatabusError, OSError) as exc:
-                log.warning("buffer %s: election round failed: %s", self.buffer, exc)
-                time.sleep(0.5)
-            finally:
-                self._end_term("term over")
-                lock, self._lock = self._lock, None
-                if lock is not None:
-                    try:
-                        lock.release()
-                    except Exception:
-                        log.debug("lock release failed", exc_info=True)
+        self.contender.cancel()
+        self.contender.join(5)
+        if self._watcher is not None:
+            self._watcher.join(5)
 
     def _next_epoch(self) -> tuple[int, float]:
         from kazoo.exceptions import BadVersionError
@@ -246,7 +212,7 @@ class Seat:
     def _lead(self, session: int | None) -> None:
         member = self.member
         epoch, sent = self._next_epoch()
-        lease = Lease(member.config.session_timeout_s / 2)
+        lease = Lease(member.session_timeout_s / 2)
         lease.confirm(sent)
         self.history.append(epoch, self.event_buffer.state().max_scn)
         with self.lock_guard:
@@ -270,7 +236,7 @@ class Seat:
             except Exception as exc:  # a timeout, a lost connection: no confirmation
                 log.debug("lease renewal of %s failed: %s", self.buffer, exc)
                 continue
-            if int(data or b"0") != epoch or self._lock is None or not self._lock.is_acquired:
+            if int(data or b"0") != epoch or self.contender.holding_node is None:
                 log.warning("buffer %s: epoch moved on to %s, epoch %d over", self.buffer,
                             data, epoch)
                 return
@@ -307,102 +273,30 @@ class Seat:
                 self.on_change()
 
 
-class ClusterMember:
+class ClusterMember(ZooKeeperMember):
     """This relay's session, registration and seats (module docstring)."""
 
     def __init__(self, config: RelayClusterConfig, url: str) -> None:
+        super().__init__(config.zookeeper, config.session_timeout_s,
+                         f"{_root(config)}/members", "relay.cluster.zookeeper", url)
         self.config = config
-        self.url = url.rstrip("/")
-        self.client: Any = None
-        self.stopping = threading.Event()
-        self.connected = threading.Event()
         self.seats: dict[str, Seat] = {}
         self.status_of: Callable[[], dict[str, Any]] = dict
         self.histories: dict[str, EpochHistory] = {}  # per buffer (leader-follower)
-        self._node: str | None = None
-        self._session: int | None = None
-        self._refresher: threading.Thread | None = None
-        self._register_needed = threading.Event()
-
-    def session_id(self) -> int | None:
-        return self._session
 
     def add_seat(self, seat: Seat) -> None:
         self.seats[seat.buffer] = seat
 
+    def data(self) -> dict[str, Any]:
+        return {"url": self.url, "mode": self.config.mode, "buffers": self.status_of(),
+                "updated_at": time.time()}
+
     def start(self) -> None:
         """Connect (a clear error when ZooKeeper cannot be reached), register, contend."""
-        from kazoo.client import KazooClient
-        from kazoo.handlers.threading import KazooTimeoutError
-
-        self.client = KazooClient(hosts=self.config.zookeeper,
-                                  timeout=self.config.session_timeout_s)
-        self.client.add_listener(self._state_changed)
-        try:
-            self.client.start(timeout=max(5.0, self.config.session_timeout_s))
-        except KazooTimeoutError:
-            self.client.close()
-            raise DatabusError(
-                f"cannot reach ZooKeeper at {self.config.zookeeper} (relay.cluster."
-                "zookeeper): no server answered; check the hosts and ports") from None
-        self._session = self.client.client_id[0] if self.client.client_id else None
-        self.connected.set()
-        # The listener saw this first CONNECTED before the session was noted: not a
-        # new session to register again.
-        self._register_needed.clear()
-        self._register()
-        self._refresher = threading.Thread(target=self._refresh, daemon=True,
-                                           name="databus-cluster-member")
-        self._refresher.start()
+        self.connect()
+        self.start_refresher("databus-cluster-member")
         for seat in self.seats.values():
             seat.start()
-
-    def _state_changed(self, state: str) -> None:
-        # kazoo's connection thread: no blocking calls here.
-        from kazoo.client import KazooState
-
-        if state == KazooState.CONNECTED:
-            client_id = self.client.client_id
-            session = client_id[0] if client_id else None
-            if session != self._session:
-                self._session = session
-                self._register_needed.set()
-            self.connected.set()
-        else:
-            self.connected.clear()
-            if state == KazooState.LOST:
-                self._session = None
-                log.warning("ZooKeeper session lost")
-
-    def _register(self) -> None:
-        from kazoo.exceptions import NoNodeError
-
-        base = f"{_root(self.config)}/members"
-        self.client.ensure_path(base)
-        if self._node is not None:
-            with contextlib.suppress(NoNodeError):  # gone with the old session
-                self.client.delete(self._node)
-        self._node = self.client.create(f"{base}/member-", self._data(), ephemeral=True,
-                                        sequence=True)
-
-    def _data(self) -> bytes:
-        doc = {"url": self.url, "mode": self.config.mode, "buffers": self.status_of(),
-               "updated_at": time.time()}
-        return json.dumps(doc).encode()
-
-    def _refresh(self) -> None:
-        while not self.stopping.wait(_REFRESH_S):
-            if not self.connected.is_set():
-                continue
-            try:
-                if self._register_needed.is_set():
-                    self._register_needed.clear()
-                    self._register()
-                elif self._node is not None:
-                    self.client.set(self._node, self._data())
-            except Exception as exc:
-                log.debug("member refresh failed: %s", exc)
-                self._register_needed.set()
 
     def buffer_status(self, buffer: str) -> dict[str, Any]:
         """``/v1/status``'s ``cluster`` of a buffer: the cluster, mode, this member's
@@ -431,13 +325,5 @@ class ClusterMember:
         self.stopping.set()
         for seat in self.seats.values():
             seat.stop()
-        if self._refresher is not None:
-            self._refresher.join(5)
-        if self.client is not None:
-            try:
-                if self._node is not None and self.connected.is_set():
-                    self.client.delete(self._node)
-            except Exception:
-                log.debug("member node delete failed", exc_info=True)
-            self.client.stop()
-            self.client.close()
+        self.stop_refresher()
+        self.leave()

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from databus.coordination import Lease
 from databus.errors import DatabusError
-from databus.relay.cluster import EpochEntry, EpochHistory, Lease, StaleEpochError
+from databus.relay.cluster import EpochEntry, EpochHistory, StaleEpochError
 
 
 def test_epoch_of_each_scn_and_persistence(tmp_path: Path) -> None:
