@@ -101,12 +101,12 @@ async def assess(config: ReplicateConfig, target: Any,
     import asyncio
 
     from databus.replicator._mapping import MappingError, table_map
-    from databus.replicator._replicator import fetch_schemas
+    from databus.replicator._replicator import fetch_schemas, relay_urls
 
     reports: list[TableReport] = []
     try:
         schemas: dict[str, Schema] = await fetch_schemas(
-            config.relays, [t.source for t in config.tables])
+            await relay_urls(config), [t.source for t in config.tables])
     except DatabusError as exc:
         return [TableReport(t.source, findings=[Finding(f"no schema from the relays: {exc}",
                                                         True)]) for t in config.tables]

@@ -36,14 +36,14 @@ class DumpStarted:
     start: Checkpoint | None  # None: the buffer was empty, read it from its start
 
 
-def request_dump(config: ReplicateConfig) -> DumpStarted:
-    """Ask the first relay that answers for a dump of ``config``'s tables."""
+def request_dump(config: ReplicateConfig, relays: tuple[str, ...]) -> DumpStarted:
+    """Ask the first of ``relays`` that answers for a dump of ``config``'s tables."""
     if config.relay_admin_token is None:  # the config refuses it; for the type checker
         raise DatabusError("initial_copy = \"dump\" needs relay_admin_token")
     token = config.relay_admin_token.reveal()
     sources = [t.source for t in config.tables]
     last: DatabusError | None = None
-    for url in config.relays:
+    for url in relays:
         admin = RelayAdmin(url, token)
         try:
             return _request(admin, url, sources)

@@ -267,11 +267,13 @@ class Replicator:
         await asyncio.to_thread(target.open)
         try:
             await asyncio.to_thread(target.ensure_state)
-            schemas = await fetch_schemas(cfg.relays, [t.source for t in cfg.tables])
+            relays = await relay_urls(cfg)
+            schemas = await fetch_schemas(relays, [t.source for t in cfg.tables])
             maps = await asyncio.to_thread(self._prepare_tables, schemas)
-            position = TargetPosition(await self._first_position())
+            position = TargetPosition(await self._first_position(relays))
             client = DatabusClient(
                 list(cfg.relays), bootstrap=list(cfg.bootstrap),
+                zookeeper=cfg.zookeeper or None, cluster=cfg.cluster or None,
                 sources=[t.source for t in cfg.tables], checkpoint_store=position,
                 max_request_bytes=cfg.max_request_bytes,
                 # Retries of an unavailable target happen inside the callback.
@@ -343,7 +345,8 @@ class Replicator:
                  cfg.metrics_host, cfg.metrics_port)
         return runner
 
-    async def _first_position(self) -> Callable[[], Checkpoint | None]:
+    async def _first_position(self, relays: tuple[str, ...]
+                              ) -> Callable[[], Checkpoint | None]:
         """Where the client starts: the target's position; on a first start with
         ``initial_copy = "dump"``, after the SCN from which a relay dump is read."""
         if self.config.initial_copy != "dump":
@@ -352,7 +355,7 @@ class Replicator:
             return self._load_position
         from databus.replicator._initial_copy import request_dump
 
-        started = await asyncio.to_thread(request_dump, self.config)
+        started = await asyncio.to_thread(request_dump, self.config, relays)
 
         def load() -> Checkpoint | None:
             return self._load_position() or started.start
@@ -429,6 +432,31 @@ def make_fold(table: TableMap, dialect: Dialect) -> TableFold:
 
     return TableFold(table, [converter(c.avro_type, dialect, key=c.target in table.key,
                                        sql_type=c.sql_type) for c in table.columns])
+
+
+async def relay_urls(config: ReplicateConfig, wait_s: float = 15.0) -> tuple[str, ...]:
+    """The relays to ask for schemas and dumps: ``relays``, or the members of the relay
+    cluster that ``zookeeper`` and ``cluster`` name, read now (waiting up to ``wait_s``
+    for a first member: a cluster starting beside the replicator)."""
+    if config.relays:
+        return config.relays
+    from databus.client import RelayDiscovery
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        discovery = RelayDiscovery(config.zookeeper, config.cluster)
+        try:
+            urls = await asyncio.to_thread(discovery.start)
+        finally:
+            await asyncio.to_thread(discovery.close)
+        if urls or loop.time() >= deadline:
+            break
+        await asyncio.sleep(0.5)
+    if not urls:
+        raise DatabusError(f"relay cluster {config.cluster!r} on ZooKeeper "
+                           f"{config.zookeeper} has no member", retriable=True)
+    return tuple(urls)
 
 
 class _NoSchemaYet(DatabusError):

@@ -4,7 +4,7 @@
 ```toml
 [replicate]
 name = "shop-to-warehouse"            # the row in the target's databus_replication_state
-relays = ["http://127.0.0.1:11190"]
+relays = ["http://127.0.0.1:11190"]   # or zookeeper = "zk:2181/databus" and cluster = "shop"
 bootstrap = ["http://127.0.0.1:11191"]  # optional: the initial copy and falling off
 target = "postgresql://repl:${PG_PASSWORD}@127.0.0.1:5432/warehouse"
 target_schema = "public"
@@ -30,6 +30,7 @@ from typing import Literal
 
 from databus._redact import register_uri
 from databus.config._checks import ConfigFieldError, check_name, check_range
+from databus.config._cluster import check_zookeeper_hosts
 from databus.config._secrets import Secret, redact_uri
 
 __all__ = ["ReplicateConfig", "ReplicatedTableConfig"]
@@ -85,9 +86,9 @@ class ReplicateConfig:
     ``retry_initial_s``/``retry_max_s``: the backoff while the target is down."""
 
     name: str
-    relays: tuple[str, ...]
     target: str
     tables: tuple[ReplicatedTableConfig, ...]
+    relays: tuple[str, ...] = ()
     bootstrap: tuple[str, ...] = ()
     target_schema: str = ""
     batch_rows: int = 5000
@@ -106,11 +107,25 @@ class ReplicateConfig:
     # admin token.
     initial_copy: Literal["auto", "dump"] = "auto"
     relay_admin_token: Secret | None = None
+    # Instead of relays: the members of a relay cluster on ZooKeeper (docs/clusters.md,
+    # "Discovery"), followed while the replicator runs.
+    zookeeper: str = ""
+    cluster: str = ""
 
     def __post_init__(self) -> None:
         check_name(self.name, "name")
-        if not self.relays:
-            raise ConfigFieldError("relays", "name at least one relay URL")
+        if self.zookeeper or self.cluster:
+            if self.relays:
+                raise ConfigFieldError("relays", "give relays, or zookeeper and cluster "
+                                       "(relay discovery), not both")
+            if not (self.zookeeper and self.cluster):
+                raise ConfigFieldError("zookeeper", "relay discovery needs both zookeeper "
+                                       "and cluster")
+            check_zookeeper_hosts(self.zookeeper)
+            check_name(self.cluster, "cluster")
+        elif not self.relays:
+            raise ConfigFieldError("relays", "name at least one relay URL (or zookeeper "
+                                   "and cluster)")
         if not self.target.startswith(_TARGET_SCHEMES):
             raise ConfigFieldError(
                 "target", f"must be a postgresql://, mysql:// or sqlite:/// URL, got "

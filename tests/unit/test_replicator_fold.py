@@ -149,3 +149,25 @@ def test_initial_copy_by_dump_needs_the_relay_admin_token(tmp_path: Path) -> Non
     path.write_text(base.replace('name = "r"\n', 'name = "r"\ninitial_copy = "copy"\n'))
     with pytest.raises(ConfigError, match="initial_copy"):
         load_config(path)
+
+
+def test_relays_or_a_relay_cluster_not_both() -> None:
+    from databus.config import ReplicateConfig, ReplicatedTableConfig
+    from databus.errors import ConfigError
+
+    tables = (ReplicatedTableConfig(source="a.b"),)
+    ok = ReplicateConfig(name="r", target="sqlite:///x.db", tables=tables,
+                         zookeeper="127.0.0.1:2181/databus", cluster="shop")
+    assert ok.relays == ()
+    with pytest.raises(ConfigError, match="not both"):
+        ReplicateConfig(name="r", target="sqlite:///x.db", tables=tables,
+                        relays=("http://127.0.0.1:1",), zookeeper="127.0.0.1:2181",
+                        cluster="shop")
+    with pytest.raises(ConfigError, match="needs both"):
+        ReplicateConfig(name="r", target="sqlite:///x.db", tables=tables,
+                        zookeeper="127.0.0.1:2181")
+    with pytest.raises(ConfigError, match="at least one relay"):
+        ReplicateConfig(name="r", target="sqlite:///x.db", tables=tables)
+    with pytest.raises(ConfigError, match="host:port"):
+        ReplicateConfig(name="r", target="sqlite:///x.db", tables=tables,
+                        zookeeper="zk;2181", cluster="shop")
