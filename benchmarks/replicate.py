@@ -116,11 +116,11 @@ class TimedApplyConsumer(replicator_module.ApplyConsumer):
         return super().on_data_event(event)
 
     def _flush_locked(self) -> bool:
-        before = self.applied_batches
+        before = self.stats.batches
         batch = self.folder.batch
         t0 = time.perf_counter()
         ok = super()._flush_locked()
-        if self.applied_batches == before:
+        if self.stats.batches == before:
             return ok
         now_ns, now = time.time_ns(), time.perf_counter()
         PROBE.apply_s += now - t0
