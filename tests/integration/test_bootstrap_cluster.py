@@ -17,11 +17,8 @@ PostgreSQL store, a relay over a SQLite source (captured by triggers), a writer,
 from __future__ import annotations
 
 import json
-import random
-import sqlite3
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -38,11 +35,12 @@ from fastavro import schemaless_reader
 from databus.bootstrap._storage import BootstrapStorage, open_storage
 from databus.checkpoint import Checkpoint
 from databus.event import decode_event
-from databus.fetchers.txlog import seal_sqlite_transaction
 from databus.filters import FilterSpec
 from databus.schemas import Schema
 from tests.fixtures.servers import EnsembleChroot, PostgresServer, paused
 from tests.integration.bootstrap_support import BootstrapProcess, drop_schema, storage_url
+from tests.integration.cluster_support import OrdersWriter
+from tests.integration.cluster_support import wait_for as _wait_for
 from tests.relay_harness import RelayProcess, parse_windows
 from tests.unit.test_txlog_support import SqliteSource
 
@@ -53,44 +51,8 @@ SOURCE = "shop.orders"
 DDL = "CREATE TABLE orders (id INTEGER PRIMARY KEY, qty INTEGER)"
 
 
-class Writer(threading.Thread):
-    """Small transactions into the source (1 to 3 upserts, sometimes a delete)."""
-
-    def __init__(self, path: Path, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.path = path
-        self.seed = seed
-        self.halt = threading.Event()
-        self.count = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10)
-        rng = random.Random(self.seed)
-        try:
-            while not self.halt.is_set():
-                conn.execute("BEGIN IMMEDIATE")
-                for _ in range(rng.randint(1, 3)):
-                    key = rng.randint(1, 150)
-                    if rng.random() < 0.1:
-                        conn.execute("DELETE FROM orders WHERE id = ?", (key,))
-                    else:
-                        conn.execute("INSERT INTO orders (id, qty) VALUES (?, ?) ON "
-                                     "CONFLICT(id) DO UPDATE SET qty = excluded.qty",
-                                     (key, rng.randrange(1000)))
-                seal_sqlite_transaction(conn)
-                conn.execute("COMMIT")
-                self.count += 1
-                time.sleep(0.005)
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            conn.close()
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(10)
-        assert self.error is None, self.error
+def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
+    return _wait_for(check, what, timeout, every=0.05)
 
 
 @dataclass
@@ -100,25 +62,6 @@ class Cluster:
     services: list[BootstrapProcess]
     store: BootstrapStorage
     zk: EnsembleChroot
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return json.loads(resp.read())
-
-
-def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except OSError as exc:  # a service starting, paused or gone
-            last = exc
-        time.sleep(0.05)
-    raise AssertionError(f"timed out: {what} (last: {last})")
 
 
 def runs(service: BootstrapProcess) -> dict[str, list[str]]:
@@ -253,7 +196,7 @@ def start_holder_then_standby(cluster: Cluster) -> tuple[BootstrapProcess, Boots
 def test_holder_killed_the_standby_takes_over_with_no_duplicate_and_no_gap(
         cluster: Cluster) -> None:
     holder, standby = start_holder_then_standby(cluster)
-    writer = Writer(cluster.src.path, seed=4)
+    writer = OrdersWriter(cluster.src.path, 4, keys=150, delete_share=0.1)
     writer.start()
     try:
         wait_for(lambda: (cluster.store.positions()[0] or 0) > 20, "the holder applies")
@@ -284,14 +227,15 @@ def test_holder_killed_the_standby_takes_over_with_no_duplicate_and_no_gap(
 
 def test_a_paused_holder_resumed_writes_nothing(cluster: Cluster) -> None:
     holder, standby = start_holder_then_standby(cluster)
-    writer = Writer(cluster.src.path, seed=5)
+    writer = OrdersWriter(cluster.src.path, 5, keys=150, delete_share=0.1)
     writer.start()
     time.sleep(0.5)
     writer.stop()
     caught_up(cluster)
     before = holder.status()["components"]
     committed = (before["producer"]["batches"], before["applier"]["batches"])
-    writer = Writer(cluster.src.path, seed=6)  # the source changes while it is paused
+    # The source changes while it is paused.
+    writer = OrdersWriter(cluster.src.path, 6, keys=150, delete_share=0.1)
     assert holder.proc is not None
     try:
         with paused(holder.proc, seconds=SESSION_S * 3):

@@ -39,14 +39,8 @@ from databus.filters import FilterSpec
 from tests.fixtures.servers import EnsembleChroot, MariaDBServer, PostgresServer, paused
 from tests.integration.binlog_support import Sql, fresh_database, source_uri
 from tests.integration.bootstrap_support import BootstrapProcess, drop_schema, storage_url
-from tests.integration.test_relay_cluster import (
-    SESSION_S,
-    cluster_of,
-    cluster_toml,
-    leader_of,
-    stream,
-    wait_for,
-)
+from tests.integration.cluster_support import SESSION_S, cluster_toml, wait_for
+from tests.integration.test_relay_cluster import cluster_of, leader_of, stream
 from tests.integration.test_relay_cluster_binlog import BinlogConnections
 from tests.relay_harness import RelayProcess
 

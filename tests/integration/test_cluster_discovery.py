@@ -16,15 +16,12 @@ from __future__ import annotations
 import io
 import json
 import logging
-import random
-import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,39 +35,16 @@ from databus.client import (
     DataEvent,
     ZooKeeperUnreachable,
 )
-from databus.fetchers.txlog import seal_sqlite_transaction
 from databus.relay.cluster._cli import status as cluster_status
 from tests.fixtures.servers import EnsembleChroot
+from tests.integration.cluster_support import SESSION_S, OrdersWriter, cluster_toml, wait_for
 from tests.relay_harness import RelayProcess, parse_windows
 from tests.unit.test_txlog_support import SqliteSource
 
 pytestmark = pytest.mark.integration
 
-SESSION_S = 2.0
 DDL = "CREATE TABLE orders (id INTEGER PRIMARY KEY, qty INTEGER)"
 DATABUS = str(Path(sys.executable).with_name("databus"))
-
-
-def cluster_toml(zk: EnsembleChroot, name: str = "shop") -> str:
-    return ("[relay.cluster]\n"
-            f'zookeeper = "{zk.hosts}"\n'
-            f'name = "{name}"\n'
-            'mode = "leader-follower"\n'
-            f"session_timeout_s = {SESSION_S}\n")
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except OSError as exc:  # a relay starting or gone
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out: {what} (last: {last})")
 
 
 def relays_of(tmp_path: Path, src: SqliteSource, zk: EnsembleChroot, n: int
@@ -91,41 +65,6 @@ def role_of(relay: RelayProcess) -> str:
 def max_scn_of(relay: RelayProcess) -> int | None:
     scn = relay.status()["buffers"]["src"]["max_scn"]
     return None if scn is None else int(scn)
-
-
-class Writer(threading.Thread):
-    """Upserts in small transactions (one window each) until stopped."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(daemon=True)
-        self.path = path
-        self.halt = threading.Event()
-        self.count = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10)
-        rng = random.Random(16)
-        try:
-            while not self.halt.is_set():
-                conn.execute("BEGIN IMMEDIATE")
-                for _ in range(rng.randint(1, 3)):
-                    conn.execute("INSERT INTO orders (id, qty) VALUES (?, ?) ON CONFLICT(id) "
-                                 "DO UPDATE SET qty = excluded.qty",
-                                 (rng.randint(1, 200), rng.randrange(1000)))
-                seal_sqlite_transaction(conn)
-                conn.execute("COMMIT")
-                self.count += 1
-                time.sleep(0.01)
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            conn.close()
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(10)
-        assert self.error is None, self.error
 
 
 def held_events(relay: RelayProcess) -> list[tuple[int, Any]]:
@@ -195,7 +134,7 @@ def test_a_client_follows_the_cluster_with_no_gap_and_no_repeat(
             errors.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)
-    writer = Writer(src.path)
+    writer = OrdersWriter(src.path, pause_s=0.01)
     try:
         # An empty cluster: the client waits (and says so), it does not fail.
         thread.start()

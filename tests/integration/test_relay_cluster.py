@@ -17,11 +17,8 @@ ensemble of the fixtures.
 from __future__ import annotations
 
 import json
-import random
-import sqlite3
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -32,47 +29,24 @@ from typing import Any
 import pytest
 
 from databus.checkpoint import Checkpoint
-from databus.fetchers.txlog import seal_sqlite_transaction
 from tests.fixtures.servers import EnsembleChroot, paused
+from tests.integration.cluster_support import (
+    SESSION_S,
+    OrdersWriter,
+    cluster_toml,
+    wait_for,
+)
 from tests.relay_harness import RelayProcess, parse_windows
 from tests.unit.test_txlog_support import SqliteSource
 
 pytestmark = pytest.mark.integration
 
-SESSION_S = 2.0
 DDL = "CREATE TABLE orders (id INTEGER PRIMARY KEY, qty INTEGER)"
-
-
-def cluster_toml(zk: EnsembleChroot, name: str = "shop") -> str:
-    return ("[relay.cluster]\n"
-            f'zookeeper = "{zk.hosts}"\n'
-            f'name = "{name}"\n'
-            'mode = "leader-follower"\n'
-            f"session_timeout_s = {SESSION_S}\n")
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return json.loads(resp.read())
 
 
 def cluster_of(relay: RelayProcess) -> dict[str, Any]:
     doc: dict[str, Any] = relay.status()["buffers"]["src"]
     return doc
-
-
-def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except OSError as exc:  # a relay starting or gone
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out: {what} (last: {last})")
 
 
 def stream(relay: RelayProcess, after: int | None = None,
@@ -92,39 +66,6 @@ def stream(relay: RelayProcess, after: int | None = None,
             return body
         body += chunk
         after = windows[-1].scn
-
-
-class Writer(threading.Thread):
-    def __init__(self, path: Path) -> None:
-        super().__init__(daemon=True)
-        self.path = path
-        self.halt = threading.Event()
-        self.count = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10)
-        rng = random.Random(16)
-        try:
-            while not self.halt.is_set():
-                conn.execute("BEGIN IMMEDIATE")
-                for _ in range(rng.randint(1, 3)):
-                    conn.execute("INSERT INTO orders (id, qty) VALUES (?, ?) ON CONFLICT(id) "
-                                 "DO UPDATE SET qty = excluded.qty",
-                                 (rng.randint(1, 200), rng.randrange(1000)))
-                seal_sqlite_transaction(conn)
-                conn.execute("COMMIT")
-                self.count += 1
-                time.sleep(0.005)
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            conn.close()
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(10)
-        assert self.error is None, self.error
 
 
 @pytest.fixture
@@ -184,7 +125,7 @@ def test_one_leader_reads_the_others_chain_and_all_hold_the_same_windows(
         assert cluster_of(r)["cluster"]["role"] == "follower"
         wait_for(lambda r=r: cluster_of(r)["fetcher"]["state"] == "running",
                  "followers chaining")
-    writer = Writer(src.path)
+    writer = OrdersWriter(src.path)
     writer.start()
     time.sleep(1.0)
     writer.stop()
@@ -198,7 +139,7 @@ def test_one_leader_reads_the_others_chain_and_all_hold_the_same_windows(
 def test_leader_killed_a_follower_takes_over_with_the_next_epoch(
         cluster: tuple[SqliteSource, list[RelayProcess]]) -> None:
     src, relays = cluster
-    writer = Writer(src.path)
+    writer = OrdersWriter(src.path)
     writer.start()
     try:
         for _ in range(2):
@@ -230,12 +171,12 @@ def test_a_paused_leader_is_fenced(cluster: tuple[SqliteSource, list[RelayProces
     src, relays = cluster
     leader = leader_of(relays)
     old_epoch = cluster_of(leader)["cluster"]["epoch"]
-    writer = Writer(src.path)
+    writer = OrdersWriter(src.path)
     writer.start()
     time.sleep(0.5)
     writer.stop()
     held = converged(relays, src)  # the leader's newest window when it is paused
-    writer = Writer(src.path)  # the source changes while the leader is stopped ...
+    writer = OrdersWriter(src.path)  # the source changes while the leader is stopped ...
     assert leader.proc is not None
     try:
         with paused(leader.proc, seconds=SESSION_S * 3):
@@ -295,7 +236,7 @@ def test_loss_of_quorum_stops_appends_keeps_serving_and_no_split_brain(
     src, relays = cluster
     leader_of(relays)
     converged(relays, src)
-    writer = Writer(src.path)
+    writer = OrdersWriter(src.path)
     writer.start()
     try:
         with zookeeper_chroot.ensemble.lose_quorum():

@@ -19,13 +19,8 @@ import pytest
 
 from tests.fixtures.servers import EnsembleChroot, MariaDBServer
 from tests.integration.binlog_support import Sql, fresh_database, source_uri
-from tests.integration.test_relay_cluster import (
-    cluster_of,
-    cluster_toml,
-    leader_of,
-    stream,
-    wait_for,
-)
+from tests.integration.cluster_support import cluster_toml, wait_for
+from tests.integration.test_relay_cluster import cluster_of, leader_of, stream
 from tests.relay_harness import RelayProcess, parse_windows
 
 pytestmark = pytest.mark.integration

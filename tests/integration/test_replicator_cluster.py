@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.servers import EnsembleChroot
+from tests.integration.cluster_support import OrdersWriter, wait_for
 from tests.integration.test_relay_cluster import (
-    Writer,
     cluster,
     converged,
     leader_of,
-    wait_for,
 )
 from tests.relay_harness import RelayProcess
 from tests.unit.test_txlog_support import SqliteSource
@@ -54,7 +53,7 @@ def test_the_replicator_follows_a_relay_cluster_through_a_leader_kill(
             return -1
         return int(row[0]) if row else -1
 
-    writer = Writer(src.path)
+    writer = OrdersWriter(src.path)
     try:
         leader = leader_of(relays)
         writer.start()

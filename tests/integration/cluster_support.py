@@ -1,0 +1,96 @@
+"""What the cluster tests share: the ``[relay.cluster]`` section of a relay's config,
+polling helpers, and a writer of small transactions into a SQLite ``orders`` source
+(``id INTEGER PRIMARY KEY, qty INTEGER``, captured by triggers)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from databus.fetchers.txlog import seal_sqlite_transaction
+from tests.fixtures.servers import EnsembleChroot
+
+SESSION_S = 2.0  # the ZooKeeper session of the cluster tests' members
+
+
+def cluster_toml(zk: EnsembleChroot, name: str = "shop") -> str:
+    """``[relay.cluster]`` in leader-follower mode on the test's chroot."""
+    return ("[relay.cluster]\n"
+            f'zookeeper = "{zk.hosts}"\n'
+            f'name = "{name}"\n'
+            'mode = "leader-follower"\n'
+            f"session_timeout_s = {SESSION_S}\n")
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30,
+             every: float = 0.1) -> Any:
+    """``check()``'s first truthy answer; an OSError (a process starting, paused or
+    gone) counts as not yet."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except OSError as exc:
+            last = exc
+        time.sleep(every)
+    raise AssertionError(f"timed out: {what} (last: {last})")
+
+
+class OrdersWriter(threading.Thread):
+    """Transactions of 1 to 3 upserts over ``keys`` keys (a share of them deletes) into
+    the SQLite source at ``path``, sealed as the TxLog capture needs, until stopped."""
+
+    def __init__(self, path: Path, seed: int = 16, *, keys: int = 200,
+                 delete_share: float = 0.0, pause_s: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.seed = seed
+        self.keys = keys
+        self.delete_share = delete_share
+        self.pause_s = pause_s
+        self.halt = threading.Event()
+        self.count = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10)
+        rng = random.Random(self.seed)
+        try:
+            while not self.halt.is_set():
+                conn.execute("BEGIN IMMEDIATE")
+                for _ in range(rng.randint(1, 3)):
+                    key = rng.randint(1, self.keys)
+                    if self.delete_share and rng.random() < self.delete_share:
+                        conn.execute("DELETE FROM orders WHERE id = ?", (key,))
+                    else:
+                        conn.execute("INSERT INTO orders (id, qty) VALUES (?, ?) ON "
+                                     "CONFLICT(id) DO UPDATE SET qty = excluded.qty",
+                                     (key, rng.randrange(1000)))
+                seal_sqlite_transaction(conn)
+                conn.execute("COMMIT")
+                self.count += 1
+                time.sleep(self.pause_s)
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(10)
+        assert self.error is None, self.error
