@@ -202,7 +202,6 @@ class _Runner:
         self.assignments: Callable[[], Assignment | None] | None = None
         self.resolve: Callable[[str], type[Fetcher]] = fetcher_class
         self.attempt_stop = threading.Event()
-        self.role: str | None = None
 
     def reassign(self) -> None:
         """The assignment changed: end the current attempt; the loop asks again."""
@@ -252,7 +251,6 @@ class _Runner:
                 self.attempt_stop.clear()
                 assignment = self.assignments()
                 if assignment is None:
-                    self.role = None
                     self.set_state("standby")
                     self.attempt_stop.wait(0.1)
                     continue
@@ -264,7 +262,6 @@ class _Runner:
                     if fetcher is not None:
                         fetcher.close()  # built for the config checks only
                     fetcher = self.new_fetcher(assignment.uri, self.resolve(assignment.uri))
-                    self.role = assignment.role
                     assignment.prepare()
                     sink = assignment.wrap(self.sink)
                 elif fetcher is None:
@@ -508,11 +505,6 @@ class FetcherHost:
         ``db.*``/all-tables pattern), or None. Several buffers matching by pattern
         (two ``mysql://`` sources without ``tables=``) is ambiguous: ``ConfigError``."""
         return configured_buffer(self.configured_sources(), source)
-
-    def runner_role(self, buffer: str) -> str | None:
-        """What the buffer's fetcher does in a cluster ("leader", "follower"), or None."""
-        runner = self._runners.get(buffer)
-        return runner.role if runner is not None else None
 
     def configured_sources(self) -> dict[str, ConfiguredSources | None]:
         """Per buffer, the sources its fetcher's configuration names (after ``start``;

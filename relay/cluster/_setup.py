@@ -41,15 +41,12 @@ def join_cluster(relay: Relay) -> ClusterMember:
             member.add_seat(seat)
         relay.fetchers.seats = member.seats
 
-    def buffers_status() -> dict[str, Any]:
+    def buffers_status() -> dict[str, Any]:  # the member node's "buffers"
         out: dict[str, Any] = {}
         for name, buffer in relay.buffers.items():
-            seat = member.seats.get(name)
-            out[name] = {
-                "max_scn": buffer.state().max_scn,
-                "role": seat.role() if seat is not None else "independent",
-                "epoch": histories[name].current if name in histories else None,
-            }
+            doc = member.buffer_status(name)
+            out[name] = {"max_scn": buffer.state().max_scn, "role": doc["role"],
+                         "epoch": doc["epoch"]}
         return out
 
     member.status_of = buffers_status
