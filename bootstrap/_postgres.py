@@ -41,6 +41,9 @@ _LEN = struct.Struct(">i")
 _COPY_WINDOW = struct.Struct(">h iq iq ii iq")
 
 
+# How long a write transaction may sit idle before the server ends it (see _transaction).
+_WRITE_IDLE_LIMIT = "10s"
+
 class PostgresStorage(SqlStorage):
     paramstyle = "format"
     blob_type = "bytea"
@@ -125,6 +128,14 @@ class PostgresStorage(SqlStorage):
         conn = self._connection()
         try:
             with conn, conn.cursor() as cur:
+                if write:
+                    # A writer stopped mid-transaction (SIGSTOP, a frozen VM) keeps its
+                    # row locks, among them the fencing token's: a standby taking the
+                    # component over would wait for them until the writer resumed. The
+                    # server ends such a transaction instead; a live writer is never
+                    # idle inside one for that long.
+                    cur.execute("SET LOCAL idle_in_transaction_session_timeout = "
+                                f"'{_WRITE_IDLE_LIMIT}'")
                 yield cur
         except _LOST as exc:
             self._partitions.clear()  # partitions created in the lost transaction are gone
