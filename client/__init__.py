@@ -17,7 +17,7 @@ from databus.client._client import ClientMetrics, DatabusClient, RetryBudgetExha
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._discovery import RelayDiscovery, ZooKeeperUnreachable
 from databus.client._events import DataEvent, EndOfWindow, Window
-from databus.client._group_assignment import assign, partition_of
+from databus.client.group import assign, partition_of
 from databus.client._relay_puller import FellOffRelay, RelayError, RelayPuller
 from databus.client._runner import CallbackTimeout, ConsumerError
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from databus.checkpoint import Checkpoint
-from databus.client._group_coordinator import (
+from databus.client.group._coordinator import (
     GroupCoordinator,
     decode_assignment,
     partition_checkpoint_store,

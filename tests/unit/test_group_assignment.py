@@ -1,4 +1,4 @@
-"""Consumer groups, the pure part (databus.client._group_assignment): the assignment is
+"""Consumer groups, the pure part (databus.client.group._assignment): the assignment is
 balanced, covering, deterministic and sticky (it moves the fewest partitions any
 balanced assignment allows), and a member's filter makes the relay's read rules serve
 exactly the events of its partitions.
@@ -22,7 +22,7 @@ from databus._hashing import stable_key_hash
 from databus.batch import FilterPlan, ReadState
 from databus.client import assign as exported_assign
 from databus.client import partition_of as exported_partition_of
-from databus.client._group_assignment import (
+from databus.client.group._assignment import (
     MAX_PARTITIONS,
     assign,
     member_filter,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from databus.client._group_coordinator import (
+from databus.client.group._coordinator import (
     GroupAssignment,
     PartitionDiff,
     decode_assignment,

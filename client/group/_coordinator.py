@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from databus.client._checkpoint_zookeeper import ZooKeeperCheckpointStore, _znode_name
-from databus.client._group_assignment import _check_partitions, assign
+from databus.client.group._assignment import _check_partitions, assign
 from databus.coordination import LockContender, ZooKeeperMember
 from databus.errors import ConfigError
 
