@@ -17,9 +17,10 @@ from databus.client._client import ClientMetrics, DatabusClient, RetryBudgetExha
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._discovery import RelayDiscovery, ZooKeeperUnreachable
 from databus.client._events import DataEvent, EndOfWindow, Window
-from databus.client.group import assign, partition_of
 from databus.client._relay_puller import FellOffRelay, RelayError, RelayPuller
 from databus.client._runner import CallbackTimeout, ConsumerError
+from databus.client.group import assign, partition_of
+from databus.client.group._member import ZooKeeperCoordinator
 
 __all__ = [
     "BootstrapError",
@@ -43,6 +44,7 @@ __all__ = [
     "RetryBudgetExhausted",
     "Window",
     "ZooKeeperCheckpointStore",
+    "ZooKeeperCoordinator",
     "ZooKeeperUnreachable",
     "assign",
     "partition_of",

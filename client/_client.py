@@ -56,6 +56,7 @@ from databus.client._events import (
 )
 from databus.client._relay_puller import FellOffRelay, RelayPuller
 from databus.client._runner import Outcome, Runner
+from databus.client.group._member import GroupRun, Segment, ZooKeeperCoordinator
 from databus.errors import ConfigError, DatabusError, EventFormatError, UnknownSchemaError
 from databus.filters import FilterSpec
 from databus.schemas import AvroCodec, Schema
@@ -323,6 +324,9 @@ class DatabusClient:
         zookeeper: str | None = None,
         cluster: str | None = None,
         zookeeper_timeout: float = 10.0,
+        group: str | None = None,
+        coordinator: ZooKeeperCoordinator | None = None,
+        partitions: int | None = None,
     ) -> None:
         # Relay discovery (docs/clusters.md, "Discovery"): the members of a relay
         # cluster on ZooKeeper instead of a list of URLs.
@@ -357,6 +361,12 @@ class DatabusClient:
             register_uri(url)
         spec = FilterSpec.parse(filter) if filter is not None else FilterSpec()
         self.filter = spec
+        self._active_filter = spec  # a group member's stream has a filter of its own
+        # Consumer groups (docs/client.md "Consumer groups"): the partitions of the
+        # sources shared by the members, each with its own checkpoint.
+        self.group = group
+        self.coordinator = coordinator
+        self.partitions = partitions
         self.reader_schemas = {
             name_: s if isinstance(s, Schema) else Schema(s)
             for name_, s in (reader_schemas or {}).items()
@@ -382,11 +392,15 @@ class DatabusClient:
         if not 0 < len(client_id) <= MAX_CLIENT_ID:
             raise ValueError(f"client_id must be 1 to {MAX_CLIENT_ID} characters")
         self.client_id = client_id
+        if group is not None or coordinator is not None or partitions is not None:
+            GroupRun.validate(self, checkpoint_store)
         self.metrics = ClientMetrics()
         self._consumers: list[Consumer] = []
         self._stop_requested = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self._segment: Segment | None = None  # the group member's current stream
+        self.group_run: GroupRun | None = None
 
     def register(self, consumer: Consumer) -> None:
         """Add a consumer; every registered consumer gets every callback."""
@@ -440,17 +454,42 @@ class DatabusClient:
         # First, so that an unreachable ZooKeeper stops the client before anything runs.
         discovery = await self._start_discovery()
         try:
-            await self._run_with(loop, discovery)
+            if self.group is not None:
+                self.group_run = GroupRun(self, self._start_segment)
+                await self.group_run.run(loop, discovery)
+            else:
+                await self._run_with(loop, discovery)
         finally:
             if discovery is not None:
                 await asyncio.to_thread(discovery.close)
 
+    async def _start_segment(self, loop: asyncio.AbstractEventLoop,
+                             discovery: RelayDiscovery | None, segment: Segment) -> None:
+        """One stream of a group member: its filter, store and fence (``GroupRun``)."""
+        self._segment = segment
+        try:
+            await self._run_with(loop, discovery, segment)
+        finally:
+            self._segment = None
+
+    def end_segment(self) -> None:
+        """End the group member's current stream (thread-safe): the window in progress
+        finishes and commits, then ``_run_with`` returns."""
+        segment, loop, wake = self._segment, self._loop, self._wake
+        if segment is not None:
+            segment.over.set()
+        if loop is not None and wake is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(wake.set)
+
     async def _run_with(self, loop: asyncio.AbstractEventLoop,
-                        discovery: RelayDiscovery | None) -> None:
+                        discovery: RelayDiscovery | None,
+                        segment: Segment | None = None) -> None:
         self._loop = loop
         self._wake = asyncio.Event()
         outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
-        store = self.checkpoint_store
+        store = segment.store if segment is not None else self.checkpoint_store
+        spec = segment.spec if segment is not None else self.filter
+        self._active_filter = spec
         stored = await asyncio.to_thread(store.load) if store is not None else None
         if stored is not None and stored.mode is not Mode.ONLINE and not self.bootstrap:
             raise BootstrapError(
@@ -460,8 +499,10 @@ class DatabusClient:
         committed = checkpoint_scn(stored) if stored is not None else None
         start = stored or (Checkpoint.flexible() if self.start_from == "earliest"
                            else Checkpoint.latest())
-        self.metrics = ClientMetrics(started_at=time.monotonic(), committed_scn=committed,
-                                     consumer_scn=committed)
+        if segment is None or not self.metrics.started_at:
+            self.metrics = ClientMetrics(started_at=time.monotonic())
+        # A group member's metrics go on across its streams; its position is the new one's.
+        self.metrics.committed_scn = self.metrics.consumer_scn = committed
         writer = _CheckpointWriter(store)
         budget = _ByteBudget(self.max_buffered_bytes)
         dispatcher = Dispatcher(committed=stored, checkpoint_every=self.checkpoint_every)
@@ -484,14 +525,15 @@ class DatabusClient:
                 loop.call_soon_threadsafe(self._on_outcome, outcome, outcomes, budget)
 
         runner = Runner(self._consumers, dispatcher, report,
-                        callback_timeout=self.callback_timeout, parallelism=self.parallelism)
+                        callback_timeout=self.callback_timeout, parallelism=self.parallelism,
+                        fence=segment.fence if segment is not None else None)
         codec = AvroCodec()
         decoder = ResponseDecoder(codec, reader_schemas=self.reader_schemas)
         error: BaseException | None = None
         retries = 0
         commits_at_failure = -1
         position = start
-        filter_json = None if self.filter.is_empty else self.filter.to_json_text()
+        filter_json = None if spec.is_empty else spec.to_json_text()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
             pullers = _Pullers(
                 RelayPuller(self.relays, self.sources, session, filter_json=filter_json,
@@ -511,7 +553,8 @@ class DatabusClient:
                 self._follow_discovery(discovery, pullers.relay, loop)
             gen = runner.start()
             try:
-                while not self._stop_requested.is_set():
+                while not self._stop_requested.is_set() and not (
+                        segment is not None and segment.over.is_set()):
                     pull = asyncio.create_task(self._pull(pullers, gen, position))
                     watchdog = asyncio.create_task(self._watch(runner))
                     stop_wait = asyncio.create_task(self._wake.wait())
@@ -536,6 +579,18 @@ class DatabusClient:
                         continue  # stop requested
                     else:
                         outcome = next_outcome.result()
+                        if outcome.kind == "fenced":
+                            # The member's lease ran out (group): the window in progress
+                            # is neither finished nor committed; its partitions may be
+                            # another member's already.
+                            await asyncio.to_thread(runner.abandon)
+                            replay_scn, _ = runner.rollback_dispatcher()
+                            await asyncio.to_thread(runner.call_quietly, "on_rollback",
+                                                    replay_scn if replay_scn is not None
+                                                    else -1)
+                            assert segment is not None
+                            segment.fenced = True
+                            break
                         if outcome.kind == "fatal":
                             error = outcome.error or DatabusError(
                                 "a consumer answered ERROR_FATAL")
@@ -815,6 +870,9 @@ class DatabusClient:
                 *, taken: bool = False) -> None:
         """Hand ``items`` to the runner; ``nbytes`` are released once dispatched
         (``taken``: already counted in the buffer)."""
+        segment = self._segment
+        if segment is not None and segment.skip:
+            items = segment.skip_items(items)
         metrics = self.metrics
         metrics.events += sum(1 for i in items if isinstance(i, DataEvent))
         for item in reversed(items):
@@ -828,7 +886,7 @@ class DatabusClient:
     async def _can_verify_windows(self, puller: RelayPuller) -> bool:
         """Window checksums can be checked only when every event of a window arrives:
         no filter, and every source of the buffer subscribed."""
-        if not self.filter.is_empty:
+        if not self._active_filter.is_empty:
             return False
         await puller.catalog()
         if not self.sources:

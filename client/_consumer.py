@@ -81,3 +81,13 @@ class Consumer:
 
     def on_end_bootstrap(self) -> CallbackResult | None:
         return CallbackResult.SUCCESS
+
+    def on_partitions_assigned(self, partitions: tuple[int, ...]) -> None:
+        """Consumer groups (``DatabusClient(group=...)``): this member now runs these
+        partitions; their events come from their own checkpoints on. Called before
+        the first window that holds any of them."""
+
+    def on_partitions_revoked(self, partitions: tuple[int, ...]) -> None:
+        """Consumer groups: this member no longer runs these partitions. Every window
+        of theirs it was given has finished (and committed) or was rolled back
+        (``on_rollback``) before this call; another member starts them after it."""

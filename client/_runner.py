@@ -50,7 +50,7 @@ class ConsumerError(DatabusError):
 class Outcome:
     """What the runner reports to the client loop (from the runner thread)."""
 
-    kind: str  # "commit", "window", "rollback", "fatal", "batch_done"
+    kind: str  # "commit", "window", "rollback", "fatal", "batch_done", "fenced"
     scn: int | None = None
     checkpoint: Checkpoint | None = None  # what a "commit" persists
     error: BaseException | None = None
@@ -80,6 +80,11 @@ _NO_ARGS = (CallKind.START_BOOTSTRAP, CallKind.END_BOOTSTRAP)
 # returns CONTINUE with no follow-up): the runner does not report it.
 _PLAIN_KINDS = frozenset({CallKind.START_WINDOW, CallKind.START_SOURCE, CallKind.DATA,
                           CallKind.END_SOURCE, CallKind.DUMP_START, CallKind.DUMP_END})
+
+
+# Where a group member's fence is checked: no window begins, and none commits, once the
+# member's lease has run out.
+_FENCED_KINDS = frozenset({CallKind.START_WINDOW, CallKind.CHECKPOINT})
 
 
 def _args(call: Call) -> tuple[object, ...]:
@@ -114,10 +119,14 @@ class Runner:
         *,
         callback_timeout: float,
         parallelism: int = 1,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
         self.consumers = list(consumers)
         self.dispatcher = dispatcher
         self._report = report
+        # A group member's lease (``client.group``): checked before each window starts
+        # and before each commit; False stops the generation with a "fenced" report.
+        self._fence = fence
         self.callback_timeout = callback_timeout
         self.parallelism = parallelism
         self.generation = 0
@@ -284,6 +293,10 @@ class Runner:
         calls = [call]
         while calls:
             current = calls.pop(0)
+            if (self._fence is not None and current.kind in _FENCED_KINDS
+                    and not self._fence()):
+                self._report(Outcome("fenced", scn=current.scn, generation=gen))
+                return False
             result = (CallbackResult.SUCCESS if current.quiet
                       else self._invoke(current, gen))
             if result is CallbackResult.SUCCESS and current.kind in _PLAIN_KINDS:

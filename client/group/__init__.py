@@ -18,10 +18,12 @@ from databus.client.group._coordinator import (
     decode_assignment,
     group_root,
 )
+from databus.client.group._member import ZooKeeperCoordinator
 
 __all__ = [
     "GroupAssignment",
     "GroupCoordinator",
+    "ZooKeeperCoordinator",
     "assign",
     "decode_assignment",
     "group_root",

@@ -1,5 +1,6 @@
 """Consumer groups on ZooKeeper: membership, the leader's assignment, partition
-ownership (DESIGN section 15, issue 17). Not wired into ``DatabusClient`` yet.
+ownership and the member's lease (DESIGN section 15). ``DatabusClient(group=...)``
+drives it through ``_member.GroupRun``.
 
 Layout, under ``/databus/groups/<group>``::
 
@@ -27,6 +28,13 @@ Protocol
       calls ``on_revoked`` for everything it ran and takes nothing more until an
       assignment newer than the one in force when it lost the session (its re-registered
       member node is a membership change, so one always comes).
+    * Fencing: the member holds a ``Lease`` (``databus.coordination``) of half the
+      session timeout, confirmed by a renewal thread from the *sending* time of each
+      answered request (as the relay leader's). A new session gets a new lease and the
+      old one is revoked for good. The client checks the lease before each window and
+      before each commit, so a member paused past its session timeout (whose partitions
+      the others may take once ZooKeeper expires the session) processes nothing when it
+      runs again.
     * The partition count is fixed for the life of a group: a coordinator whose P differs
       from the stored assignment's is refused with ``ConfigError`` at ``start`` (and a
       member that finds it changed later stops taking partitions). Migrating the
@@ -45,7 +53,7 @@ from typing import Any
 
 from databus.client._checkpoint_zookeeper import ZooKeeperCheckpointStore, _znode_name
 from databus.client.group._assignment import _check_partitions, assign
-from databus.coordination import LockContender, ZooKeeperMember
+from databus.coordination import Lease, LockContender, ZooKeeperMember
 from databus.errors import ConfigError
 
 __all__ = [
@@ -166,7 +174,15 @@ class _GroupMember(ZooKeeperMember):
         self._checked = False
 
     def data(self) -> dict[str, Any]:
-        return {"member": self._coordinator.member_id}
+        extra = self._coordinator.extra_data
+        body: dict[str, Any] = {}
+        if extra is not None:
+            try:
+                body.update(extra())
+            except Exception:
+                log.debug("group member data failed", exc_info=True)
+        body["member"] = self._coordinator.member_id
+        return body
 
     def before_refresh(self) -> None:
         # Called by connect() before the member node is created: refuse a changed
@@ -189,7 +205,8 @@ class GroupCoordinator:
                  on_assigned: Callable[[tuple[int, ...]], None] | None = None,
                  on_revoked: Callable[[tuple[int, ...]], None] | None = None,
                  session_timeout_s: float = 10.0, refresh_s: float = 1.0,
-                 poll_s: float = 0.5) -> None:
+                 poll_s: float = 0.5,
+                 extra_data: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self.root = group_root(group)
         self.group = group
         self.partitions = _check_partitions(partitions)
@@ -200,6 +217,9 @@ class GroupCoordinator:
         self.on_assigned = on_assigned or (lambda parts: None)
         self.on_revoked = on_revoked or (lambda parts: None)
         self.poll_s = poll_s
+        # More fields for the member node (what ``databus group status`` shows).
+        self.extra_data = extra_data
+        self.lease = Lease(session_timeout_s / 2)
         self.assignment_path = f"{self.root}/assignment"
         self.owners_path = f"{self.root}/owners"
         self.member = _GroupMember(self, zookeeper, session_timeout_s, refresh_s)
@@ -214,14 +234,23 @@ class GroupCoordinator:
         self._lost_generation = 0  # take nothing from an assignment up to this one
         self._generation = 0  # of the assignment last acted on
         self._thread: threading.Thread | None = None
+        self._renewer: threading.Thread | None = None
         self.error: ConfigError | None = None  # set when the group's P changed under us
 
     # -- public ------------------------------------------------------------------------
 
     @property
     def owned(self) -> tuple[int, ...]:
+        """The partitions whose owner nodes this member holds (revoked ones included
+        until they are released)."""
         with self._lock:
             return tuple(sorted(self._running))
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        """The partitions this member holds and should process: owned, not revoked."""
+        with self._lock:
+            return tuple(sorted(self._running - self._revoking))
 
     def start(self) -> None:
         """Join the group (blocking until the session is open and the member registered);
@@ -237,6 +266,9 @@ class GroupCoordinator:
         self._thread = threading.Thread(target=self._reconcile_loop, daemon=True,
                                         name=f"group-{self.group}-reconcile")
         self._thread.start()
+        self._renewer = threading.Thread(target=self._renew_lease, daemon=True,
+                                         name=f"group-{self.group}-lease")
+        self._renewer.start()
 
     def release(self, partitions: Iterable[int]) -> None:
         """The consumer finished and checkpointed these revoked partitions: delete their
@@ -269,6 +301,9 @@ class GroupCoordinator:
         self.contender.cancel()
         if self._thread is not None:
             self._thread.join(10)
+        if self._renewer is not None:
+            self._renewer.join(10)
+        self.lease.revoke()
         self.contender.join(10)
         with self._lock:
             left = tuple(sorted(self._running - self._revoking))
@@ -317,6 +352,8 @@ class GroupCoordinator:
         from kazoo.client import KazooState
 
         if state == KazooState.LOST:
+            # At once, not in the reconcile thread: nothing more may be processed.
+            self.lease.revoke()
             self._lost.set()
             self._wake.set()
             self._members_changed.set()
@@ -327,6 +364,33 @@ class GroupCoordinator:
             callback(parts)
         except Exception:
             log.exception("group callback failed for partitions %s", parts)
+
+    def _renew_lease(self) -> None:
+        """Confirm the lease every quarter of its length while the session lasts; a
+        new session gets a new lease (the old one was revoked when it was lost)."""
+        from kazoo.exceptions import KazooException
+
+        member = self.member
+        session = member.session_id()
+        first = True
+        while first or not member.stopping.wait(self.lease.length_s / 4):
+            first = False
+            if not member.connected.is_set():
+                continue  # suspended: the lease runs out unless the session comes back
+            current = member.session_id()
+            if current != session:
+                old, self.lease = self.lease, Lease(self.lease.length_s)
+                old.revoke()
+                session = current
+            lease = self.lease
+            sent = lease.now()
+            try:
+                member.client.exists(self.root)
+            except KazooException as exc:
+                log.debug("group %s: lease renewal failed: %s", self.group, exc)
+                continue
+            if member.session_id() == session and session is not None:
+                lease.confirm(sent)
 
     # -- member side -------------------------------------------------------------------
 
