@@ -626,6 +626,14 @@ class DatabusClient:
             finally:
                 await pullers.relay.close_stream()
                 runner.stop()
+                if (segment is not None and not segment.fenced and error is None
+                        and (dispatcher.in_window
+                             or dispatcher.done_scn != dispatcher.committed_scn)):
+                    # A group member's stream ended inside a window (or after windows
+                    # not yet checkpointed): their events will come again, here or at
+                    # the partitions' next owner.
+                    scn = dispatcher.committed_scn
+                    runner.call_quietly("on_rollback", scn if scn is not None else -1)
                 # The store belongs to the caller, who closes it; it may be reused.
                 await asyncio.to_thread(writer.flush_and_close)
                 self._loop = self._wake = None

@@ -82,9 +82,11 @@ _PLAIN_KINDS = frozenset({CallKind.START_WINDOW, CallKind.START_SOURCE, CallKind
                           CallKind.END_SOURCE, CallKind.DUMP_START, CallKind.DUMP_END})
 
 
-# Where a group member's fence is checked: no window begins, and none commits, once the
-# member's lease has run out.
-_FENCED_KINDS = frozenset({CallKind.START_WINDOW, CallKind.CHECKPOINT})
+# Where a group member's fence is checked: once the member's lease has run out no window
+# begins, no event is delivered, no window ends and none commits. (Every data event on
+# the fast path is checked too: a clock read.)
+_FENCED_KINDS = frozenset({CallKind.START_WINDOW, CallKind.DATA, CallKind.END_WINDOW,
+                           CallKind.CHECKPOINT})
 
 
 def _args(call: Call) -> tuple[object, ...]:
@@ -250,8 +252,12 @@ class Runner:
         pending: list[tuple[Call, Future[CallbackResult | None]]] = []
         fast = not self._workers
         success = CallbackResult.SUCCESS
+        fence = self._fence
         for item in items:
             if fast and type(item) is DataEvent and dispatcher.continues(item):
+                if fence is not None and not fence():
+                    self._report(Outcome("fenced", scn=item.scn, generation=gen))
+                    return False
                 # The hot path: an event inside the open window's source run. Only an
                 # answer other than SUCCESS needs the dispatcher (``Dispatcher.result``
                 # of a DATA call with SUCCESS changes nothing).

@@ -94,8 +94,9 @@ class GroupCheckpointStore(CheckpointStore):
     start, ``store`` writes each run partition's checkpoint (see the module docstring).
 
     ``client`` is the coordinator's kazoo client, ``fenced()`` says whether the
-    session that took the partitions has ended (then nothing is written and
-    ``on_fenced`` is called)."""
+    session that took the partitions has ended. Then nothing is written and
+    ``on_fenced`` (which ends the stream) is called; so it is when ZooKeeper refuses or
+    cannot take a write."""
 
     def __init__(self, client: Any, root: str, partitions: Iterable[int], plan: StartPlan,
                  fenced: Callable[[], bool], on_fenced: Callable[[], None]) -> None:
@@ -117,7 +118,7 @@ class GroupCheckpointStore(CheckpointStore):
         return self.plan.start
 
     def store(self, checkpoint: Checkpoint) -> None:
-        from kazoo.exceptions import NodeExistsError
+        from kazoo.exceptions import KazooException
 
         _require_checkpoint(checkpoint)
         scn = _scn(checkpoint) if checkpoint.mode is Mode.ONLINE else None
@@ -133,21 +134,35 @@ class GroupCheckpointStore(CheckpointStore):
                 self._on_fenced()
                 return
             client = self.client
-            for p in parts:
-                if p in self._created:
-                    continue
-                client.ensure_path(self.root)
-                with contextlib.suppress(NodeExistsError):
-                    client.create(f"{self.root}/{p}", data)
-                self._created.add(p)
-            transaction = client.transaction()
-            for p in parts:
-                transaction.set_data(f"{self.root}/{p}", data)
-            results = transaction.commit()
-            failed = [r for r in results if isinstance(r, Exception)]
-            if failed:
-                raise failed[0]
+            try:
+                self._write(client, parts, data)
+            except KazooException as exc:
+                # ZooKeeper unreachable for now: end the stream rather than go on
+                # with checkpoints that do not stick (every window applied meanwhile
+                # would come again). The next stream starts from what was written.
+                log.warning("group: checkpoint %s of partitions %s not written (%s): "
+                            "stream ended", checkpoint.dumps(), list(parts), exc)
+                self._on_fenced()
+                return
             self.writes += 1
+
+    def _write(self, client: Any, parts: list[int], data: bytes) -> None:
+        from kazoo.exceptions import NodeExistsError
+
+        for p in parts:
+            if p in self._created:
+                continue
+            client.ensure_path(self.root)
+            with contextlib.suppress(NodeExistsError):
+                client.create(f"{self.root}/{p}", data)
+            self._created.add(p)
+        transaction = client.transaction()
+        for p in parts:
+            transaction.set_data(f"{self.root}/{p}", data)
+        results = transaction.commit()
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
 
 
 def load_partition_checkpoints(client: Any, root: str, partitions: Iterable[int]

@@ -177,6 +177,8 @@ class GroupRun:
 
     async def _loop(self, loop: asyncio.AbstractEventLoop,
                     discovery: RelayDiscovery | None) -> None:
+        from kazoo.exceptions import KazooException  # here: kazoo is slow to import
+
         client, coordinator = self.client, self.coordinator
         while not client._stop_requested.is_set():
             if coordinator.error is not None:
@@ -197,7 +199,15 @@ class GroupRun:
             if taken:
                 self.running = tuple(sorted(set(self.running) | set(taken)))
                 await asyncio.to_thread(self._call, "on_partitions_assigned", taken)
-            segment = await self._segment(active, lease)
+            try:
+                segment = await self._segment(active, lease)
+            except KazooException as exc:
+                # ZooKeeper unreachable for now (quorum lost, connection loss): the
+                # session may well survive it; try again.
+                log.warning("group %s: cannot read the partition checkpoints (%s); "
+                            "retrying", client.group, exc)
+                await asyncio.sleep(0.5)
+                continue
             if self._changed_at is not None:
                 self.last_resume_s = time.monotonic() - self._changed_at
                 self._changed_at = None

@@ -52,8 +52,9 @@ class Lease:
             self._until = float("-inf")
 
     def valid(self) -> bool:
-        with self._lock:
-            return not self._revoked and self._clock() < self._until
+        # No lock: called per event by consumer-group members. ``_until`` is one float
+        # (an atomic read); ``revoke`` sets it to -inf, so a revoked lease reads invalid.
+        return self._clock() < self._until
 
     def remaining(self) -> float:
         with self._lock:

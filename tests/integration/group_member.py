@@ -23,8 +23,7 @@ import sys
 import time
 from typing import IO
 
-from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent
-from databus.client import ZooKeeperCoordinator
+from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent, ZooKeeperCoordinator
 
 
 class Recorder(Consumer):

@@ -22,7 +22,6 @@ from tests.fixtures.servers import EnsembleChroot, paused
 from tests.integration.group_support import (
     MemberLog,
     MemberProcess,
-    applied_seqs,
     check_member_order,
     check_partitions_owned,
     read_assignment,
@@ -95,6 +94,151 @@ def test_members_share_the_stream_and_a_killed_members_partitions_resume_elsewhe
         assert dups <= victim_seqs, "a duplicate that the killed member never applied"
         dup_scns = {e[0] for e in logs[1].events if e[2] in dups}
         assert len(dup_scns) <= 200, f"{len(dup_scns)} windows applied twice"
+    finally:
+        _stop_all(members)
+        relay.kill(signal.SIGTERM)
+
+
+def _dup_windows(counts: dict[int, int], logs: list[MemberLog]) -> set[int]:
+    """The SCNs of the windows whose events were applied more than once."""
+    dups = {seq for seq, n in counts.items() if n > 1}
+    return {e[0] for log in logs for e in log.events if e[2] in dups}
+
+
+def test_a_member_joining_under_load_takes_partitions_without_loss(
+        tmp_path: Path, zookeeper_chroot: EnsembleChroot) -> None:
+    windows, per_window = 3000, 5
+    relay = start_relay(tmp_path / "relay", synthetic_uri(windows, rate=2500,
+                                                           events_per_window=per_window))
+    members = _members(tmp_path, relay.url, zookeeper_chroot, ["m1", "m2"])
+    try:
+        _wait_balanced(zookeeper_chroot, {"m1", "m2"})
+        time.sleep(1.5)
+        members += _members(tmp_path, relay.url, zookeeper_chroot, ["m3"])
+        doc = _wait_balanced(zookeeper_chroot, {"m1", "m2", "m3"})
+        assert sorted(len(v) for v in doc["owners"].values()) == [5, 5, 6]
+        counts = wait_until_complete(members, windows * per_window, 90)
+        logs = [m.log() for m in members]
+        _check_all(logs)
+        assert logs[2].events, "the new member applied nothing"
+        # A graceful move: the old owners finished and checkpointed their window in
+        # flight before releasing, so (almost) nothing is applied twice.
+        assert len(_dup_windows(counts, logs)) <= 10
+    finally:
+        _stop_all(members)
+        relay.kill(signal.SIGTERM)
+
+
+def test_a_member_paused_past_its_session_processes_nothing_it_lost(
+        tmp_path: Path, zookeeper_chroot: EnsembleChroot) -> None:
+    windows, per_window = 4000, 5
+    relay = start_relay(tmp_path / "relay", synthetic_uri(windows, rate=2500,
+                                                           events_per_window=per_window))
+    members = _members(tmp_path, relay.url, zookeeper_chroot, ["m1", "m2", "m3"])
+    try:
+        _wait_balanced(zookeeper_chroot, {"m1", "m2", "m3"})
+        time.sleep(1.0)
+        victim = members[1]
+        assert victim.proc is not None
+        with paused(victim.proc):
+            at_pause = len(victim.log().lines)
+            held = victim.log().held()
+            assert held
+            # Its session expires; the others take its partitions and go on.
+            _wait_balanced(zookeeper_chroot, {"m1", "m3"}, timeout=SESSION_S * 5)
+            time.sleep(2.0)
+        # Resumed: it must revoke everything before applying anything more, and apply
+        # only what it is assigned again.
+        time.sleep(SESSION_S)
+        after = victim.log().lines[at_pause:]
+        first = next((kind for kind, _ in after if kind != "R"), None)
+        assert first in (None, "V"), f"applied {after[:3]} after its session had ended"
+        counts = wait_until_complete([members[0], members[2]], windows * per_window, 90,
+                                     extra_logs=[victim.log()])
+        logs = [m.log() for m in members]
+        _check_all(logs)
+        assert len(_dup_windows(counts, logs)) <= 200
+    finally:
+        _stop_all(members)
+        relay.kill(signal.SIGTERM)
+
+
+def test_every_member_restarted_at_once_resumes_from_the_partition_checkpoints(
+        tmp_path: Path, zookeeper_chroot: EnsembleChroot) -> None:
+    windows, per_window = 3000, 5
+    relay = start_relay(tmp_path / "relay", synthetic_uri(windows, rate=2500,
+                                                           events_per_window=per_window))
+    first = _members(tmp_path, relay.url, zookeeper_chroot, ["m1", "m2", "m3"])
+    second: list[MemberProcess] = []
+    try:
+        _wait_balanced(zookeeper_chroot, {"m1", "m2", "m3"})
+        time.sleep(2.0)
+        for m in first:
+            m.kill(signal.SIGKILL)
+        applied_before = sum(len(m.log().events) for m in first)
+        assert applied_before > 1000
+        second = _members(tmp_path, relay.url, zookeeper_chroot, ["n1", "n2", "n3"])
+        counts = wait_until_complete(second, windows * per_window, 90,
+                                     extra_logs=[m.log() for m in first])
+        logs = [m.log() for m in first + second]
+        _check_all(logs)
+        # Resumed from the checkpoints, not from the start: only the windows in flight
+        # at the kill (and not yet checkpointed) came twice.
+        dup_windows = _dup_windows(counts, logs)
+        assert len(dup_windows) <= 200, f"{len(dup_windows)} windows applied twice"
+    finally:
+        _stop_all(first + second)
+        relay.kill(signal.SIGTERM)
+
+
+def test_a_changed_partition_count_is_refused(
+        tmp_path: Path, zookeeper_chroot: EnsembleChroot) -> None:
+    relay = start_relay(tmp_path / "relay", synthetic_uri(200, rate=1000))
+    members = _members(tmp_path, relay.url, zookeeper_chroot, ["m1"])
+    try:
+        _wait_balanced(zookeeper_chroot, {"m1"})
+        odd = MemberProcess(tmp_path, "m2", relay.url, zookeeper_chroot.hosts, P // 2,
+                            session_timeout=SESSION_S).start()
+        assert odd.proc is not None
+        assert odd.proc.wait(timeout=60) != 0
+        err = odd.err.read_text()
+        assert f"has {P} partitions" in err and f"partitions={P // 2}" in err, err[-2000:]
+        assert "cannot change" in err
+        assert not odd.log().lines, "the refused member applied something"
+        # The group goes on untouched.
+        assert set(read_assignment(zookeeper_chroot.hosts)["owners"]) == {"m1"}
+    finally:
+        _stop_all(members)
+        relay.kill(signal.SIGTERM)
+
+
+def test_quorum_lost_during_a_rebalance(
+        tmp_path: Path, zookeeper_chroot: EnsembleChroot) -> None:
+    windows, per_window = 4000, 5
+    relay = start_relay(tmp_path / "relay", synthetic_uri(windows, rate=2500,
+                                                           events_per_window=per_window))
+    members = _members(tmp_path, relay.url, zookeeper_chroot, ["m1", "m2"])
+    try:
+        _wait_balanced(zookeeper_chroot, {"m1", "m2"})
+        generation = read_assignment(zookeeper_chroot.hosts)["generation"]
+        time.sleep(1.0)
+        members += _members(tmp_path, relay.url, zookeeper_chroot, ["m3"])
+
+        def rebalancing() -> bool:
+            return read_assignment(zookeeper_chroot.hosts)["generation"] > generation
+
+        deadline = time.monotonic() + 30
+        while not rebalancing():
+            assert time.monotonic() < deadline, "no rebalance started"
+            time.sleep(0.02)
+        # The rebalance is under way: lose quorum for longer than the leases.
+        with zookeeper_chroot.ensemble.lose_quorum():
+            time.sleep(SESSION_S)
+        _wait_balanced(zookeeper_chroot, {"m1", "m2", "m3"}, timeout=60)
+        counts = wait_until_complete(members, windows * per_window, 120)
+        logs = [m.log() for m in members]
+        _check_all(logs)
+        assert len(_dup_windows(counts, logs)) <= 200
     finally:
         _stop_all(members)
         relay.kill(signal.SIGTERM)
