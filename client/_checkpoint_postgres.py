@@ -179,6 +179,60 @@ class PostgresCheckpointStore(CheckpointStore):
 
         self._run("write", write)
 
+    # -- several rows (consumer-group partitions) ---------------------------------------
+
+    def partition_name(self, partition: int) -> str:
+        """The row of partition ``partition`` of a consumer group using this store:
+        ``<consumer>#<partition>``."""
+        return f"{self.consumer}#{partition}"
+
+    def load_partitions(self, partitions: list[int]) -> dict[int, Checkpoint | None]:
+        """The checkpoints of these partitions' rows (None where there is no row)."""
+        names = [self.partition_name(p) for p in partitions]
+        query = sql.SQL("SELECT consumer, checkpoint::text FROM {} WHERE consumer = ANY(%s)"
+                        ).format(self._table)
+
+        def select(conn: PgConnection) -> list[tuple[Any, ...]]:
+            with conn.cursor() as cur:
+                cur.execute(query, (names,))
+                return cur.fetchall()
+
+        rows = dict(self._run("read", select))
+        out: dict[int, Checkpoint | None] = {}
+        for p, name in zip(partitions, names, strict=True):
+            text = rows.get(name)
+            if name not in rows:
+                out[p] = None
+                continue
+            where = f"checkpoint of partition {p} ({name!r}) in table {self.table} on " \
+                    f"{self.server}"
+            recovery = (f"Restore the row, or delete it to start partition {p} without a "
+                        "checkpoint. The member will not start over on its own.")
+            if text is None:
+                raise CheckpointError(f"{where} is unreadable: the checkpoint column is "
+                                      f"NULL. {recovery}")
+            out[p] = decode_envelope(text.encode("utf-8"), where=where, recovery=recovery)
+        return out
+
+    def store_partitions(self, partitions: list[int], checkpoint: Checkpoint) -> None:
+        """Write ``checkpoint`` to these partitions' rows in one transaction."""
+        _require_checkpoint(checkpoint)
+        text = encode_envelope(checkpoint).decode("ascii").rstrip("\n")
+        names = [self.partition_name(p) for p in partitions]
+        upsert = sql.SQL(
+            "INSERT INTO {} (consumer, checkpoint, updated_at) "
+            "SELECT name, %s, now() FROM unnest(%s::text[]) AS name "
+            "ON CONFLICT (consumer) DO UPDATE "
+            "SET checkpoint = EXCLUDED.checkpoint, updated_at = EXCLUDED.updated_at"
+        ).format(self._table)
+
+        def write(conn: PgConnection) -> None:
+            with conn, conn.cursor() as cur:
+                cur.execute("SET LOCAL synchronous_commit = on")
+                cur.execute(upsert, (text, names))
+
+        self._run("write", write)
+
     def close(self) -> None:
         with self._lock:
             super().close()

@@ -1,7 +1,10 @@
 """Per-partition checkpoints of a consumer group (DESIGN section 15).
 
 Each partition p of a group has its own checkpoint, the envelope of
-``_checkpoint_envelope`` in the persistent znode ``<group root>/checkpoints/<p>``.
+``_checkpoint_envelope``: by default in the persistent znode
+``<group root>/checkpoints/<p>`` (``ZooKeeperPartitions``), or, when the member is given
+a ``PostgresCheckpointStore``, in its table's row ``<consumer>#<p>``
+(``PostgresPartitions``).
 A member streams all its partitions with one filter from one position, so:
 
 - **start** (``plan_start``, pure): the member starts from the *earliest* of its
@@ -13,7 +16,7 @@ A member streams all its partitions with one filter from one position, so:
   starts over for all (bootstrap rows are delivered at least once, not skipped).
 - **commit** (``GroupCheckpointStore.store``): the window's checkpoint is written to
   every partition the member runs whose checkpoint it moves forward (never backward:
-  a partition still skipping keeps its own), all in one ZooKeeper transaction. It is
+  a partition still skipping keeps its own), all in one transaction. It is
   written only while the session that took the partitions lasts (their owner nodes
   are ephemeral nodes of that session): a member that lost its session writes nothing.
 """
@@ -25,15 +28,25 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from databus.checkpoint import Checkpoint, Mode
 from databus.client._checkpoint_envelope import decode_envelope, encode_envelope
+from databus.client._checkpoint_postgres import PostgresCheckpointStore
 from databus.client._checkpoint_store import CheckpointStore, _require_checkpoint
 from databus.client._dispatcher import checkpoint_scn
 from databus.client._events import DataEvent, Item
+from databus.errors import CheckpointError, ConnectionLostError
 
-__all__ = ["GroupCheckpointStore", "StartPlan", "plan_start", "skip_items"]
+__all__ = [
+    "GroupCheckpointStore",
+    "PartitionCheckpoints",
+    "PostgresPartitions",
+    "StartPlan",
+    "ZooKeeperPartitions",
+    "plan_start",
+    "skip_items",
+]
 
 log = logging.getLogger("databus.client.group")
 
@@ -89,67 +102,52 @@ def skip_items(items: list[Item], skip: Mapping[int, int], partitions: int) -> l
     return kept
 
 
-class GroupCheckpointStore(CheckpointStore):
-    """The checkpoint store one stream of a member uses: ``load`` gives the planned
-    start, ``store`` writes each run partition's checkpoint (see the module docstring).
+class PartitionCheckpoints(Protocol):
+    """Where a group keeps its per-partition checkpoints."""
 
-    ``client`` is the coordinator's kazoo client, ``fenced()`` says whether the
-    session that took the partitions has ended. Then nothing is written and
-    ``on_fenced`` (which ends the stream) is called; so it is when ZooKeeper refuses or
-    cannot take a write."""
+    where: str
 
-    def __init__(self, client: Any, root: str, partitions: Iterable[int], plan: StartPlan,
-                 fenced: Callable[[], bool], on_fenced: Callable[[], None]) -> None:
-        super().__init__()
+    def load(self, partitions: list[int]) -> dict[int, Checkpoint | None]: ...
+
+    def write(self, partitions: list[int], checkpoint: Checkpoint) -> None: ...
+
+
+class ZooKeeperPartitions:
+    """``<group root>/checkpoints/<p>``, through the coordinator's own kazoo client;
+    several partitions are written in one transaction."""
+
+    def __init__(self, client: Any, root: str) -> None:
         self.client = client
         self.root = root
-        self.partitions = tuple(sorted(set(partitions)))
-        self.plan = plan
-        self._fenced = fenced
-        self._on_fenced = on_fenced
+        self.where = f"ZooKeeper {root}"
         self._created: set[int] = set()
-        self._lock = threading.Lock()
-        self.writes = 0
 
-    def __repr__(self) -> str:
-        return f"GroupCheckpointStore({self.root}, partitions={list(self.partitions)})"
+    def load(self, partitions: list[int]) -> dict[int, Checkpoint | None]:
+        """Read after a ``sync``, so that a member that just took a partition reads its
+        previous owner's last write."""
+        from kazoo.exceptions import NoNodeError
 
-    def load(self) -> Checkpoint | None:
-        return self.plan.start
-
-    def store(self, checkpoint: Checkpoint) -> None:
-        from kazoo.exceptions import KazooException
-
-        _require_checkpoint(checkpoint)
-        scn = _scn(checkpoint) if checkpoint.mode is Mode.ONLINE else None
-        parts = [p for p in self.partitions
-                 if scn is None or self.plan.skip.get(p, -1) < scn]
-        if not parts:
-            return
-        data = encode_envelope(checkpoint)
-        with self._lock:
-            if self._fenced():
-                log.warning("group: the session that took partitions %s has ended: their "
-                            "checkpoint %s is not written", list(parts), checkpoint.dumps())
-                self._on_fenced()
-                return
-            client = self.client
+        out: dict[int, Checkpoint | None] = {}
+        for p in partitions:
+            path = f"{self.root}/{p}"
+            self.client.sync(path)
             try:
-                self._write(client, parts, data)
-            except KazooException as exc:
-                # ZooKeeper unreachable for now: end the stream rather than go on
-                # with checkpoints that do not stick (every window applied meanwhile
-                # would come again). The next stream starts from what was written.
-                log.warning("group: checkpoint %s of partitions %s not written (%s): "
-                            "stream ended", checkpoint.dumps(), list(parts), exc)
-                self._on_fenced()
-                return
-            self.writes += 1
+                raw, _stat = self.client.get(path)
+            except NoNodeError:
+                out[p] = None
+                continue
+            out[p] = decode_envelope(
+                bytes(raw or b""), where=f"checkpoint znode {path} of partition {p}",
+                recovery=f"Restore the znode's data, or delete it to start partition {p} "
+                         "without a checkpoint (the member will not start over on its own).")
+        return out
 
-    def _write(self, client: Any, parts: list[int], data: bytes) -> None:
+    def write(self, partitions: list[int], checkpoint: Checkpoint) -> None:
         from kazoo.exceptions import NodeExistsError
 
-        for p in parts:
+        data = encode_envelope(checkpoint)
+        client = self.client
+        for p in partitions:
             if p in self._created:
                 continue
             client.ensure_path(self.root)
@@ -157,7 +155,7 @@ class GroupCheckpointStore(CheckpointStore):
                 client.create(f"{self.root}/{p}", data)
             self._created.add(p)
         transaction = client.transaction()
-        for p in parts:
+        for p in partitions:
             transaction.set_data(f"{self.root}/{p}", data)
         results = transaction.commit()
         failed = [r for r in results if isinstance(r, Exception)]
@@ -165,23 +163,77 @@ class GroupCheckpointStore(CheckpointStore):
             raise failed[0]
 
 
-def load_partition_checkpoints(client: Any, root: str, partitions: Iterable[int]
-                               ) -> dict[int, Checkpoint | None]:
-    """Read the checkpoints of ``partitions`` (after a ``sync``, so that a member that
-    just took a partition reads its previous owner's last write)."""
-    from kazoo.exceptions import NoNodeError
+class PostgresPartitions:
+    """Rows ``<consumer>#<p>`` of a ``PostgresCheckpointStore``'s table; several
+    partitions are written in one transaction."""
 
-    out: dict[int, Checkpoint | None] = {}
-    for p in sorted(set(partitions)):
-        path = f"{root}/{p}"
-        client.sync(path)
-        try:
-            raw, _stat = client.get(path)
-        except NoNodeError:
-            out[p] = None
-            continue
-        out[p] = decode_envelope(
-            bytes(raw or b""), where=f"checkpoint znode {path} of partition {p}",
-            recovery=f"Restore the znode's data, or delete it to start partition {p} "
-                     "without a checkpoint (the member will not start over on its own).")
-    return out
+    def __init__(self, store: PostgresCheckpointStore) -> None:
+        self.store = store
+        self.where = f"table {store.table} on {store.server}"
+
+    def load(self, partitions: list[int]) -> dict[int, Checkpoint | None]:
+        return self.store.load_partitions(partitions)
+
+    def write(self, partitions: list[int], checkpoint: Checkpoint) -> None:
+        self.store.store_partitions(partitions, checkpoint)
+
+
+def _unavailable() -> tuple[type[BaseException], ...]:
+    """The errors that mean "the checkpoint backend cannot take it now"."""
+    from kazoo.exceptions import KazooException
+
+    return (KazooException, ConnectionLostError, CheckpointError)
+
+
+class GroupCheckpointStore(CheckpointStore):
+    """The checkpoint store one stream of a member uses: ``load`` gives the planned
+    start, ``store`` writes each run partition's checkpoint (see the module docstring).
+
+    ``fenced()`` says whether the session that took the partitions has ended. Then
+    nothing is written and ``on_fenced`` (which ends the stream) is called; so it is
+    when the backend refuses or cannot take a write."""
+
+    def __init__(self, backend: PartitionCheckpoints, partitions: Iterable[int],
+                 plan: StartPlan, fenced: Callable[[], bool],
+                 on_fenced: Callable[[], None]) -> None:
+        super().__init__()
+        self.backend = backend
+        self.partitions = tuple(sorted(set(partitions)))
+        self.plan = plan
+        self._fenced = fenced
+        self._on_fenced = on_fenced
+        self._lock = threading.Lock()
+        self.writes = 0
+
+    def __repr__(self) -> str:
+        return (f"GroupCheckpointStore({self.backend.where}, "
+                f"partitions={list(self.partitions)})")
+
+    def load(self) -> Checkpoint | None:
+        return self.plan.start
+
+    def store(self, checkpoint: Checkpoint) -> None:
+        _require_checkpoint(checkpoint)
+        scn = _scn(checkpoint) if checkpoint.mode is Mode.ONLINE else None
+        parts = [p for p in self.partitions
+                 if scn is None or self.plan.skip.get(p, -1) < scn]
+        if not parts:
+            return
+        with self._lock:
+            if self._fenced():
+                log.warning("group: the session that took partitions %s has ended: their "
+                            "checkpoint %s is not written", list(parts), checkpoint.dumps())
+                self._on_fenced()
+                return
+            try:
+                self.backend.write(parts, checkpoint)
+            except _unavailable() as exc:
+                # The backend cannot take it now: end the stream rather than go on with
+                # checkpoints that do not stick (every window applied meanwhile would
+                # come again). The next stream starts from what was written.
+                log.warning("group: checkpoint %s of partitions %s not written to %s "
+                            "(%s): stream ended", checkpoint.dumps(), list(parts),
+                            self.backend.where, exc)
+                self._on_fenced()
+                return
+            self.writes += 1

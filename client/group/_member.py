@@ -28,18 +28,21 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from databus.client._checkpoint_postgres import PostgresCheckpointStore
 from databus.client._checkpoint_store import CheckpointStore
 from databus.client._events import EndOfWindow, Item
 from databus.client.group._assignment import _check_partitions, member_filter
 from databus.client.group._checkpoints import (
     GroupCheckpointStore,
+    PartitionCheckpoints,
+    PostgresPartitions,
     StartPlan,
-    load_partition_checkpoints,
+    ZooKeeperPartitions,
     plan_start,
     skip_items,
 )
 from databus.client.group._coordinator import GroupCoordinator, group_root
-from databus.errors import ConfigError
+from databus.errors import ConfigError, ConnectionLostError
 from databus.filters import FilterSpec
 
 if TYPE_CHECKING:
@@ -141,10 +144,12 @@ class GroupRun:
         if not client.filter.is_empty:
             raise ConfigError("a consumer group member cannot take filter=: the group's "
                               "partition filter is its filter")
-        if checkpoint_store is not None:
-            raise ConfigError("a consumer group member keeps one checkpoint per partition "
-                              "under the group in the coordinator's ZooKeeper; "
-                              "checkpoint_store= is for a consumer on its own")
+        if checkpoint_store is not None and not isinstance(checkpoint_store,
+                                                           PostgresCheckpointStore):
+            raise ConfigError("a consumer group member keeps one checkpoint per partition: "
+                              "in the coordinator's ZooKeeper (no checkpoint_store=), or "
+                              "in a PostgresCheckpointStore's table (rows <consumer>#<p>); "
+                              f"not in a {type(checkpoint_store).__name__}")
         if "/" in client.client_id:
             raise ConfigError("a group member's client_id names its ZooKeeper nodes: "
                               "it cannot contain '/'")
@@ -201,9 +206,9 @@ class GroupRun:
                 await asyncio.to_thread(self._call, "on_partitions_assigned", taken)
             try:
                 segment = await self._segment(active, lease)
-            except KazooException as exc:
-                # ZooKeeper unreachable for now (quorum lost, connection loss): the
-                # session may well survive it; try again.
+            except (KazooException, ConnectionLostError) as exc:
+                # ZooKeeper (or the PostgreSQL store) unreachable for now (quorum lost,
+                # connection loss): the session may well survive it; try again.
                 log.warning("group %s: cannot read the partition checkpoints (%s); "
                             "retrying", client.group, exc)
                 await asyncio.sleep(0.5)
@@ -221,17 +226,21 @@ class GroupRun:
 
     async def _segment(self, active: tuple[int, ...], lease: Any) -> Segment:
         coordinator = self.coordinator
-        client = coordinator.member.client
         session = coordinator.member.session_id()
-        root = f"{coordinator.root}/checkpoints"
-        stored = await asyncio.to_thread(load_partition_checkpoints, client, root, active)
+        backend: PartitionCheckpoints
+        if isinstance(self.client.checkpoint_store, PostgresCheckpointStore):
+            backend = PostgresPartitions(self.client.checkpoint_store)
+        else:
+            backend = ZooKeeperPartitions(coordinator.member.client,
+                                          f"{coordinator.root}/checkpoints")
+        stored = await asyncio.to_thread(backend.load, list(active))
         plan: StartPlan = plan_start(stored, self.client.start_from)
         spec = member_filter(self.client.sources, active, self.partitions)
 
         def session_ended() -> bool:
             return coordinator.member.session_id() != session
 
-        store = GroupCheckpointStore(client, root, active, plan, session_ended,
+        store = GroupCheckpointStore(backend, active, plan, session_ended,
                                      self.client.end_segment)
         return Segment(active, self.partitions, spec, store, lease.valid, dict(plan.skip),
                        self.changed)

@@ -23,7 +23,14 @@ import sys
 import time
 from typing import IO
 
-from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent, ZooKeeperCoordinator
+from databus.client import (
+    CallbackResult,
+    Consumer,
+    DatabusClient,
+    DataEvent,
+    PostgresCheckpointStore,
+    ZooKeeperCoordinator,
+)
 
 
 class Recorder(Consumer):
@@ -81,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-us", type=float, default=0.0)
     parser.add_argument("--session-timeout", type=float, default=4.0)
     parser.add_argument("--source", default="synthetic.events")
+    parser.add_argument("--checkpoint-dsn", default=None,
+                        help="per-partition checkpoints in this PostgreSQL database")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -89,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             [args.relay], sources=[args.source], group=args.group,
             coordinator=ZooKeeperCoordinator(args.zookeeper,
                                              session_timeout=args.session_timeout),
-            partitions=args.partitions, client_id=args.name, backoff_max=0.5)
+            partitions=args.partitions, client_id=args.name, backoff_max=0.5,
+            checkpoint_store=(PostgresCheckpointStore(args.checkpoint_dsn, args.group)
+                              if args.checkpoint_dsn else None))
         client.register(Recorder(out, args.partitions, args.work_us))
         signal.signal(signal.SIGTERM, lambda *_: client.stop())
         client.run()

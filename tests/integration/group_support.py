@@ -37,7 +37,7 @@ def start_relay(home: Path, uri: str, capacity_mb: int = 64) -> RelayProcess:
 class MemberProcess:
     def __init__(self, home: Path, name: str, relay: str, zookeeper: str, partitions: int,
                  *, session_timeout: float = 4.0, work_us: float = 0.0,
-                 group: str = GROUP) -> None:
+                 group: str = GROUP, checkpoint_dsn: str | None = None) -> None:
         self.name = name
         self.out = home / f"{name}.log"
         self.err = home / f"{name}.stderr"
@@ -46,6 +46,8 @@ class MemberProcess:
                      "--partitions", str(partitions), "--name", name, "--out",
                      str(self.out), "--work-us", str(work_us),
                      "--session-timeout", str(session_timeout)]
+        if checkpoint_dsn is not None:
+            self.args += ["--checkpoint-dsn", checkpoint_dsn]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> MemberProcess:

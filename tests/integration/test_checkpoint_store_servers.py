@@ -502,3 +502,25 @@ def test_zookeeper_unreachable_at_start(consumer: str) -> None:
     with ZooKeeperCheckpointStore("127.0.0.1:1", consumer, timeout=1.0) as store, \
             pytest.raises(ConnectionLostError, match="cannot connect to ZooKeeper"):
         store.load()
+
+
+def test_postgres_partition_rows_of_a_consumer_group(
+    postgres_server: PostgresServer, consumer: str
+) -> None:
+    """A group member's per-partition checkpoints: rows ``<consumer>#<p>``, written in
+    one transaction; a missing row is None, a damaged one a clear error naming it."""
+    with PostgresCheckpointStore(postgres_server.dsn, consumer) as store:
+        assert store.load_partitions([0, 1, 2]) == {0: None, 1: None, 2: None}
+        store.store_partitions([0, 2], Checkpoint(7))
+        store.store_partitions([2], Checkpoint(9))
+        assert store.load_partitions([0, 1, 2]) == {0: Checkpoint(7), 1: None,
+                                                    2: Checkpoint(9)}
+        assert store.load() is None  # the consumer's own row is another row
+        conn = psycopg2.connect(postgres_server.dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("UPDATE databus_checkpoints SET checkpoint = '{\"format\": 1}' "
+                        "WHERE consumer = %s", (f"{consumer}#2",))
+        conn.close()
+        with pytest.raises(CheckpointError, match=f"partition 2 .'{consumer}#2'"):
+            store.load_partitions([0, 2])

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,6 +241,51 @@ def test_quorum_lost_during_a_rebalance(
         logs = [m.log() for m in members]
         _check_all(logs)
         assert len(_dup_windows(counts, logs)) <= 200
+    finally:
+        _stop_all(members)
+        relay.kill(signal.SIGTERM)
+
+
+def test_partition_checkpoints_in_postgresql(
+        tmp_path: Path, zookeeper_chroot: EnsembleChroot, postgres_server: Any) -> None:
+    """``checkpoint_store=PostgresCheckpointStore(dsn, consumer)``: the partitions'
+    checkpoints are the rows ``<consumer>#<p>``; a killed member's partitions resume
+    from them on the others."""
+    import psycopg2
+
+    group = f"pg{uuid.uuid4().hex[:8]}"
+    windows, per_window = 2000, 5
+    relay = start_relay(tmp_path / "relay", synthetic_uri(windows, rate=2500,
+                                                           events_per_window=per_window))
+    members = [MemberProcess(tmp_path, name, relay.url, zookeeper_chroot.hosts, P,
+                             session_timeout=SESSION_S, group=group,
+                             checkpoint_dsn=postgres_server.dsn).start()
+               for name in ("m1", "m2")]
+    try:
+        time.sleep(3.0)
+        members[1].kill(signal.SIGKILL)
+        counts = wait_until_complete([members[0]], windows * per_window, 90,
+                                     extra_logs=[members[1].log()])
+        logs = [m.log() for m in members]
+        _check_all(logs)
+        assert len(_dup_windows(counts, logs)) <= 200
+        conn = psycopg2.connect(postgres_server.dsn)
+        try:
+            with conn.cursor() as cur:
+                deadline = time.monotonic() + 30
+                while True:
+                    cur.execute("SELECT consumer, checkpoint::jsonb -> 'checkpoint' ->> "
+                                "'window_scn' FROM databus_checkpoints WHERE consumer "
+                                "LIKE %s", (f"{group}#%",))
+                    rows = dict(cur.fetchall())
+                    conn.commit()
+                    if rows and all(int(v) == windows for v in rows.values()):
+                        break
+                    assert time.monotonic() < deadline, rows
+                    time.sleep(0.2)
+        finally:
+            conn.close()
+        assert set(rows) == {f"{group}#{p}" for p in range(P)}
     finally:
         _stop_all(members)
         relay.kill(signal.SIGTERM)

@@ -200,7 +200,7 @@ def test_a_member_is_accepted_with_group_coordinator_and_partitions() -> None:
     ({"group": "a/b"}, "group name"),
     ({"sources": []}, "sources"),
     ({"filter": {"s.t": {"type": "mod", "n": 2, "buckets": [0]}}}, "filter"),
-    ({"checkpoint_store": MemoryCheckpointStore()}, "per partition"),
+    ({"checkpoint_store": MemoryCheckpointStore()}, "one checkpoint per partition"),
     ({"client_id": "x/y"}, "'/'"),
     ({"coordinator": "127.0.0.1:2181"}, "ZooKeeperCoordinator"),
 ])
