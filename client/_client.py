@@ -111,6 +111,9 @@ class ClientMetrics:
     # Per subscribed source: "active", or "pending" while the relay is configured for it
     # but its table does not exist yet (the client waits for it).
     source_states: dict[str, str] = field(default_factory=dict)
+    # Consumer groups: the partitions this member runs, and its rebalances so far.
+    group_partitions: tuple[int, ...] = ()
+    rebalances: int = 0
 
     @property
     def waiting_for_sources(self) -> list[str]:
@@ -168,6 +171,8 @@ class _ClientCollector(Collector):
         ("lag_scn", "gauge", "Relay max SCN minus the consumer's SCN"),
         ("lag_ms", "gauge", "Milliseconds behind the relay's newest window"),
         ("events_per_second", "gauge", "Data events dispatched per second since start"),
+        ("group_partitions", "gauge", "Consumer group: partitions this member runs"),
+        ("group_rebalances_total", "counter", "Consumer group: rebalances seen"),
     ]
 
     def __init__(self, metrics: ClientMetrics, client: str) -> None:
@@ -182,6 +187,8 @@ class _ClientCollector(Collector):
             "relay_failovers_total": m.failovers, "bootstraps_total": m.bootstraps,
             "bootstrapping": int(m.bootstrapping), "lag_scn": m.lag_scn or 0,
             "lag_ms": m.lag_ms or 0, "events_per_second": round(m.events_per_second, 3),
+            "group_partitions": len(m.group_partitions),
+            "group_rebalances_total": m.rebalances,
         }
         for name, kind, text in self._ROWS:
             family: Metric

@@ -172,7 +172,11 @@ class GroupRun:
 
     async def run(self, loop: asyncio.AbstractEventLoop,
                   discovery: RelayDiscovery | None) -> None:
+        from databus.client._client import ClientMetrics
+
         coordinator = self.coordinator
+        # One set of metrics across the member's streams.
+        self.client.metrics = ClientMetrics(started_at=time.monotonic())
         await asyncio.to_thread(coordinator.start)
         try:
             await self._loop(loop, discovery)
@@ -217,6 +221,8 @@ class GroupRun:
                 self.last_resume_s = time.monotonic() - self._changed_at
                 self._changed_at = None
                 self.rebalances += 1
+            client.metrics.group_partitions = active
+            client.metrics.rebalances = self.rebalances
             log.info("group %s: streaming partitions %s", client.group, list(active))
             await self._start_segment(loop, discovery, segment)
             if segment.fenced:
@@ -260,6 +266,7 @@ class GroupRun:
         if not parts:
             return
         self.running = tuple(p for p in self.running if p not in parts)
+        self.client.metrics.group_partitions = self.running
         await asyncio.to_thread(self._call, "on_partitions_revoked", parts)
         await asyncio.to_thread(self.coordinator.release, parts)
 

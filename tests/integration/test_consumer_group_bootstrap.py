@@ -100,6 +100,12 @@ def test_members_bootstrap_their_own_partitions(tmp_path: Path,
                             range(P)):
                         break
                     await asyncio.sleep(0.02)
+                for i, client in enumerate(clients):
+                    assert set(client.metrics.group_partitions) == held[i]
+                    text = client.metrics.prometheus_text(f"member-{i}")
+                    assert (f'databus_client_group_partitions{{client="member-{i}"}} '
+                            f"{float(len(held[i]))}") in text
+                assert clients[0].metrics.rebalances >= 1  # the second member's arrival
             finally:
                 for client in clients:
                     client.stop()
