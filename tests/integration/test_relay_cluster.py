@@ -157,14 +157,24 @@ def test_leader_killed_a_follower_takes_over_with_the_next_epoch(
     finally:
         writer.stop()
     top = converged(relays, src)
-    bodies = [stream(r) for r in relays]
-    assert bodies[0] == bodies[1] == bodies[2]
-    windows = parse_windows(bodies[0])
+    # The same windows (SCNs and keys) on every member. Not byte for byte: this source
+    # is captured by triggers, which read the current row, so a window read again by a
+    # promoted leader may carry a newer row image than the old leader's copy of it
+    # (docs/clusters.md); the binlog tests compare bytes.
+    shapes = [_shape(parse_windows(stream(r))) for r in relays]
+    assert shapes[0] == shapes[1] == shapes[2]
+    windows = parse_windows(stream(relays[0]))
     assert windows[-1].scn == top
     assert [w.scn for w in windows] == sorted({w.scn for w in windows})  # no repeat
     # A checkpoint taken on one member goes on from another with no gap, no repeat.
     middle = windows[len(windows) // 2].scn
-    assert stream(relays[1], middle) == stream(relays[2], middle)
+    assert _shape(parse_windows(stream(relays[1], middle))) == _shape(
+        parse_windows(stream(relays[2], middle)))
+
+
+def _shape(windows: list[Any]) -> list[tuple[int, list[tuple[int, Any]]]]:
+    """Each window's SCN and its events' (source id, key), in order."""
+    return [(w.scn, [(source, key) for source, key, _value in w.events]) for w in windows]
 
 
 def test_a_paused_leader_is_fenced(cluster: tuple[SqliteSource, list[RelayProcess]]) -> None:
