@@ -36,7 +36,8 @@ from typing import Any
 from databus._redact import register_uri
 from databus.config._checks import check_name
 from databus.config._cluster import check_zookeeper_hosts
-from databus.errors import ConfigError, DatabusError
+from databus.coordination import ZooKeeperUnreachable
+from databus.errors import ConfigError
 
 __all__ = ["RelayDiscovery", "ZooKeeperUnreachable", "members_path", "relay_urls",
            "validate_discovery"]
@@ -45,12 +46,6 @@ log = logging.getLogger("databus.client.discovery")
 
 REFRESH_S = 2.0  # how often the members are read even without a watch firing
 CONFIRM_S = 0.5  # a member missing is dropped only when still missing this much later
-
-
-class ZooKeeperUnreachable(DatabusError):
-    """No ZooKeeper server of the connect string answered within the timeout."""
-
-    code = "zookeeper_unreachable"
 
 
 def members_path(cluster: str) -> str:

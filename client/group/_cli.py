@@ -40,12 +40,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 from databus._redact import redact, register_uri
+from databus.coordination import lock_order, read_only_session
 from databus.errors import ConfigError, DatabusError
 
 __all__ = [
@@ -59,7 +59,6 @@ __all__ = [
 ]
 
 GROUPS_ROOT = "/databus/groups"
-_CONTENDER = re.compile(r"(?:__lock__|__rlock__)(-?\d{10})$")
 _SCHEME = "zookeeper://"
 
 
@@ -164,35 +163,16 @@ def status(coordinator: str, group: str, *, as_json: bool = False, timeout: floa
 # -- reading ZooKeeper ----------------------------------------------------------------
 
 
-def lock_order(children: Iterable[str]) -> list[str]:
-    """A kazoo lock's contender nodes in the order they hold it (sequence number)."""
-    found = [(m.group(1), name) for name in children if (m := _CONTENDER.search(name))]
-    return [name for _seq, name in sorted(found)]
-
-
 def read_snapshot(hosts: str, group: str, *, timeout: float = 10.0) -> dict[str, Any]:
     """What ZooKeeper holds for ``group``, raw: ``{"group", "members": [{"node", "data"}],
     "contenders": [data of each leader-lock contender, in lock order], "assignment":
     data | None, "owners": {child: data}, "checkpoints": {child: data}}`` (data: bytes).
     ``ZooKeeperUnreachable`` when no server answers within ``timeout``; ``ConfigError``
     when the group does not exist; ``DatabusError`` when a read fails."""
-    from kazoo.client import KazooClient
-    from kazoo.handlers.threading import KazooTimeoutError
-
-    from databus.client._discovery import ZooKeeperUnreachable
     from databus.client.group._coordinator import group_root
 
     root = group_root(group)
-    client = KazooClient(hosts=hosts, timeout=timeout, read_only=True)
-    try:
-        client.start(timeout=timeout)
-    except KazooTimeoutError:
-        client.close()
-        raise ZooKeeperUnreachable(
-            f"cannot reach ZooKeeper at {hosts} within {timeout:g} s: no server answered; "
-            "check the hosts and ports") from None
-    try:
-        reader = _Reader(client, timeout)
+    with read_only_session(hosts, timeout, f"consumer group {group!r}") as reader:
         if reader.data(root) is None:
             groups = reader.children(GROUPS_ROOT)
             raise ConfigError(
@@ -214,54 +194,6 @@ def read_snapshot(hosts: str, group: str, *, timeout: float = 10.0) -> dict[str,
             "checkpoints": dict(reader.datas(f"{root}/checkpoints",
                                              reader.children(f"{root}/checkpoints"))),
         }
-    except DatabusError:
-        raise
-    except Exception as exc:  # a timeout, a lost connection, no read permission
-        raise DatabusError(f"cannot read consumer group {group!r} from ZooKeeper {hosts}: "
-                           f"{type(exc).__name__}: {exc}") from None
-    finally:
-        client.stop()
-        client.close()
-
-
-class _Reader:
-    """Read-only calls with a deadline each (kazoo's blocking calls have none)."""
-
-    def __init__(self, client: Any, timeout: float) -> None:
-        self.client = client
-        self.timeout = timeout
-
-    def children(self, path: str) -> list[str]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            return sorted(self.client.get_children_async(path).get(timeout=self.timeout))
-        except NoNodeError:
-            return []
-
-    def data(self, path: str) -> bytes | None:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            data, _stat = self.client.get_async(path).get(timeout=self.timeout)
-        except NoNodeError:
-            return None
-        return bytes(data or b"")
-
-    def datas(self, parent: str, children: Sequence[str]) -> list[tuple[str, bytes]]:
-        """The data of ``children`` of ``parent`` (the requests pipelined), skipping the
-        nodes gone meanwhile (ephemeral ones come and go)."""
-        from kazoo.exceptions import NoNodeError
-
-        pending = [(child, self.client.get_async(f"{parent}/{child}")) for child in children]
-        out = []
-        for child, result in pending:
-            try:
-                data, _stat = result.get(timeout=self.timeout)
-            except NoNodeError:
-                continue
-            out.append((child, bytes(data or b"")))
-        return out
 
 
 # -- the document -----------------------------------------------------------------------

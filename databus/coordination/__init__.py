@@ -3,11 +3,26 @@
 
 - ``_lease``: the holder's lease, which fences a paused or cut-off holder (pure);
 - ``_member``: a process's session and its ephemeral member node;
-- ``_contender``: waiting in a kazoo Lock and holding it, one thread.
+- ``_contender``: waiting in a kazoo Lock and holding it, one thread;
+- ``_readonly``: read-only looks for the status commands.
 """
 
 from databus.coordination._contender import LockContender
 from databus.coordination._lease import Lease
 from databus.coordination._member import ZooKeeperMember
+from databus.coordination._readonly import (
+    ReadOnlyZooKeeper,
+    ZooKeeperUnreachable,
+    lock_order,
+    read_only_session,
+)
 
-__all__ = ["Lease", "LockContender", "ZooKeeperMember"]
+__all__ = [
+    "Lease",
+    "LockContender",
+    "ReadOnlyZooKeeper",
+    "ZooKeeperMember",
+    "ZooKeeperUnreachable",
+    "lock_order",
+    "read_only_session",
+]

@@ -35,19 +35,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from databus.errors import ConfigError, DatabusError
+from databus.coordination import ReadOnlyZooKeeper, lock_order, read_only_session
+from databus.errors import ConfigError
 
 __all__ = ["exit_status", "lock_order", "read_snapshot", "register", "render", "summarize"]
 
 RELAYS_ROOT = "/databus/relays"
 BOOTSTRAP_ROOT = "/databus/bootstrap"
-_CONTENDER = re.compile(r"(?:__lock__|__rlock__)(-?\d{10})$")
 _MAX_WALK_NODES = 2000  # bounds the generic walk of a bootstrap cluster's tree
 _MAX_WALK_DEPTH = 6
 
@@ -102,33 +101,14 @@ def status(zookeeper: str, clusters: str | Sequence[str] | None, *, as_json: boo
 # -- reading ZooKeeper ----------------------------------------------------------------
 
 
-def lock_order(children: Iterable[str]) -> list[str]:
-    """A kazoo lock's contender nodes in the order they hold it (sequence number)."""
-    found = [(m.group(1), name) for name in children if (m := _CONTENDER.search(name))]
-    return [name for _seq, name in sorted(found)]
-
-
 def read_snapshot(zookeeper: str, clusters: Sequence[str] | None, *,
                   timeout: float = 10.0) -> dict[str, Any]:
     """What ZooKeeper holds for the relay and bootstrap clusters named ``clusters``
     (every one: None), raw: ``{"relays": {name: {"members": [{"node", "data"}],
     "buffers": {buffer: {"contenders": [...], "epoch": text}}}}, "bootstrap": {name:
     {"locks": {path: [contenders]}, "members": [{"node", "data"}]}}}``."""
-    from kazoo.client import KazooClient
-    from kazoo.handlers.threading import KazooTimeoutError
-
-    from databus.client._discovery import ZooKeeperUnreachable
-
-    client = KazooClient(hosts=zookeeper, timeout=timeout, read_only=True)
-    try:
-        client.start(timeout=timeout)
-    except KazooTimeoutError:
-        client.close()
-        raise ZooKeeperUnreachable(
-            f"cannot reach ZooKeeper at {zookeeper} within {timeout:g} s: no server "
-            "answered; check the hosts and ports") from None
-    try:
-        reader = _Reader(client, timeout)
+    with read_only_session(zookeeper, timeout, "the clusters") as session:
+        reader = _Reader(session.client, session.timeout)
         relays = reader.children(RELAYS_ROOT)
         boot = reader.children(BOOTSTRAP_ROOT)
         if clusters:
@@ -146,56 +126,31 @@ def read_snapshot(zookeeper: str, clusters: Sequence[str] | None, *,
         for name in boot:
             snapshot["bootstrap"][name] = reader.bootstrap_cluster(f"{BOOTSTRAP_ROOT}/{name}")
         return snapshot
-    except DatabusError:
-        raise
-    except Exception as exc:  # a timeout, a lost connection, no read permission
-        raise DatabusError(f"cannot read the clusters from ZooKeeper {zookeeper}: "
-                           f"{type(exc).__name__}: {exc}") from None
-    finally:
-        client.stop()
-        client.close()
 
 
-class _Reader:
-    """Read-only calls with a deadline each (kazoo's blocking calls have none)."""
+class _Reader(ReadOnlyZooKeeper):
+    """The relay and bootstrap cluster trees."""
 
-    def __init__(self, client: Any, timeout: float) -> None:
-        self.client = client
-        self.timeout = timeout
-
-    def children(self, path: str) -> list[str]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            return sorted(self.client.get_children_async(path).get(timeout=self.timeout))
-        except NoNodeError:
-            return []
-
-    def data(self, path: str) -> str | None:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            data, _stat = self.client.get_async(path).get(timeout=self.timeout)
-        except NoNodeError:
-            return None
-        return bytes(data or b"").decode("utf-8", "replace")
+    def text(self, path: str) -> str | None:
+        data = self.data(path)
+        return None if data is None else data.decode("utf-8", "replace")
 
     def contenders(self, lock_path: str) -> list[str]:
         out = []
         for node in lock_order(self.children(lock_path)):
-            ident = self.data(f"{lock_path}/{node}")
+            ident = self.text(f"{lock_path}/{node}")
             if ident is not None:
                 out.append(ident)
         return out
 
     def relay_cluster(self, root: str) -> dict[str, Any]:
-        members = [{"node": node, "data": self.data(f"{root}/members/{node}")}
+        members = [{"node": node, "data": self.text(f"{root}/members/{node}")}
                    for node in self.children(f"{root}/members")]
         buffers = {}
         for buffer in self.children(f"{root}/buffers"):
             base = f"{root}/buffers/{buffer}"
             buffers[buffer] = {"contenders": self.contenders(f"{base}/lock"),
-                               "epoch": self.data(f"{base}/epoch")}
+                               "epoch": self.text(f"{base}/epoch")}
         return {"members": [m for m in members if m["data"] is not None],
                 "buffers": buffers}
 
@@ -216,7 +171,7 @@ class _Reader:
                 continue
             if path.rsplit("/", 1)[-1] == "members":
                 for kid in kids:
-                    data = self.data(f"{path}/{kid}")
+                    data = self.text(f"{path}/{kid}")
                     if data is not None:
                         members.append({"node": kid, "data": data})
                 continue
