@@ -13,10 +13,11 @@ from databus.client._checkpoint_store import (
     MemoryCheckpointStore,
 )
 from databus.client._checkpoint_zookeeper import ZooKeeperCheckpointStore
-from databus.client._client import ClientMetrics, DatabusClient, RetryBudgetExhausted
+from databus.client._client import DatabusClient, RetryBudgetExhausted
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._discovery import RelayDiscovery, ZooKeeperUnreachable
 from databus.client._events import DataEvent, EndOfWindow, Window
+from databus.client._metrics import ClientMetrics
 from databus.client._relay_puller import FellOffRelay, RelayError, RelayPuller
 from databus.client._runner import CallbackTimeout, ConsumerError
 from databus.client.group import assign, partition_of

@@ -9,7 +9,7 @@ Three parts, each owning one job:
   the relay at the online checkpoint the bootstrap ends at;
 - the **runner** (a thread, ``_runner.py``) feeds the pure ``Dispatcher`` and calls
   the consumers, reporting commits, rollbacks and fatal errors;
-- the **checkpoint writer** (a thread) persists the newest committed checkpoint,
+- the **checkpoint writer** (a thread, ``_flow.py``) persists the newest committed checkpoint,
   coalescing when the store is slower than the windows arrive.
 
 A rollback (a callback error, exception or timeout) stops the pull loop, drops what is
@@ -28,14 +28,11 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import aiohttp
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from databus._http import MAX_CLIENT_ID
 from databus._redact import register_uri
@@ -54,6 +51,8 @@ from databus.client._events import (
     Item,
     Window,
 )
+from databus.client._flow import ByteBudget, CheckpointWriter
+from databus.client._metrics import ClientMetrics
 from databus.client._relay_puller import FellOffRelay, RelayPuller
 from databus.client._runner import Outcome, Runner
 from databus.client.group._member import GroupRun, Segment, ZooKeeperCoordinator
@@ -84,217 +83,9 @@ class _Pullers:
     decoder: ResponseDecoder
     codec: AvroCodec
     runner: Runner
-    budget: _ByteBudget
+    budget: ByteBudget
 
 
-@dataclass
-class ClientMetrics:
-    """Counters and gauges of one client (see also ``prometheus_text``)."""
-
-    events: int = 0
-    windows: int = 0
-    rollbacks: int = 0
-    errors: int = 0
-    failovers: int = 0
-    consumer_scn: int | None = None
-    committed_scn: int | None = None
-    relay_max_scn: int | None = None
-    last_window_timestamp_ns: int = 0
-    started_at: float = 0.0
-    # True when the last poll found nothing new and everything fetched was dispatched.
-    caught_up: bool = False
-    # Bootstrap conversations started, and whether one is being pulled (with its phase:
-    # "snapshot" or "catchup"); the consumer may still be behind the pull.
-    bootstraps: int = 0
-    bootstrapping: bool = False
-    bootstrap_phase: str | None = None
-    # Per subscribed source: "active", or "pending" while the relay is configured for it
-    # but its table does not exist yet (the client waits for it).
-    source_states: dict[str, str] = field(default_factory=dict)
-    # Consumer groups: the partitions this member runs, and its rebalances so far.
-    group_partitions: tuple[int, ...] = ()
-    rebalances: int = 0
-
-    @property
-    def waiting_for_sources(self) -> list[str]:
-        """The subscribed sources whose tables do not exist yet (the client waits)."""
-        return sorted(n for n, state in self.source_states.items() if state == "pending")
-
-    @property
-    def lag_scn(self) -> int | None:
-        if self.relay_max_scn is None:
-            return None
-        return max(0, self.relay_max_scn - (self.consumer_scn or 0))
-
-    @property
-    def lag_ms(self) -> float | None:
-        """How far behind the relay's newest window the consumer is, in time: 0 when it
-        has consumed the newest window, else the age of the last window it consumed."""
-        lag = self.lag_scn
-        if lag is None:
-            return None
-        if lag == 0:
-            return 0.0
-        if not self.last_window_timestamp_ns:
-            return None
-        return max(0.0, (time.time_ns() - self.last_window_timestamp_ns) / 1e6)
-
-    @property
-    def events_per_second(self) -> float:
-        elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
-        return self.events / elapsed if elapsed > 0 else 0.0
-
-    def collector(self, client: str = "databus-client") -> Collector:
-        """A prometheus-client collector over these metrics, labelled ``client``:
-        register it in your own ``CollectorRegistry`` to serve them from your
-        ``/metrics``."""
-        return _ClientCollector(self, client)
-
-    def prometheus_text(self, client: str = "databus-client") -> str:
-        """These metrics in the Prometheus text format, labelled ``client``."""
-        registry = CollectorRegistry(auto_describe=False)  # never the global registry
-        registry.register(self.collector(client))
-        return generate_latest(registry).decode("utf-8")
-
-
-class _ClientCollector(Collector):
-    """``databus_client_*`` over one client's live ``ClientMetrics``."""
-
-    _ROWS: ClassVar[list[tuple[str, str, str]]] = [
-        ("events_total", "counter", "Data events dispatched"),
-        ("windows_total", "counter", "Windows dispatched"),
-        ("rollbacks_total", "counter", "Rollbacks to the last checkpoint"),
-        ("errors_total", "counter", "Errors (callback failures, fatal errors)"),
-        ("relay_failovers_total", "counter", "Moves to another relay"),
-        ("bootstraps_total", "counter", "Bootstrap conversations started"),
-        ("bootstrapping", "gauge", "1 while a bootstrap is being pulled"),
-        ("lag_scn", "gauge", "Relay max SCN minus the consumer's SCN"),
-        ("lag_ms", "gauge", "Milliseconds behind the relay's newest window"),
-        ("events_per_second", "gauge", "Data events dispatched per second since start"),
-        ("group_partitions", "gauge", "Consumer group: partitions this member runs"),
-        ("group_rebalances_total", "counter", "Consumer group: rebalances seen"),
-    ]
-
-    def __init__(self, metrics: ClientMetrics, client: str) -> None:
-        self.metrics = metrics
-        self.client = client
-
-    def collect(self) -> Iterator[Metric]:
-        m, client = self.metrics, self.client
-        values = {
-            "events_total": m.events, "windows_total": m.windows,
-            "rollbacks_total": m.rollbacks, "errors_total": m.errors,
-            "relay_failovers_total": m.failovers, "bootstraps_total": m.bootstraps,
-            "bootstrapping": int(m.bootstrapping), "lag_scn": m.lag_scn or 0,
-            "lag_ms": m.lag_ms or 0, "events_per_second": round(m.events_per_second, 3),
-            "group_partitions": len(m.group_partitions),
-            "group_rebalances_total": m.rebalances,
-        }
-        for name, kind, text in self._ROWS:
-            family: Metric
-            if kind == "counter":
-                family = CounterMetricFamily(f"databus_client_{name}", text,
-                                             labels=["client"])
-            else:
-                family = GaugeMetricFamily(f"databus_client_{name}", text,
-                                           labels=["client"])
-            family.add_metric([client], float(values[name]))
-            yield family
-        phase = GaugeMetricFamily("databus_client_bootstrap_phase",
-                                  "1 for the bootstrap phase being pulled",
-                                  labels=["client", "phase"])
-        for name in ("snapshot", "catchup"):
-            phase.add_metric([client, name], float(m.bootstrap_phase == name))
-        yield phase
-        # One series per subscribed source and state (bounded by the client's config).
-        states = GaugeMetricFamily("databus_client_source_state",
-                                   "1 for a subscribed source's current state",
-                                   labels=["client", "source", "state"])
-        for source, current in sorted(m.source_states.items()):
-            for state in ("pending", "active"):
-                states.add_metric([client, source, state], float(current == state))
-        yield states
-
-
-class _CheckpointWriter:
-    """Persists the newest committed checkpoint from a thread of its own."""
-
-    def __init__(self, store: CheckpointStore | None) -> None:
-        self.store = store
-        self._cond = threading.Condition()
-        self._latest: Checkpoint | None = None
-        self._written: Checkpoint | None = None
-        self._closed = False
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="databus-checkpoint",
-                                        daemon=True)
-        if store is not None:
-            self._thread.start()
-
-    def submit(self, checkpoint: Checkpoint) -> None:
-        with self._cond:
-            self._latest = checkpoint
-            self._cond.notify()
-
-    def _main(self) -> None:
-        assert self.store is not None
-        while True:
-            with self._cond:
-                while self._latest is self._written and not self._closed:
-                    self._cond.wait()
-                if self._latest is self._written:
-                    return
-                # Windows committed while a write is in progress coalesce: the next
-                # write takes only the newest checkpoint.
-                checkpoint = self._latest
-            try:
-                if checkpoint is not None:
-                    self.store.store(checkpoint)
-            except Exception as exc:  # reported to the client loop, which stops
-                log.error("checkpoint store failed: %s", exc)
-                self.error = exc
-            with self._cond:
-                self._written = checkpoint
-                self._cond.notify_all()
-
-    def flush_and_close(self, timeout: float = 10.0) -> None:
-        if self.store is None:
-            return
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout)
-
-
-class _ByteBudget:
-    """Flow control: bytes handed to the runner and not yet dispatched."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._freed = asyncio.Event()
-
-    @property
-    def free(self) -> int:
-        return max(0, self.limit - self.used)
-
-    def take(self, n: int) -> None:
-        self.used += n
-
-    def release(self, n: int) -> None:
-        self.used = max(0, self.used - n)
-        self._freed.set()
-
-    def reset(self) -> None:
-        self.used = 0
-        self._freed.set()
-
-    async def wait_for(self, n: int, pinned: int = 0) -> None:
-        """Until ``n`` bytes are free, or all but ``pinned`` bytes (what the decoder
-        holds, released by no one but the caller) have been dispatched."""
-        while self.free < n and self.used > pinned:
-            self._freed.clear()
-            await self._freed.wait()
 
 
 class DatabusClient:
@@ -304,6 +95,9 @@ class DatabusClient:
     (everything the relay holds) or "latest" (only new windows). ``client_id`` names
     the client to relays (``GET /v1/consumers``, 1 to 256 characters); by default
     ``"{name}@{hostname}:{pid}"``.
+
+    ``group``, ``coordinator`` and ``partitions`` make the client one member of a
+    consumer group (``databus.client.group``, docs/client.md "Consumer groups").
     """
 
     def __init__(
@@ -510,8 +304,8 @@ class DatabusClient:
             self.metrics = ClientMetrics(started_at=time.monotonic())
         # A group member's metrics go on across its streams; its position is the new one's.
         self.metrics.committed_scn = self.metrics.consumer_scn = committed
-        writer = _CheckpointWriter(store)
-        budget = _ByteBudget(self.max_buffered_bytes)
+        writer = CheckpointWriter(store)
+        budget = ByteBudget(self.max_buffered_bytes)
         dispatcher = Dispatcher(committed=stored, checkpoint_every=self.checkpoint_every)
         metrics = self.metrics
 
@@ -653,7 +447,7 @@ class DatabusClient:
         self,
         outcome: Outcome,
         outcomes: asyncio.Queue[Outcome],
-        budget: _ByteBudget,
+        budget: ByteBudget,
     ) -> None:
         """Runs on the loop for the runner reports the loop must act on."""
         if outcome.kind == "batch_done":
@@ -662,7 +456,7 @@ class DatabusClient:
             outcomes.put_nowait(outcome)
 
     async def _next_failure(
-        self, outcomes: asyncio.Queue[Outcome], writer: _CheckpointWriter
+        self, outcomes: asyncio.Queue[Outcome], writer: CheckpointWriter
     ) -> Outcome:
         while True:
             try:

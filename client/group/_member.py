@@ -172,7 +172,7 @@ class GroupRun:
 
     async def run(self, loop: asyncio.AbstractEventLoop,
                   discovery: RelayDiscovery | None) -> None:
-        from databus.client._client import ClientMetrics
+        from databus.client._metrics import ClientMetrics
 
         coordinator = self.coordinator
         # One set of metrics across the member's streams.
