@@ -1,0 +1,13 @@
+"""The PostgreSQL logical decoding fetcher (``postgresql://``, DESIGN section 8, issue 18):
+changes read from a replication slot with the built-in ``pgoutput`` plugin, no triggers.
+
+- ``_uri``: the source URI;
+- ``_pgoutput``: the pure decoder of pgoutput messages;
+- ``_types``: PostgreSQL types to Avro, from pgoutput's text values;
+- ``_setup``: ``databus pg setup|teardown`` (publication, slot, checks);
+- ``_fetcher``: the I/O shell (replication connection, windows, confirmed LSN).
+"""
+
+from databus.fetchers.postgres._uri import LogicalSource, TableName, parse_logical_source
+
+__all__ = ["LogicalSource", "TableName", "parse_logical_source"]
