@@ -187,6 +187,14 @@ class FetcherContext:
     # same dict): what a fetcher learnt that must outlive one run, e.g. which configured
     # tables it has seen absent (their later appearance is a migration in progress).
     memory: dict[str, Any] = field(default_factory=dict)
+    # Set by the fetcher: details of its own for ``/v1/status`` (``fetcher.details``) and
+    # ``/metrics`` (each number as ``databus_relay_fetcher_<name>{buffer}``), e.g. a
+    # replication slot's retained WAL. Names are [a-z0-9_]; the last report wins.
+    report_details: Callable[[dict[str, Any]], None] = lambda details: None
+    # msync the buffer: what the fetcher wrote survives a machine crash once this
+    # returns (a killed process loses nothing without it). For fetchers that confirm
+    # their position to the source (a replication slot).
+    flush_buffer: Callable[[], None] = lambda: None
 
 
 class Fetcher(ABC):

@@ -29,11 +29,12 @@ loop and it only copies a few fields.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from databus._redact import redact, register_uri
@@ -57,6 +58,9 @@ __all__ = ["Backoff", "FetcherHost", "FetcherState", "FetcherStatus", "configure
            "resume_point"]
 
 log = logging.getLogger("databus.relay.fetchers")
+
+# A name of FetcherContext.report_details: also the end of a metric name.
+_DETAIL_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 
 # "standby": a cluster member's buffer with nothing to read for now (no leader known,
 # or its own lease as leader ran out: relay/cluster).
@@ -133,6 +137,7 @@ class FetcherStatus:
     lag_scn: int  # source_scn - buffer_max_scn, 0 when caught up or unknown
     last_window_at: float | None  # time.time() of the last window this host wrote
     source_gaps: int = 0  # purged resume points skipped with on_source_gap = "dump"
+    details: dict[str, Any] = field(default_factory=dict)  # the fetcher's own report
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -147,6 +152,7 @@ class FetcherStatus:
             "lag_scn": self.lag_scn,
             "last_window_at": self.last_window_at,
             "source_gaps": self.source_gaps,
+            "details": self.details,
         }
 
 
@@ -188,6 +194,7 @@ class _Runner:
         self.last_error_at: float | None = None
         # Written by the fetcher thread, read by status(): a single int, atomic.
         self.source_scn: int | None = None
+        self.details: dict[str, Any] = {}  # FetcherContext.report_details, replaced whole
         self.fetcher: Fetcher | None = None
         # What its configuration names (set by FetcherHost.start; None: it cannot say).
         self.configured: ConfiguredSources | None = None
@@ -214,11 +221,17 @@ class _Runner:
             catalog=self.catalog.for_buffer(self.name, self.buffer.partition_id),
             report_source_scn=self.report_source_scn,
             memory=self.memory,
+            report_details=self.report_details,
+            flush_buffer=self.buffer.flush,
         )
         return (cls or self.cls)(uri or self.uri, context)
 
     def report_source_scn(self, scn: int) -> None:
         self.source_scn = scn
+
+    def report_details(self, details: dict[str, Any]) -> None:
+        self.details = {k: v for k, v in details.items()
+                        if isinstance(k, str) and _DETAIL_NAME.fullmatch(k)}
 
     def _window_landed(self) -> None:
         self.last_window_at = time.time()
@@ -391,6 +404,7 @@ class _Runner:
             lag_scn=lag,
             last_window_at=self.last_window_at,
             source_gaps=self.gaps,
+            details=dict(self.details),
         )
 
 

@@ -70,6 +70,18 @@ class RelayCollector(Collector):
             lag.add_metric([buffer], float(fetcher.get("lag_scn") or 0))
         yield restarts
         yield lag
+        # A fetcher's own numbers (FetcherContext.report_details), one gauge per name.
+        details: dict[str, GaugeMetricFamily] = {}
+        for buffer, fetcher in fetchers.items():
+            for key, value in sorted((fetcher.get("details") or {}).items()):
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    continue
+                if key not in details:
+                    details[key] = GaugeMetricFamily(
+                        f"{P}fetcher_{key}", f"Fetcher detail {key} (see /v1/status)",
+                        labels=["buffer"])
+                details[key].add_metric([buffer], float(value))
+        yield from details.values()
         stats = self.stats
         yield http_requests_family("databus_relay", stats)
         yield CounterMetricFamily(f"{P}stream_bytes_total", "Event bytes served",

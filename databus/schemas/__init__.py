@@ -32,6 +32,7 @@ from databus.schemas._canonical import (
     to_unsigned64,
 )
 from databus.schemas._codec import AvroCodec
+from databus.schemas._names import avro_name, avro_names
 from databus.schemas._registry import MemorySchemaRegistry, SchemaRegistry
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "SchemaRegistry",
     "UnknownSchemaError",
     "as_schema",
+    "avro_name",
+    "avro_names",
     "crc64_avro",
     "fingerprint",
     "fingerprint_bytes",

@@ -31,7 +31,7 @@ from databus.errors import SourceError
 from databus.fetchers.mysql._binlog_values import python_codec
 from databus.fetchers.mysql._errors import SourceMisconfiguredError
 from databus.fetchers.mysql._types import ColumnSpec, Kind, avro_field_type
-from databus.schemas import Schema
+from databus.schemas import Schema, avro_name, avro_names
 
 __all__ = [
     "QueryKind",
@@ -45,27 +45,6 @@ __all__ = [
 ]
 
 _INVALID_RE = re.compile(r"[^A-Za-z0-9_]")
-
-
-def avro_name(name: str) -> str:
-    """``name`` as a valid Avro name (see the module docstring)."""
-    clean = _INVALID_RE.sub("_", name)
-    return clean if clean and not clean[0].isdigit() else "_" + clean
-
-
-def avro_names(names: Sequence[str]) -> list[str]:
-    """Valid, distinct Avro names for ``names``, in order."""
-    taken: set[str] = set()
-    out = []
-    for name in names:
-        base = candidate = avro_name(name)
-        n = 2
-        while candidate in taken:
-            candidate = f"{base}_{n}"
-            n += 1
-        taken.add(candidate)
-        out.append(candidate)
-    return out
 
 
 @dataclass(frozen=True, slots=True)

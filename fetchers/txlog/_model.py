@@ -31,8 +31,6 @@ __all__ = [
     "Column",
     "TableRef",
     "TableShape",
-    "avro_name",
-    "avro_names",
     "object_name",
 ]
 
@@ -103,26 +101,3 @@ def object_name(kind: str, table: str, max_len: int = 63, suffix: str = "") -> s
     clean = _INVALID_RE.sub("_", table)
     room = max_len - len(prefix) - len(suffix) - len(digest) - 1
     return f"{prefix}{clean[:max(room, 1)]}_{digest}{suffix}"
-
-
-def avro_name(name: str) -> str:
-    """``name`` as a valid Avro name: other characters become ``_``, a leading digit (or
-    an empty name) gets a ``_`` prefix."""
-    clean = _INVALID_RE.sub("_", name)
-    return clean if clean and not clean[0].isdigit() else "_" + clean
-
-
-def avro_names(names: list[str] | tuple[str, ...]) -> list[str]:
-    """Valid, distinct Avro names for ``names`` in order: a name that collides after
-    sanitising gets ``_2``, ``_3``... (the SQL name stays in the field's ``sql_name``)."""
-    taken: set[str] = set()
-    out = []
-    for name in names:
-        base = candidate = avro_name(name)
-        n = 1
-        while candidate in taken:
-            n += 1
-            candidate = f"{base}_{n}"
-        taken.add(candidate)
-        out.append(candidate)
-    return out

@@ -67,9 +67,9 @@ from databus import batch
 from databus.batch import encode_flat_record
 from databus.errors import SchemaError
 from databus.event import Key
-from databus.fetchers.txlog._model import TableShape, avro_names
+from databus.fetchers.txlog._model import TableShape
 from databus.fetchers.txlog._uri import Dialect
-from databus.schemas import AvroCodec, JsonSchema, Schema
+from databus.schemas import AvroCodec, JsonSchema, Schema, avro_names
 
 __all__ = [
     "FieldMapping",

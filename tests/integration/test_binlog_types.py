@@ -15,7 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from databus.fetchers.mysql._schema import avro_name
+from databus.schemas import avro_name
 from tests.fixtures.servers import MariaDBServer
 from tests.integration.binlog_support import (
     binlog_relay,

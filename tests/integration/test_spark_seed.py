@@ -27,8 +27,7 @@ from fastavro import schemaless_writer
 
 from databus.bootstrap._storage import LogWindow, stored_event
 from databus.event import Op, decode_event, encode_event, iter_events, restamp_source_id
-from databus.fetchers.mysql._schema import avro_name
-from databus.schemas import AvroCodec, Schema
+from databus.schemas import AvroCodec, Schema, avro_name
 from databus.spark_jobs import JobRefused
 from databus.spark_jobs.export import export, prepare_export
 from databus.spark_jobs.seed import prepare_seed, seed

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from databus.errors import SchemaError
-from databus.fetchers.txlog._model import Column, TableRef, TableShape, avro_names
+from databus.fetchers.txlog._model import Column, TableRef, TableShape
 from databus.fetchers.txlog._schema import TableCodec, field_mapping, normalize_key
-from databus.schemas import AvroCodec
+from databus.schemas import AvroCodec, avro_names
 
 TS_LOCAL = {"type": "long", "logicalType": "local-timestamp-micros"}
 TS_UTC = {"type": "long", "logicalType": "timestamp-micros"}
