@@ -122,6 +122,14 @@ class SourceError(DatabusError):
     retriable = True
 
 
+class SourceMisconfiguredError(SourceError):
+    """The source cannot be captured as configured (a server setting, a missing slot or
+    publication, privileges, credentials): an operator must change something first."""
+
+    code = "source_misconfigured"
+    retriable = False
+
+
 class SourceGapError(SourceError):
     """The source no longer has the log position a fetcher must resume after (purged):
     continuing would leave a gap. A buffer with ``on_source_gap = "dump"`` restarts at

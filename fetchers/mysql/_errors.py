@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from databus.errors import SourceError, SourceGapError
+from databus.errors import SourceGapError, SourceMisconfiguredError
 
 __all__ = ["ScnNotAvailableError", "SourceMisconfiguredError"]
-
-
-class SourceMisconfiguredError(SourceError):
-    """The server cannot be captured as configured (binlog format, row image, row
-    metadata, privileges, credentials): an operator must change something first."""
-
-    code = "source_misconfigured"
-    retriable = False
 
 
 class ScnNotAvailableError(SourceGapError):
