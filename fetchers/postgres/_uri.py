@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from databus.config import redact_uri
@@ -91,10 +91,10 @@ class LogicalSource:
     def redacted(self) -> str:
         return redact_uri(self.uri)
 
-    def connect_kwargs(self) -> dict[str, object]:
+    def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``psycopg2.connect`` (the password as its own argument:
         libpq's URL parser trips on some characters of an unencoded password)."""
-        kwargs: dict[str, object] = {
+        kwargs: dict[str, Any] = {
             "host": self.host, "port": self.port, "user": self.user, "dbname": self.dbname,
             "connect_timeout": max(1, round(self.connect_timeout_s)),
             "application_name": f"databus-{self.slot}",
