@@ -5,9 +5,13 @@ changes read from a replication slot with the built-in ``pgoutput`` plugin, no t
 - ``_pgoutput``: the pure decoder of pgoutput messages;
 - ``_types``: PostgreSQL types to Avro, from pgoutput's text values;
 - ``_setup``: ``databus pg setup|teardown`` (publication, slot, checks);
-- ``_fetcher``: the I/O shell (replication connection, windows, confirmed LSN).
+- ``_changes``: decoded messages -> windows (the protocol steps);
+- ``_fetcher``: the I/O shell (replication connection, confirmed LSN, heartbeats);
+- ``_dump``: the ``DumpSource`` (chunks in key order, watermarks);
+- ``_cli``: ``databus pg``.
 """
 
+from databus.fetchers.postgres._fetcher import LogicalFetcher
 from databus.fetchers.postgres._uri import LogicalSource, TableName, parse_logical_source
 
-__all__ = ["LogicalSource", "TableName", "parse_logical_source"]
+__all__ = ["LogicalFetcher", "LogicalSource", "TableName", "parse_logical_source"]

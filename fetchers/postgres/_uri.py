@@ -98,6 +98,9 @@ class LogicalSource:
             "host": self.host, "port": self.port, "user": self.user, "dbname": self.dbname,
             "connect_timeout": max(1, round(self.connect_timeout_s)),
             "application_name": f"databus-{self.slot}",
+            # The output styles the type converters parse (``_types.CONNECTION_OPTIONS``:
+            # pgoutput formats values with the walsender session's settings).
+            "options": "-c DateStyle=ISO -c IntervalStyle=postgres -c extra_float_digits=3",
         }
         if self.password is not None:
             kwargs["password"] = self.password

@@ -1,0 +1,407 @@
+"""Decoded pgoutput messages -> windows (the protocol steps, written once; no I/O but the
+sink and two injected look-ups).
+
+A transaction is one window whose SCN is its commit LSN (``Begin.final_lsn``, the same
+as ``Commit.commit_lsn``), so windows come in commit order and a window is never split:
+``start_window`` is called at the first captured change, ``end_window`` at ``Commit``,
+and a transaction that touched no captured table writes nothing. After each
+transaction (and each heartbeat message) the position that may be confirmed to the slot
+moves to the transaction's end LSN: everything before it is in the buffer or was never
+captured.
+
+Rows:
+
+- ``Insert`` -> an upsert event with the new row;
+- ``Update`` -> an upsert; when the key changed, a delete of the old key first. A column
+  pgoutput marks *unchanged TOAST* (a large value the update did not touch) takes its
+  value from the old row, which only ``REPLICA IDENTITY FULL`` sends: without it the
+  update cannot be captured whole and the fetcher stops with an error naming the table
+  and that fix (``databus pg setup`` reports such tables);
+- ``Delete`` -> a delete event with the key, from the old key (``REPLICA IDENTITY
+  DEFAULT`` with a primary key, ``USING INDEX`` or ``FULL``); a table whose deletes
+  carry no key (``NOTHING``, or no primary key) stops the fetcher with the fix;
+- ``Truncate`` of a captured table is refused (not a row change: consumers could not
+  apply it in order); the publications ``databus pg setup`` creates do not publish it;
+- the dump watermark table's inserts become ``sink.watermark(token)`` (DESIGN 8.1);
+- ``Relation`` (sent before a table's first change in a session and again after DDL)
+  registers the table's schema: a new version whenever its columns change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from databus.batch import encode_event
+from databus.errors import DatabusError, SchemaError
+from databus.event import Key, Op
+from databus.fetchers._api import SourceCatalog, WindowSink
+from databus.fetchers.postgres._pgoutput import (
+    UNCHANGED_TOAST,
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    LogicalMessage,
+    PgOutputMessage,
+    Relation,
+    Truncate,
+    TupleValue,
+    Update,
+    pg_timestamp_to_unix_ns,
+)
+from databus.fetchers.postgres._types import ColumnMapping, PgValueError, share_named_types
+from databus.schemas import AvroCodec, Schema, avro_names
+
+__all__ = ["CaptureError", "ChangeStream", "TableCodec", "TableInfo", "normalize_key"]
+
+log = logging.getLogger("databus.fetchers.postgres")
+
+WATERMARK_TABLE = "databus_watermark"
+HEARTBEAT_TABLE = "databus_heartbeat"
+HEARTBEAT_PREFIX = "databus_heartbeat"
+
+
+class CaptureError(DatabusError):
+    """A change the fetcher cannot capture as configured (not retriable: restarting
+    reads the same change again); the message says what to change."""
+
+    code = "capture_error"
+    retriable = False
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """What the catalog adds to a Relation message: the primary key's columns (in key
+    order; empty when there is none) and the columns declared NOT NULL."""
+
+    primary_key: tuple[str, ...]
+    not_null: frozenset[str]
+    mappings: tuple[ColumnMapping, ...]  # one per Relation column, in order
+
+
+def normalize_key(values: Sequence[Any]) -> Key:
+    """The event key of a row whose key columns hold ``values``: a single int, str or
+    bytes as it is; anything else its text; a composite key a tuple of JSON values."""
+    if len(values) == 1:
+        value = values[0]
+        if isinstance(value, bool):
+            return int(value)
+        if isinstance(value, int | str | bytes):
+            return value
+        return _text(value)
+    return tuple(_json_part(v) for v in values)
+
+
+def _text(value: Any) -> str:
+    iso = getattr(value, "isoformat", None)
+    return str(iso()) if callable(iso) else str(value)
+
+
+def _json_part(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes):
+        return value.hex()
+    return _text(value)
+
+
+class TableCodec:
+    """One version of a captured table: its Avro schema, and pgoutput tuples -> keys
+    and values."""
+
+    def __init__(self, relation: Relation, source_name: str, info: TableInfo) -> None:
+        self.relation = relation
+        self.source_name = source_name
+        self.info = info
+        names = [c.name for c in relation.columns]
+        if info.primary_key and all(k in names for k in info.primary_key):
+            key = list(info.primary_key)
+        else:  # the replica identity's columns (USING INDEX, or FULL: every column)
+            key = [c.name for c in relation.columns if c.is_key]
+        self.key_names = tuple(key)
+        self.key_positions = [names.index(k) for k in key]
+        self.field_names = avro_names(names)
+        # A named type (the decimal_P_S fixeds) is defined once per schema: later
+        # fields refer to it by name.
+        avro_types = share_named_types([m.avro for m in info.mappings])
+        fields: list[dict[str, Any]] = []
+        for column, name, mapping, avro in zip(relation.columns, self.field_names,
+                                               info.mappings, avro_types, strict=True):
+            field: dict[str, Any] = {"name": name}
+            if column.name in key or column.name in info.not_null:
+                field["type"] = avro
+            else:
+                branches = avro if isinstance(avro, list) else [avro]
+                field["type"] = ["null", *branches]
+                field["default"] = None
+            field["sql_name"] = column.name
+            field["sql_type"] = mapping.sql_type
+            fields.append(field)
+        namespace, _, table = source_name.rpartition(".")
+        record: dict[str, Any] = {
+            "type": "record", "name": avro_names([table])[0],
+            "namespace": avro_names([namespace])[0],
+            "doc": f"Rows of {source_name}, captured by the databus PostgreSQL logical "
+                   "decoding fetcher",
+            "fields": fields,
+            # The key's SQL names, for consumers that keep a copy of the table (the
+            # replicator); outside Avro's canonical form, so not in the fingerprint.
+            "key": list(key),
+        }
+        self.schema = Schema(record)
+        self.fingerprint = self.schema.fingerprint
+        self._codec = AvroCodec(schemas=[self.schema])
+        self._converters = [m.convert for m in info.mappings]
+
+    def convert(self, values: Sequence[TupleValue], old: Sequence[TupleValue] | None
+                ) -> list[Any]:
+        """Python values of a new row; unchanged TOAST values from ``old`` (FULL)."""
+        out: list[Any] = []
+        for i, value in enumerate(values):
+            if value is UNCHANGED_TOAST:
+                previous = old[i] if old is not None and i < len(old) else UNCHANGED_TOAST
+                if previous is UNCHANGED_TOAST:
+                    raise CaptureError(
+                        f"{self.source_name}: an UPDATE left the large (TOASTed) column "
+                        f"{self.relation.columns[i].name!r} unchanged, and PostgreSQL "
+                        "does not send such a value unless the table's old rows are "
+                        f"logged whole: run ALTER TABLE {self.source_name} REPLICA "
+                        "IDENTITY FULL (databus pg setup reports these tables), then "
+                        "restart the relay; until then the table cannot be captured whole")
+                value = previous
+            out.append(self._one(i, value))
+        return out
+
+    def _one(self, i: int, value: TupleValue) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, bytes):
+            value = value.decode("utf-8")  # binary format is never asked for
+        assert isinstance(value, str)
+        try:
+            return self._converters[i](value)
+        except PgValueError as exc:
+            raise SchemaError(f"{self.source_name}.{self.relation.columns[i].name}: {exc}"
+                              ) from None
+
+    def key(self, row: Sequence[Any]) -> Key:
+        values = [row[i] for i in self.key_positions]
+        if not values:
+            raise CaptureError(
+                f"{self.source_name} has no primary key and no replica identity index: "
+                f"its changes have no key. Add a primary key, or ALTER TABLE "
+                f"{self.source_name} REPLICA IDENTITY FULL")
+        return normalize_key(values)
+
+    def encode(self, row: Sequence[Any]) -> bytes:
+        return self._codec.encode(dict(zip(self.field_names, row, strict=True)),
+                                  self.schema)
+
+
+class ChangeStream:
+    """The per-session state: relations seen, the open transaction, the confirmable LSN.
+
+    ``table_info(relation)`` reads the catalog for a Relation message (primary key, NOT
+    NULL, type mappings); ``wanted(schema, table)`` says whether a table is captured.
+    ``skip_through`` is the buffer's max SCN: transactions committed at or before it
+    are in the buffer already (a restart may see them again) and are skipped.
+    """
+
+    def __init__(self, sink: WindowSink, catalog: SourceCatalog, partition_id: int,
+                 wanted: Callable[[str, str], bool],
+                 table_info: Callable[[Relation], TableInfo],
+                 skip_through: int | None) -> None:
+        self.sink = sink
+        self.catalog = catalog
+        self.partition_id = partition_id
+        self.wanted = wanted
+        self.table_info = table_info
+        self.skip_through = skip_through if skip_through is not None else -1
+        self.relations: dict[int, Relation] = {}
+        self.codecs: dict[int, tuple[TableCodec, int]] = {}  # oid -> (codec, source id)
+        self.versions: dict[str, Relation] = {}  # source -> relation its schema is of
+        self.watermark_oids: set[int] = set()
+        self.ignored_oids: set[int] = set()
+        self.txn: Begin | None = None
+        self.skipping = False
+        self.window_open = False
+        self.confirmable: int | None = None  # an end LSN: all before it is handled
+        self.last_scn: int | None = None
+        self.windows = 0
+        self.events = 0
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.txn is not None
+
+    # -- dispatch ---------------------------------------------------------------------
+
+    def feed(self, message: PgOutputMessage, wal_start: int = 0) -> None:
+        kind = type(message)
+        if kind is Insert or kind is Update or kind is Delete:
+            self._change(message)  # type: ignore[arg-type]
+        elif kind is Begin:
+            self._begin(message)  # type: ignore[arg-type]
+        elif kind is Commit:
+            self._commit(message)  # type: ignore[arg-type]
+        elif kind is Relation:
+            self._relation(message)  # type: ignore[arg-type]
+        elif kind is Truncate:
+            self._truncate(message)  # type: ignore[arg-type]
+        elif kind is LogicalMessage:
+            self._message(message, wal_start)  # type: ignore[arg-type]
+        # Origin and Type messages need nothing: types are read from the catalog.
+
+    # -- transactions -----------------------------------------------------------------
+
+    def _begin(self, begin: Begin) -> None:
+        if self.txn is not None:
+            raise CaptureError(f"pgoutput sent Begin of {begin.final_lsn} inside the "
+                               f"transaction of {self.txn.final_lsn}")
+        self.txn = begin
+        self.skipping = begin.final_lsn <= self.skip_through
+        self.window_open = False
+
+    def _open_window(self) -> None:
+        if not self.window_open:
+            assert self.txn is not None
+            self.sink.start_window(self.txn.final_lsn)
+            self.window_open = True
+
+    def _commit(self, commit: Commit) -> None:
+        txn = self.txn
+        if txn is None:
+            raise CaptureError(f"pgoutput sent Commit of {commit.commit_lsn} outside a "
+                               "transaction")
+        if commit.commit_lsn != txn.final_lsn:
+            raise CaptureError(f"pgoutput's Commit LSN {commit.commit_lsn} differs from "
+                               f"its Begin's final LSN {txn.final_lsn}")
+        if self.window_open:
+            self.sink.end_window(pg_timestamp_to_unix_ns(commit.commit_time_us))
+            self.windows += 1
+            self.last_scn = commit.commit_lsn
+        self.txn = None
+        self.window_open = False
+        self.skipping = False
+        self.confirmable = commit.end_lsn
+
+    def _message(self, message: LogicalMessage, wal_start: int) -> None:
+        if not message.transactional and self.txn is None:
+            # A heartbeat (or anyone's non-transactional message) between transactions:
+            # nothing is pending before it.
+            # Its LSN is the end of its WAL record.
+            self.confirmable = max(self.confirmable or 0, message.lsn)
+
+    # -- rows ---------------------------------------------------------------------------
+
+    def _relation(self, relation: Relation) -> None:
+        self.relations[relation.oid] = relation
+        self.codecs.pop(relation.oid, None)
+        self.ignored_oids.discard(relation.oid)
+        self.watermark_oids.discard(relation.oid)
+        if relation.name == WATERMARK_TABLE:
+            self.watermark_oids.add(relation.oid)
+        elif relation.name == HEARTBEAT_TABLE or not self.wanted(relation.namespace,
+                                                                   relation.name):
+            self.ignored_oids.add(relation.oid)
+
+    def _codec(self, oid: int) -> tuple[TableCodec, int]:
+        found = self.codecs.get(oid)
+        if found is not None:
+            return found
+        relation = self.relations.get(oid)
+        if relation is None:
+            raise CaptureError(f"pgoutput sent a change of relation {oid} before its "
+                               "Relation message")
+        name = f"{relation.namespace}.{relation.name}"
+        codec = TableCodec(relation, name, self.table_info(relation))
+        source_id = self.catalog.source_id(name)
+        self.catalog.register_schema(name, codec.schema)
+        self.codecs[oid] = (codec, source_id)
+        return codec, source_id
+
+    def _change(self, change: Insert | Update | Delete) -> None:
+        if self.txn is None:
+            raise CaptureError("pgoutput sent a row change outside a transaction")
+        oid = change.relation_oid
+        if self.skipping or oid in self.ignored_oids:
+            return
+        if oid in self.watermark_oids:
+            if isinstance(change, Insert):
+                self._watermark(oid, change.new)
+            return
+        codec, source_id = self._codec(oid)
+        self._open_window()
+        scn = self.txn.final_lsn
+        ts = pg_timestamp_to_unix_ns(self.txn.commit_time_us)
+        events: list[bytes] = []
+        if isinstance(change, Delete):
+            old = codec.convert(_fill(change.old, len(codec.relation.columns)), None)
+            events.append(encode_event(scn, Op.DELETE, source_id, codec.key(old), b"",
+                                       codec.fingerprint, ts, self.partition_id))
+        else:
+            old_values = change.old if isinstance(change, Update) else None
+            full_old = (old_values if old_values is not None and isinstance(change, Update)
+                        and not change.old_is_key else None)
+            row = codec.convert(change.new, full_old)
+            key = codec.key(row)
+            old_key = self._old_key(codec, old_values)
+            if old_key is not None and old_key != key:  # the key changed: old row gone
+                events.append(encode_event(scn, Op.DELETE, source_id, old_key, b"",
+                                           codec.fingerprint, ts, self.partition_id))
+            events.append(encode_event(scn, Op.UPSERT, source_id, key, codec.encode(row),
+                                       codec.fingerprint, ts, self.partition_id))
+        for event in events:
+            self.sink.append(event)
+        self.events += len(events)
+
+    @staticmethod
+    def _old_key(codec: TableCodec, old: Sequence[TupleValue] | None) -> Key | None:
+        """The key of an update's old row, when pgoutput sent one that has every key
+        column (it sends the old key only when the key changed, or the whole old row
+        with REPLICA IDENTITY FULL)."""
+        if old is None:
+            return None
+        values = [old[i] if i < len(old) else None for i in codec.key_positions]
+        if not values or any(v is None or v is UNCHANGED_TOAST for v in values):
+            return None
+        row = [None] * len(codec.relation.columns)
+        for i, v in zip(codec.key_positions, values, strict=True):
+            row[i] = codec._one(i, v)
+        return codec.key(row)
+
+    def _watermark(self, oid: int, values: Sequence[TupleValue]) -> None:
+        relation = self.relations[oid]
+        names = [c.name for c in relation.columns]
+        token = values[names.index("id")] if "id" in names else values[0]
+        if isinstance(token, bytes):
+            token = token.decode("utf-8")
+        if isinstance(token, str):
+            self._open_window()
+            self.sink.watermark(token)
+
+    def _truncate(self, truncate: Truncate) -> None:
+        if self.skipping:
+            return
+        captured = [self.relations[o] for o in truncate.relation_oids
+                    if o in self.relations and o not in self.ignored_oids
+                    and o not in self.watermark_oids]
+        if captured:
+            names = ", ".join(f"{r.namespace}.{r.name}" for r in captured)
+            raise CaptureError(
+                f"TRUNCATE of {names} in the transaction committed at LSN "
+                f"{self.txn.final_lsn if self.txn else '?'}: a truncate is not a row change "
+                "and is not captured. Publish only row changes (ALTER PUBLICATION ... SET "
+                "(publish = 'insert, update, delete'), as databus pg setup does), then "
+                "restart the relay and re-dump the table (databus dump) so consumers "
+                "see its rows again")
+
+
+def _fill(values: Sequence[TupleValue], width: int) -> list[TupleValue]:
+    """A key-only old tuple has NULLs for the other columns; pad defensively."""
+    out = list(values)
+    return out + [None] * (width - len(out))
+

@@ -1,0 +1,261 @@
+"""The logical fetcher's ``DumpSource`` (DESIGN 8.1, docs/dumps.md): chunks of a captured
+table in key order and watermark rows, on a connection of its own.
+
+The watermark table ``databus_watermark`` (``id text PRIMARY KEY, created_at``) must be
+in the slot's publication: its inserts come through the slot in log order, and
+``ChangeStream`` hands their ids to ``sink.watermark`` instead of emitting them.
+
+A chunk is read in a REPEATABLE READ, READ ONLY transaction (one snapshot, no lock a
+writer waits for) as the columns' *text output*, exactly what pgoutput sends for them
+(every column's type is read as a string: no driver conversion), and converted and
+encoded by the fetcher's own ``TableCodec`` built from the catalog as a Relation message
+would describe the table, so a dumped row is byte-identical to the same row in a window.
+The cursor is the last row's key columns as text; the next chunk is
+``WHERE (k1, k2) > (%s::type1, %s::type2) ORDER BY k1, k2 LIMIT n``, which the primary
+key index serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+from psycopg2 import sql
+
+from databus._redact import redact
+from databus.errors import DumpSetupError, SourceError
+from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
+from databus.fetchers._cursor import cursor_from_json, cursor_to_json
+from databus.fetchers.postgres._changes import WATERMARK_TABLE, TableCodec, TableInfo
+from databus.fetchers.postgres._pgoutput import Column, Relation
+from databus.fetchers.postgres._types import column_mapping, load_types
+from databus.fetchers.postgres._uri import LogicalSource
+
+__all__ = ["LogicalDumpSource"]
+
+_COLUMNS_SQL = (
+    "SELECT c.oid, n.nspname, c.relname, c.relreplident, a.attname, a.atttypid, "
+    "a.atttypmod, format_type(a.atttypid, a.atttypmod) FROM pg_class c "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_attribute a ON a.attrelid = c.oid "
+    "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped "
+    "AND a.attgenerated = '' ORDER BY a.attnum")
+
+
+class LogicalDumpSource:
+    """See the module docstring. ``connect()`` opens a plain (autocommit) connection."""
+
+    def __init__(self, source: LogicalSource, context: FetcherContext,
+                 connect: Callable[[], Any]) -> None:
+        self.source = source
+        self.context = context
+        self._connect = connect
+        self._conn: Any = None
+
+    # -- the connection -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        try:
+            with self._conn.cursor() as cur:
+                yield cur
+        except DumpSetupError:
+            raise
+        except psycopg2.Error as exc:
+            if self._conn.closed:
+                self._conn = None
+            raise SourceError(f"PostgreSQL {self.source.redacted}: "
+                              f"{redact(' '.join(str(exc).split()))}") from None
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg2.Error):
+                conn.close()
+
+    def _hint(self) -> str:
+        return f"run `databus dump setup --source '{self.source.redacted}'` once"
+
+    # -- DumpSource ---------------------------------------------------------------------
+
+    def setup(self, *, dry_run: bool = False) -> list[str]:
+        pub = sql.Identifier(self.source.publication)
+        statements = [
+            f"CREATE TABLE IF NOT EXISTS public.{WATERMARK_TABLE} (id text PRIMARY KEY, "
+            "created_at timestamptz NOT NULL DEFAULT now())",
+        ]
+        with self._cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND "
+                        "schemaname = 'public' AND tablename = %s",
+                        (self.source.publication, WATERMARK_TABLE))
+            if cur.fetchone() is None:
+                statements.append(sql.SQL("ALTER PUBLICATION {} ADD TABLE public.{}").format(
+                    pub, sql.Identifier(WATERMARK_TABLE)).as_string(cur))
+            if not dry_run:
+                for statement in statements:
+                    cur.execute(statement)
+        return statements
+
+    def check(self) -> None:
+        with self._cursor() as cur:
+            cur.execute("SELECT to_regclass(%s)", (f"public.{WATERMARK_TABLE}",))
+            if cur.fetchone()[0] is None:
+                raise DumpSetupError(f"no watermark table public.{WATERMARK_TABLE} in "
+                                     f"{self.source.redacted}: {self._hint()}")
+            cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND "
+                        "schemaname = 'public' AND tablename = %s",
+                        (self.source.publication, WATERMARK_TABLE))
+            if cur.fetchone() is None:
+                raise DumpSetupError(
+                    f"the watermark table public.{WATERMARK_TABLE} is not in publication "
+                    f"{self.source.publication!r}, so its watermarks never reach the "
+                    f"relay: {self._hint()}")
+            cur.execute("SELECT has_table_privilege(current_user, %s, 'INSERT') AND "
+                        "has_table_privilege(current_user, %s, 'DELETE')",
+                        (f"public.{WATERMARK_TABLE}",) * 2)
+            if not cur.fetchone()[0]:
+                raise DumpSetupError(
+                    f"the source user cannot write public.{WATERMARK_TABLE}: GRANT INSERT, "
+                    f"DELETE, SELECT ON public.{WATERMARK_TABLE} TO <user>")
+
+    def tables(self) -> list[str]:
+        with self._cursor() as cur:
+            cur.execute("SELECT schemaname, tablename FROM pg_publication_tables "
+                        "WHERE pubname = %s", (self.source.publication,))
+            rows = cur.fetchall()
+        return sorted(f"{s}.{t}" for s, t in rows
+                      if t != WATERMARK_TABLE and self.source.matches(s, t))
+
+    def _table(self, cur: Any, name: str) -> tuple[TableCodec, list[str], list[str]]:
+        """The codec of ``name`` as the log's Relation message would describe it now, its
+        key columns and their SQL types."""
+        schema, _, table = name.partition(".")
+        if not self.source.matches(schema, table):
+            raise DumpSetupError(f"{name} is not a table of {self.source.redacted} (tables=)")
+        cur.execute(_COLUMNS_SQL, (schema, table))
+        rows = cur.fetchall()
+        if not rows:
+            raise DumpSetupError(f"table {name} does not exist (dropped, or not created yet)")
+        oid, _ns, _rel, ident = rows[0][:4]
+        cur.execute("SELECT a.attname FROM pg_index i CROSS JOIN LATERAL "
+                    "unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) JOIN pg_attribute a "
+                    "ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+                    "WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord", (oid,))
+        key = [r[0] for r in cur.fetchall()]
+        if not key:
+            raise DumpSetupError(f"table {name} has no primary key: a dump reads in key "
+                                 "order and matches log events by key, so it is refused")
+        cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
+                    "AND NOT attisdropped AND attnotnull", (oid,))
+        not_null = frozenset(r[0] for r in cur.fetchall())
+        columns = tuple(Column(r[4] in key, r[4], r[5], r[6]) for r in rows)
+        relation = Relation(oid, schema, table, str(ident), columns)
+        types = load_types(cur, {c.type_oid for c in columns})
+        mappings = tuple(column_mapping(c.type_oid, c.type_modifier, types) for c in columns)
+        codec = TableCodec(relation, name, TableInfo(tuple(key), not_null, mappings))
+        sql_types = {r[4]: r[7] for r in rows}
+        self._as_text(cur, {c.type_oid for c in columns})
+        return codec, key, [sql_types[k] for k in key]
+
+    @staticmethod
+    def _as_text(cur: Any, oids: set[int]) -> None:
+        """Make the driver return these types' text output as it is (what pgoutput
+        sends), not its own conversion."""
+        caster = psycopg2.extensions.new_type(tuple(oids), "DATABUS_TEXT",
+                                              lambda value, _cur: value)
+        psycopg2.extensions.register_type(caster, cur.connection)
+
+    def estimate_rows(self, source: str) -> int:
+        schema, _, table = source.partition(".")
+        with self._cursor() as cur:
+            cur.execute("SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c JOIN "
+                        "pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+                        "AND c.relname = %s", (schema, table))
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def write_watermark(self, token: str) -> None:
+        with self._cursor() as cur:
+            cur.execute(sql.SQL("INSERT INTO public.{} (id) VALUES (%s)").format(
+                sql.Identifier(WATERMARK_TABLE)), (token,))
+
+    def _select(self, codec: TableCodec, key: list[str]) -> sql.Composed:
+        relation = codec.relation
+        return sql.SQL("SELECT {} FROM {}.{}").format(
+            sql.SQL(", ").join(sql.Identifier(c.name) for c in relation.columns),
+            sql.Identifier(relation.namespace), sql.Identifier(relation.name))
+
+    def _chunk(self, name: str, codec: TableCodec, rows: list[tuple[Any, ...]], *,
+               done: bool) -> DumpChunk:
+        catalog = self.context.catalog
+        source_id = catalog.source_id(name)
+        catalog.register_schema(name, codec.schema)
+        out = []
+        for raw in rows:
+            row = codec.convert(raw, None)
+            out.append(DumpRow(codec.key(row), codec.encode(row), codec.fingerprint))
+        cursor = None
+        if rows:
+            cursor = cursor_to_json([rows[-1][i] for i in codec.key_positions])
+        return DumpChunk(name, source_id, out, cursor, done)
+
+    def read_chunk(self, source: str, after: list[Any] | None, limit: int) -> DumpChunk:
+        with self._cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                codec, key, types = self._table(cur, source)
+                query = self._select(codec, key)
+                params: list[Any] = []
+                if after is not None:
+                    values = cursor_from_json(after)
+                    if len(values) != len(key):
+                        raise DumpSetupError(f"table {source}: its primary key changed "
+                                             "during the dump; cancel it and dump again")
+                    query = sql.SQL("{} WHERE ({}) > ({})").format(
+                        query, sql.SQL(", ").join(sql.Identifier(k) for k in key),
+                        sql.SQL(", ").join(sql.SQL("%s::" + t) for t in types))
+                    params = [str(v) for v in values]
+                query = sql.SQL("{} ORDER BY {} LIMIT %s").format(
+                    query, sql.SQL(", ").join(sql.Identifier(k) for k in key))
+                cur.execute(query, [*params, limit])
+                rows = cur.fetchall()
+            finally:
+                cur.execute("COMMIT")
+        return self._chunk(source, codec, rows, done=len(rows) < limit)
+
+    def read_keys(self, source: str, keys: list[Any]) -> DumpChunk:
+        with self._cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                codec, key, types = self._table(cur, source)
+                wanted = []
+                for k in keys:
+                    values = k if isinstance(k, list) else [k]
+                    if len(values) != len(key):
+                        raise DumpSetupError(f"table {source}: key {k!r} does not have the "
+                                             f"{len(key)} primary key column(s)")
+                    wanted.append(values)
+                rows: list[tuple[Any, ...]] = []
+                if wanted:
+                    row_sql = sql.SQL("({})").format(
+                        sql.SQL(", ").join(sql.SQL("%s::" + t) for t in types))
+                    query = sql.SQL("{} WHERE ({}) IN ({}) ORDER BY {}").format(
+                        self._select(codec, key),
+                        sql.SQL(", ").join(sql.Identifier(k) for k in key),
+                        sql.SQL(", ").join([row_sql] * len(wanted)),
+                        sql.SQL(", ").join(sql.Identifier(k) for k in key))
+                    cur.execute(query, [str(v) for values in wanted for v in values])
+                    rows = cur.fetchall()
+            finally:
+                cur.execute("COMMIT")
+        return self._chunk(source, codec, rows, done=True)
+
+    def cleanup_watermarks(self, keep: frozenset[str]) -> None:
+        with self._cursor() as cur:
+            cur.execute(sql.SQL("DELETE FROM public.{} WHERE NOT (id = ANY(%s)) AND "
+                                "created_at < now() - interval '1 minute'").format(
+                sql.Identifier(WATERMARK_TABLE)), (sorted(keep),))

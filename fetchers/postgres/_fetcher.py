@@ -1,0 +1,290 @@
+"""The PostgreSQL logical decoding fetcher's I/O shell (``postgresql://``, docs/postgres-
+logical.md): a replication connection streaming the slot through ``pgoutput``, a second
+plain connection for the catalog, heartbeats and slot statistics. The protocol steps
+are ``_changes.ChangeStream``; this module only moves bytes and time.
+
+Resume. The relay starts the fetcher after its buffer's max SCN (a commit LSN); the
+stream is asked to start just after it and any transaction at or before it is skipped
+again by ``ChangeStream``, so a restart never repeats or loses a window.
+
+Confirmation. Every ``status_interval_s`` the fetcher reports to the server, as flushed,
+the end LSN of the last transaction it has handled (written to the buffer, or nothing
+to capture), after msyncing the buffer (``FetcherContext.flush_buffer``): the slot never
+moves past a window the relay could lose, even in a machine crash. Transactions in
+progress are never confirmed: the server streams whole transactions at their commit.
+
+Heartbeats. With nothing captured for ``heartbeat_s`` (an idle database, or one busy
+only with tables not captured, whose transactions PostgreSQL 15 does not even send),
+the confirmed LSN would stand still and the slot would hold back WAL. So the fetcher
+writes a heartbeat (a non-transactional ``pg_logical_emit_message``, or an update of the
+``databus_heartbeat`` table), which comes back through the slot and is confirmed. The
+slot's retained WAL is reported as ``slot_lag_bytes`` in ``/v1/status`` and
+``/metrics``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import threading
+import time
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import psycopg2.extras
+
+from databus._redact import redact, register_secret
+from databus.errors import ConnectionLostError, SourceError, SourceMisconfiguredError
+from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
+from databus.fetchers.postgres._changes import HEARTBEAT_PREFIX, ChangeStream, TableInfo
+from databus.fetchers.postgres._dump import LogicalDumpSource
+from databus.fetchers.postgres._pgoutput import Relation, decode, format_lsn, parse_lsn
+from databus.fetchers.postgres._types import column_mapping, load_types
+from databus.fetchers.postgres._uri import LogicalSource, parse_logical_source
+
+__all__ = ["LogicalFetcher"]
+
+log = logging.getLogger("databus.fetchers.postgres")
+
+_SLOT_BUSY_WAIT_S = 10.0  # a slot still held by a walsender of a process just killed
+
+
+class LogicalFetcher(Fetcher):
+    """See the module docstring."""
+
+    scheme = "postgresql"
+
+    def __init__(self, uri: str, context: FetcherContext) -> None:
+        super().__init__(uri, context)
+        self.source: LogicalSource = parse_logical_source(uri)
+        if self.source.password:
+            register_secret(self.source.password)
+        self._side: Any = None
+        self._repl: Any = None
+
+    # -- what the relay asks ----------------------------------------------------------
+
+    def configured_sources(self) -> ConfiguredSources:
+        return ConfiguredSources(
+            names=frozenset(str(t) for t in self.source.tables if not t.is_pattern),
+            databases=frozenset(t.schema for t in self.source.tables if t.is_pattern))
+
+    def initial_scn(self) -> int | None:
+        if self.source.start != "latest":
+            return None  # everything the slot still holds
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_current_wal_lsn()::text")
+                row = cur.fetchone()
+            return parse_lsn(row[0])
+        finally:
+            conn.close()
+
+    def open_dump_source(self) -> LogicalDumpSource:
+        return LogicalDumpSource(self.source, self.context, self._connect)
+
+    def close(self) -> None:
+        for conn in (self._repl, self._side):
+            if conn is not None:
+                with contextlib.suppress(psycopg2.Error):
+                    conn.close()
+        self._repl = self._side = None
+
+    # -- connections ------------------------------------------------------------------
+
+    def _connect(self, *, replication: bool = False) -> Any:
+        kwargs = self.source.connect_kwargs()
+        if replication:
+            kwargs["connection_factory"] = psycopg2.extras.LogicalReplicationConnection
+        try:
+            conn = psycopg2.connect(**kwargs)
+        except psycopg2.OperationalError as exc:
+            text = redact(" ".join(str(exc).split()))
+            if "password authentication failed" in text or "no pg_hba.conf entry" in text:
+                raise SourceMisconfiguredError(
+                    f"PostgreSQL {self.source.redacted}: {text}") from None
+            raise ConnectionLostError(f"cannot connect to PostgreSQL {self.source.redacted}: "
+                                      f"{text}") from None
+        if not replication:
+            conn.autocommit = True
+        return conn
+
+    def _preflight(self, side: Any) -> None:
+        """The clear, non-retriable errors: logical WAL, the slot, the publication."""
+        src = self.source
+        with side.cursor() as cur:
+            cur.execute("SHOW wal_level")
+            wal_level = cur.fetchone()[0]
+            if wal_level != "logical":
+                raise SourceMisconfiguredError(
+                    f"PostgreSQL {src.redacted}: wal_level is {wal_level!r}, logical "
+                    "decoding needs 'logical' (ALTER SYSTEM SET wal_level = logical; then "
+                    "restart the server)")
+            cur.execute("SELECT plugin, database, active_pid FROM pg_replication_slots "
+                        "WHERE slot_name = %s", (src.slot,))
+            slot = cur.fetchone()
+            if slot is None:
+                raise SourceMisconfiguredError(
+                    f"PostgreSQL {src.redacted}: replication slot {src.slot!r} does not "
+                    f"exist: run databus pg setup --source ... to create it")
+            plugin, database, _active = slot
+            if plugin != "pgoutput" or database != src.dbname:
+                raise SourceMisconfiguredError(
+                    f"PostgreSQL {src.redacted}: slot {src.slot!r} is a {plugin!r} slot of "
+                    f"database {database!r}; this fetcher needs a pgoutput slot of "
+                    f"{src.dbname!r}")
+            cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
+                        (src.publication,))
+            if cur.fetchone() is None:
+                raise SourceMisconfiguredError(
+                    f"PostgreSQL {src.redacted}: publication {src.publication!r} does not "
+                    "exist: run databus pg setup --source ... to create it")
+            cur.execute("SELECT schemaname, tablename FROM pg_publication_tables "
+                        "WHERE pubname = %s", (src.publication,))
+            published = {(s, t) for s, t in cur.fetchall()}
+            missing = [str(t) for t in src.tables
+                       if not t.is_pattern and (t.schema, t.table) not in published]
+            if missing:
+                raise SourceMisconfiguredError(
+                    f"PostgreSQL {src.redacted}: publication {src.publication!r} does not "
+                    f"publish {', '.join(missing)}: ALTER PUBLICATION {src.publication} "
+                    f"ADD TABLE {', '.join(missing)} (or run databus pg setup)")
+        self._wait_slot_free(side)
+
+    def _wait_slot_free(self, side: Any) -> None:
+        deadline = time.monotonic() + _SLOT_BUSY_WAIT_S
+        while True:
+            with side.cursor() as cur:
+                cur.execute("SELECT s.active_pid, a.client_addr::text, a.application_name "
+                            "FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON "
+                            "a.pid = s.active_pid WHERE s.slot_name = %s", (self.source.slot,))
+                row = cur.fetchone()
+            if row is None or row[0] is None:
+                return
+            if time.monotonic() >= deadline:
+                raise SourceMisconfiguredError(
+                    f"PostgreSQL {self.source.redacted}: replication slot "
+                    f"{self.source.slot!r} is in use by process {row[0]} "
+                    f"({row[2] or 'unknown application'} from {row[1] or 'local'}): one "
+                    "slot serves one relay; give this relay a slot of its own")
+            time.sleep(0.2)
+
+    # -- the stream -------------------------------------------------------------------
+
+    def run(self, sink: WindowSink, start_after_scn: int | None,
+            stop: threading.Event) -> None:
+        src = self.source
+        self._side = side = self._connect()
+        self._preflight(side)
+        self._repl = repl = self._connect(replication=True)
+        cur = repl.cursor()
+        options = {"proto_version": "1", "publication_names": src.publication,
+                   "messages": "true"}
+        start_lsn = start_after_scn + 1 if start_after_scn is not None else 0
+        try:
+            cur.start_replication(slot_name=src.slot, decode=False, start_lsn=start_lsn,
+                                  options=options, status_interval=src.status_interval_s)
+        except psycopg2.errors.ObjectInUse as exc:
+            raise SourceMisconfiguredError(
+                f"PostgreSQL {src.redacted}: {redact(str(exc).strip())}") from None
+        except psycopg2.errors.UndefinedObject as exc:
+            raise SourceMisconfiguredError(
+                f"PostgreSQL {src.redacted}: {redact(str(exc).strip())}") from None
+        log.info("streaming slot %s of %s from %s", src.slot, src.redacted,
+                 format_lsn(start_lsn) if start_lsn else "its confirmed position")
+        stream = ChangeStream(sink, self.context.catalog, self.context.partition_id,
+                              src.matches, self._table_info, start_after_scn)
+        confirmed = 0
+        last_confirm = last_stats = time.monotonic()
+        last_progress = time.monotonic()
+        progress_lsn: int | None = None
+        try:
+            while not stop.is_set():
+                msg = cur.read_message()
+                if msg is not None:
+                    stream.feed(decode(msg.payload), msg.data_start)
+                    continue
+                now = time.monotonic()
+                target = stream.confirmable
+                if target is not None and target != progress_lsn:
+                    progress_lsn, last_progress = target, now
+                if (target is not None and target > confirmed
+                        and now - last_confirm >= src.status_interval_s):
+                    # What the buffer holds must survive a machine crash before the slot
+                    # forgets it.
+                    self.context.flush_buffer()
+                    cur.send_feedback(write_lsn=target, flush_lsn=target, apply_lsn=target)
+                    confirmed, last_confirm = target, now
+                if (src.heartbeat != "off" and not stream.in_transaction
+                        and now - last_progress >= src.heartbeat_s):
+                    self._heartbeat(side)
+                    last_progress = now
+                if now - last_stats >= min(src.heartbeat_s, 5.0):
+                    self._report_slot(side)
+                    last_stats = now
+                select.select([repl], [], [], min(src.status_interval_s, 0.5))
+        except psycopg2.OperationalError as exc:
+            raise ConnectionLostError(f"PostgreSQL {src.redacted}: replication stream "
+                                      f"ended: {redact(' '.join(str(exc).split()))}") from None
+        except psycopg2.Error as exc:
+            raise SourceError(f"PostgreSQL {src.redacted}: "
+                              f"{redact(' '.join(str(exc).split()))}") from None
+        finally:
+            if confirmed and stream.confirmable and stream.confirmable > confirmed:
+                try:
+                    self.context.flush_buffer()
+                    cur.send_feedback(write_lsn=stream.confirmable,
+                                      flush_lsn=stream.confirmable, force=True)
+                except psycopg2.Error:
+                    pass
+
+    def _table_info(self, relation: Relation) -> TableInfo:
+        """Catalog details of a table as of now (its Relation message has the columns
+        and types as of the change; a column dropped since is simply nullable)."""
+        with self._side.cursor() as cur:
+            cur.execute("SELECT a.attname FROM pg_index i CROSS JOIN LATERAL "
+                        "unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) JOIN "
+                        "pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+                        "WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord",
+                        (relation.oid,))
+            primary_key = tuple(r[0] for r in cur.fetchall())
+            cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
+                        "AND NOT attisdropped AND attnotnull", (relation.oid,))
+            not_null = frozenset(r[0] for r in cur.fetchall())
+            types = load_types(cur, {c.type_oid for c in relation.columns})
+        mappings = tuple(column_mapping(c.type_oid, c.type_modifier, types)
+                         for c in relation.columns)
+        return TableInfo(primary_key, not_null, mappings)
+
+    def _heartbeat(self, side: Any) -> None:
+        with side.cursor() as cur:
+            if self.source.heartbeat == "message":
+                cur.execute("SELECT pg_logical_emit_message(false, %s, '')",
+                            (HEARTBEAT_PREFIX,))
+            else:
+                cur.execute("INSERT INTO databus_heartbeat (id, beat) VALUES (1, now()) "
+                            "ON CONFLICT (id) DO UPDATE SET beat = excluded.beat")
+
+    def _report_slot(self, side: Any) -> None:
+        with side.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn()::text, "
+                        "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, "
+                        "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
+                        "confirmed_flush_lsn::text FROM pg_replication_slots "
+                        "WHERE slot_name = %s", (self.source.slot,))
+            row = cur.fetchone()
+        if row is None:
+            raise SourceMisconfiguredError(
+                f"PostgreSQL {self.source.redacted}: replication slot "
+                f"{self.source.slot!r} was dropped while the relay ran")
+        current, lag, retained, confirmed = row
+        # Not reported as the source SCN: WAL moves with every write, captured or not,
+        # so "behind" would be the distance to any write; the slot's lag says it right.
+        self.context.report_details({
+            "server_lsn": current,
+            "slot_lag_bytes": int(lag or 0), "slot_retained_bytes": int(retained or 0),
+            "slot_confirmed_lsn": confirmed})

@@ -1,0 +1,147 @@
+"""What the PostgreSQL logical decoding tests share: a fresh database per test with its
+slot and publication (made by ``databus pg setup``), a relay process reading it, and a
+consumer that keeps every window."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+
+from databus.cli import main as databus_main
+from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent
+from tests.fixtures.servers import PostgresServer
+from tests.relay_harness import RelayProcess
+
+
+class PgDatabase:
+    """A database of its own on the session's server; ``drop()`` removes its slot."""
+
+    def __init__(self, server: PostgresServer, *ddl: str) -> None:
+        suffix = uuid.uuid4().hex[:10]
+        self.server = server
+        self.dbname = f"logical_{suffix}"
+        self.slot = f"slot_{suffix}"
+        self.publication = f"pub_{suffix}"
+        self.admin(f'CREATE DATABASE "{self.dbname}"')
+        self.conn = self.connect()
+        for statement in ddl:
+            self.run(statement)
+
+    def connect(self, *, autocommit: bool = True) -> psycopg2.extensions.connection:
+        # Logical decoding sees flushed WAL only; the fixture commits asynchronously.
+        conn: psycopg2.extensions.connection = psycopg2.connect(
+            **self.server.connect_kwargs(self.dbname), options="-c synchronous_commit=on")
+        conn.autocommit = autocommit
+        return conn
+
+    def admin(self, statement: str) -> None:
+        conn = psycopg2.connect(**self.server.connect_kwargs("postgres"))
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement)
+        finally:
+            conn.close()
+
+    def uri(self, tables: str, **params: Any) -> str:
+        query = "&".join(f"{k}={v}" for k, v in {
+            "tables": tables, "slot": self.slot, "publication": self.publication,
+            **params}.items())
+        return f"{self.server.url(self.dbname)}?{query}"
+
+    def setup(self, tables: str, *extra: str) -> None:
+        assert databus_main(["pg", "setup", "--source", self.uri(tables), *extra]) == 0
+
+    def run(self, *statements: str, params: tuple[Any, ...] | None = None) -> None:
+        with self.conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement, params)
+
+    def txn(self, *statements: str) -> None:
+        """One transaction."""
+        with self.conn.cursor() as cur:
+            cur.execute("BEGIN")
+            for statement in statements:
+                cur.execute(statement)
+            cur.execute("COMMIT")
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        with self.conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+
+    def drop(self) -> None:
+        self.conn.close()
+        self.admin(f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                   f"WHERE slot_name = '{self.slot}' AND NOT active")
+        self.admin(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
+
+
+@contextmanager
+def logical_relay(tmp_path: Path, uri: str, capacity_mb: int = 32,
+                  extra_toml: str = "") -> Iterator[RelayProcess]:
+    relay = RelayProcess(tmp_path, {"pg": uri}, capacity_mb=capacity_mb, workers=1,
+                         extra_toml=extra_toml)
+    relay.start()
+    try:
+        yield relay
+    finally:
+        if relay.proc is not None and relay.proc.poll() is None:
+            relay.kill()
+
+
+class Windows(Consumer):
+    """Every window: (scn, [(source, op, key, value)])."""
+
+    def __init__(self) -> None:
+        self.windows: list[tuple[int, list[tuple[str, str, Any, Any]]]] = []
+        self._current: list[tuple[str, str, Any, Any]] = []
+        self.lock = threading.Lock()
+
+    def on_data_event(self, event: DataEvent) -> CallbackResult:
+        self._current.append((event.source, event.op.name, event.key, event.value))
+        return CallbackResult.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> CallbackResult:
+        with self.lock:
+            self.windows.append((scn, self._current))
+        self._current = []
+        return CallbackResult.SUCCESS
+
+    def on_rollback(self, scn: int) -> CallbackResult:
+        self._current = []
+        return CallbackResult.SUCCESS
+
+
+def consume(relay: RelayProcess, sources: list[str], until: Any, timeout: float = 60
+            ) -> Windows:
+    """Consume from the start until ``until(windows)`` is true."""
+    import time
+
+    windows = Windows()
+    client = DatabusClient([relay.url], sources=sources, poll_wait_ms=200,
+                           backoff_max=0.5)
+    client.register(windows)
+    thread = threading.Thread(target=client.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            with windows.lock:
+                if until(windows.windows):
+                    return windows
+            if not thread.is_alive():
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"not reached: {len(windows.windows)} windows; relay log: "
+                             f"{relay.log_path.read_text()[-3000:]}")
+    finally:
+        client.stop()
+        thread.join(10)
