@@ -51,6 +51,18 @@ log = logging.getLogger("databus.fetchers.postgres")
 
 _SLOT_BUSY_WAIT_S = 10.0  # a slot still held by a walsender of a process just killed
 
+# SQLSTATEs the server answers that retrying cannot heal: 42704 undefined_object (the
+# slot or publication is gone), 55000 object_not_in_prerequisite_state (a slot of
+# another database, or invalidated because max_slot_wal_keep_size removed its WAL),
+# 55006 object_in_use (the slot is used by another process), 42501 insufficient_
+# privilege, 28000/28P01 invalid authorization / password.
+# What a refused login says when retrying cannot help (the server's words, PostgreSQL
+# 15); anything else (refused, timed out, starting up, shutting down) is retried.
+_LOGIN_REFUSED = ("password authentication failed", "no pg_hba.conf entry",
+                  "must be superuser or replication role", "does not exist",
+                  "permission denied for database", "no password supplied")
+_NOT_RETRIABLE = frozenset({"42704", "55000", "55006", "42501", "28000", "28P01"})
+
 
 class LogicalFetcher(Fetcher):
     """See the module docstring."""
@@ -104,7 +116,7 @@ class LogicalFetcher(Fetcher):
             conn = psycopg2.connect(**kwargs)
         except psycopg2.OperationalError as exc:
             text = redact(" ".join(str(exc).split()))
-            if "password authentication failed" in text or "no pg_hba.conf entry" in text:
+            if any(phrase in text for phrase in _LOGIN_REFUSED):
                 raise SourceMisconfiguredError(
                     f"PostgreSQL {self.source.redacted}: {text}") from None
             raise ConnectionLostError(f"cannot connect to PostgreSQL {self.source.redacted}: "
@@ -113,8 +125,9 @@ class LogicalFetcher(Fetcher):
             conn.autocommit = True
         return conn
 
-    def _preflight(self, side: Any) -> None:
-        """The clear, non-retriable errors: logical WAL, the slot, the publication."""
+    def _preflight(self, side: Any, start_after_scn: int | None = None) -> None:
+        """The clear, non-retriable errors: logical WAL, the slot, the publication.
+        ``start_after_scn`` is where the relay's buffer ends (None: it never read)."""
         src = self.source
         with side.cursor() as cur:
             cur.execute("SHOW wal_level")
@@ -128,6 +141,17 @@ class LogicalFetcher(Fetcher):
                         "WHERE slot_name = %s", (src.slot,))
             slot = cur.fetchone()
             if slot is None:
+                if start_after_scn is not None:
+                    # The buffer has windows from this slot: it was dropped under the
+                    # relay. A new slot starts at the server's current position.
+                    raise SourceMisconfiguredError(
+                        f"PostgreSQL {src.redacted}: replication slot {src.slot!r} does "
+                        "not exist any more: it was dropped after this relay had read up "
+                        f"to LSN {format_lsn(start_after_scn)}. A new slot starts at the "
+                        "server's current position, so the changes in between are lost to "
+                        "this relay: create the slot again (databus pg setup --source ...), "
+                        "restart the relay, and dump the tables (databus dump) so that "
+                        "consumers get their current rows")
                 raise SourceMisconfiguredError(
                     f"PostgreSQL {src.redacted}: replication slot {src.slot!r} does not "
                     f"exist: run databus pg setup --source ... to create it")
@@ -179,21 +203,20 @@ class LogicalFetcher(Fetcher):
             stop: threading.Event) -> None:
         src = self.source
         self._side = side = self._connect()
-        self._preflight(side)
-        self._repl = repl = self._connect(replication=True)
-        cur = repl.cursor()
         options = {"proto_version": "1", "publication_names": src.publication,
                    "messages": "true"}
         start_lsn = start_after_scn + 1 if start_after_scn is not None else 0
         try:
+            self._preflight(side, start_after_scn)
+            self._repl = repl = self._connect(replication=True)
+            cur = repl.cursor()
+            # psycopg2's own feedback (its replies to the server's keepalives) has a
+            # 1 s floor; the fetcher confirms every status_interval_s itself.
             cur.start_replication(slot_name=src.slot, decode=False, start_lsn=start_lsn,
-                                  options=options, status_interval=src.status_interval_s)
-        except psycopg2.errors.ObjectInUse as exc:
-            raise SourceMisconfiguredError(
-                f"PostgreSQL {src.redacted}: {redact(str(exc).strip())}") from None
-        except psycopg2.errors.UndefinedObject as exc:
-            raise SourceMisconfiguredError(
-                f"PostgreSQL {src.redacted}: {redact(str(exc).strip())}") from None
+                                  options=options,
+                                  status_interval=max(1.0, src.status_interval_s))
+        except psycopg2.Error as exc:
+            raise self._stream_error(exc, "starting replication") from None
         log.info("streaming slot %s of %s from %s", src.slot, src.redacted,
                  format_lsn(start_lsn) if start_lsn else "its confirmed position")
         stream = ChangeStream(sink, self.context.catalog, self.context.partition_id,
@@ -227,12 +250,8 @@ class LogicalFetcher(Fetcher):
                     self._report_slot(side)
                     last_stats = now
                 select.select([repl], [], [], min(src.status_interval_s, 0.5))
-        except psycopg2.OperationalError as exc:
-            raise ConnectionLostError(f"PostgreSQL {src.redacted}: replication stream "
-                                      f"ended: {redact(' '.join(str(exc).split()))}") from None
         except psycopg2.Error as exc:
-            raise SourceError(f"PostgreSQL {src.redacted}: "
-                              f"{redact(' '.join(str(exc).split()))}") from None
+            raise self._stream_error(exc, "replication stream ended") from None
         finally:
             if confirmed and stream.confirmable and stream.confirmable > confirmed:
                 try:
@@ -241,6 +260,25 @@ class LogicalFetcher(Fetcher):
                                       flush_lsn=stream.confirmable, force=True)
                 except psycopg2.Error:
                     pass
+
+    def _stream_error(self, exc: psycopg2.Error, what: str) -> Exception:
+        """The error ``run`` raises for a psycopg2 error: what the server says cannot
+        change by retrying (a missing or invalidated slot or publication, a slot in use)
+        is not retriable; a lost connection or a server shutting down is."""
+        src = self.source
+        text = redact(" ".join(str(exc).split())) or type(exc).__name__
+        code = getattr(exc, "pgcode", None)
+        if code in _NOT_RETRIABLE:
+            return SourceMisconfiguredError(f"PostgreSQL {src.redacted}: {what}: {text}")
+        if code is None or isinstance(exc, psycopg2.OperationalError) or code.startswith(
+                ("08", "57")):
+            # No SQLSTATE: libpq's own report of a stream the server ended ("no COPY in
+            # progress" after a clean shutdown, "error with status PGRES_COPY_BOTH" after
+            # a crash); 08: connection exceptions; 57: shutdown, crash, recovery.
+            return ConnectionLostError(
+                f"PostgreSQL {src.redacted}: {what}: the connection was lost or the "
+                f"server shut down or restarted ({text}); retrying")
+        return SourceError(f"PostgreSQL {src.redacted}: {what}: {text}")
 
     def _table_info(self, relation: Relation) -> TableInfo:
         """Catalog details of a table as of now (its Relation message has the columns
