@@ -164,10 +164,12 @@ class LogicalDumpSource:
     @staticmethod
     def _as_text(cur: Any, oids: set[int]) -> None:
         """Make the driver return these types' text output as it is (what pgoutput
-        sends), not its own conversion."""
+        sends), not its own conversion: on this cursor only, which reads the chunk. (On
+        the connection, the next chunk's catalog queries would get their own int and
+        bool columns as text too.)"""
         caster = psycopg2.extensions.new_type(tuple(oids), "DATABUS_TEXT",
                                               lambda value, _cur: value)
-        psycopg2.extensions.register_type(caster, cur.connection)
+        psycopg2.extensions.register_type(caster, cur)
 
     def estimate_rows(self, source: str) -> int:
         schema, _, table = source.partition(".")

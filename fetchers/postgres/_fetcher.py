@@ -183,7 +183,7 @@ class LogicalFetcher(Fetcher):
         deadline = time.monotonic() + _SLOT_BUSY_WAIT_S
         while True:
             with side.cursor() as cur:
-                cur.execute("SELECT s.active_pid, a.client_addr::text, a.application_name "
+                cur.execute("SELECT s.active_pid, host(a.client_addr), a.application_name "
                             "FROM pg_replication_slots s LEFT JOIN pg_stat_activity a ON "
                             "a.pid = s.active_pid WHERE s.slot_name = %s", (self.source.slot,))
                 row = cur.fetchone()

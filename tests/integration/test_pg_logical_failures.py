@@ -446,3 +446,223 @@ def test_without_heartbeats_the_fetcher_writes_nothing(db: PgDatabase,
         _before, _after, reached = _confirmed_advances(db, 2, write=True)
         wait_for(lambda: slot_lsn(db) >= reached, "the slot confirmed past the writes", 5)
         assert heartbeat_records(db, start, current_lsn(db)) == 0
+
+
+# -- 8. clear errors that are not retried -----------------------------------------------------
+
+
+def test_a_slot_that_does_not_exist(db: PgDatabase, tmp_path: Path) -> None:
+    db.setup("public.orders")
+    uri = db.uri("public.orders").replace(f"slot={db.slot}", "slot=no_such_slot")
+    with logical_relay(tmp_path, uri) as relay:
+        error = wait_failed(relay)
+    assert error.startswith("SourceMisconfiguredError: PostgreSQL postgresql://"), error
+    assert "replication slot 'no_such_slot' does not exist: run databus pg setup" in error
+
+
+def test_a_slot_in_use_by_another_process(db: PgDatabase, tmp_path: Path) -> None:
+    """A slot streams to one process at a time: the relay waits 10 s for it (a relay
+    killed a moment ago may still hold it), then fails naming the holder."""
+    db.setup("public.orders")
+    holder = psycopg2.connect(**db.server.connect_kwargs(db.dbname),
+                              application_name="someone_else",
+                              connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        holder.cursor().start_replication(
+            slot_name=db.slot, decode=False,
+            options={"proto_version": "1", "publication_names": db.publication})
+        ((pid,),) = db.rows(f"SELECT active_pid FROM pg_replication_slots WHERE "
+                            f"slot_name = '{db.slot}'")
+        assert pid is not None
+        with logical_relay(tmp_path, db.uri("public.orders")) as relay:
+            started = time.monotonic()
+            error = wait_failed(relay)
+            assert time.monotonic() - started >= 9
+        assert f"replication slot {db.slot!r} is in use by process {pid} (someone_else " \
+               "from 127.0.0.1): one slot serves one relay" in error, error
+    finally:
+        holder.close()
+
+
+def test_a_publication_that_misses_a_table(db: PgDatabase, tmp_path: Path) -> None:
+    db.setup("public.orders")
+    db.run("CREATE TABLE items (id int PRIMARY KEY)")
+    with logical_relay(tmp_path, db.uri("public.orders,public.items")) as relay:
+        error = wait_failed(relay)
+    assert f"publication {db.publication!r} does not publish public.items: ALTER " \
+           f"PUBLICATION {db.publication} ADD TABLE public.items" in error, error
+
+
+def test_a_publication_dropped_while_streaming(db: PgDatabase, tmp_path: Path) -> None:
+    """The walsender reads the publication when it decodes a change: the server's error
+    in the stream is not retried."""
+    db.setup("public.orders")
+    with logical_relay(tmp_path, db.uri("public.orders")) as relay:
+        db.txn("INSERT INTO orders VALUES (1, 1, 'one', 1)")
+        consume(relay, ["public.orders"], has_tag(1))
+        db.run(f"DROP PUBLICATION {db.publication}")
+        db.txn("INSERT INTO orders VALUES (2, 2, 'two', 2)")
+        error = wait_failed(relay)
+    assert f"publication {db.publication!r} does not exist" in error \
+        or f'publication "{db.publication}" does not exist' in error, error
+
+
+@pytest.fixture
+def password_role(postgres_server: PostgresServer, db: PgDatabase) -> Iterator[str]:
+    """A role that must give its password (the shared server trusts every other login):
+    a pg_hba.conf line for it alone, removed afterwards."""
+    role = f"{db.dbname}_pw"
+    db.run(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'Right-Pa55'",
+           f"GRANT SELECT ON orders TO {role}")
+    hba = Path(postgres_server.datadir) / "pg_hba.conf"
+    original = hba.read_text()
+    hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n" + original)
+    db.run("SELECT pg_reload_conf()")
+    try:
+        yield role
+    finally:
+        hba.write_text(original)
+        db.run("SELECT pg_reload_conf()")
+        db.run(f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+
+
+def test_a_wrong_password_is_not_retried_and_never_shown(
+        db: PgDatabase, password_role: str, tmp_path: Path) -> None:
+    db.setup("public.orders")
+    wrong = "Wr0ng-S3cret@qx9Zk"
+    uri = db.uri("public.orders").replace(
+        "postgresql://postgres@", f"postgresql://{password_role}:Wr0ng-S3cret%40qx9Zk@")
+    # The reload is asynchronous: the line is in force once a trust login is refused.
+    wait_for(lambda: not _trusted(db, password_role), "pg_hba.conf reloaded", 10)
+    with logical_relay(tmp_path, uri) as relay:
+        error = wait_failed(relay)
+        with urllib.request.urlopen(relay.url + "/v1/status", timeout=5) as resp:
+            whole_status = resp.read().decode()
+        with urllib.request.urlopen(relay.url + "/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+    assert f'password authentication failed for user "{password_role}"' in error, error
+    assert f"postgresql://{password_role}:***@" in error
+    log = relay.log_path.read_text()
+    assert "password authentication failed" in log
+    for form in (wrong, "Wr0ng-S3cret", "Wr0ng-S3cret%40qx9Zk", "qx9Zk"):
+        assert form not in whole_status + metrics + log
+
+
+def _trusted(db: PgDatabase, role: str) -> bool:
+    try:
+        psycopg2.connect(**{**db.server.connect_kwargs(db.dbname), "user": role}).close()
+    except psycopg2.OperationalError:
+        return False
+    return True
+
+
+# -- 9. dumps ---------------------------------------------------------------------------------
+
+ADMIN_TOKEN = "pg-logical-admin"
+
+
+def _admin_post(relay: RelayProcess, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        relay.url + path, data=json.dumps(body).encode(), method="POST",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
+                 "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _get(relay: RelayProcess, path: str) -> Any:
+    with urllib.request.urlopen(relay.url + path, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+class RandomWriter(threading.Thread):
+    """Updates, deletes and inserts rows of ``orders`` at random, one transaction each."""
+
+    def __init__(self, db: PgDatabase, keys: int) -> None:
+        super().__init__(daemon=True)
+        self.db = db
+        self.keys = keys
+        self.stop = threading.Event()
+        self.writes = 0
+
+    def run(self) -> None:
+        import random
+
+        rng = random.Random(18)
+        conn = self.db.connect()
+        try:
+            with conn.cursor() as cur:
+                while not self.stop.is_set():
+                    key, choice = rng.randrange(1, self.keys), rng.random()
+                    if choice < 0.5:
+                        cur.execute("UPDATE orders SET qty = qty + 1, note = 'upd' "
+                                    "WHERE id = %s", (key,))
+                    elif choice < 0.7:
+                        cur.execute("DELETE FROM orders WHERE id = %s", (key,))
+                    else:
+                        cur.execute("INSERT INTO orders VALUES (%s, 0, 'ins', 0) ON CONFLICT "
+                                    "(id) DO UPDATE SET note = 'reins'", (key,))
+                    self.writes += 1
+                    time.sleep(0.002)
+        finally:
+            conn.close()
+
+
+def test_a_dump_of_rows_older_than_the_slot_with_concurrent_writes(
+        db: PgDatabase, tmp_path: Path) -> None:
+    """``databus dump setup`` and a dump through the relay's admin endpoint: the rows
+    written before the slot existed reach the consumer only by the dump; writes go on
+    while it runs. Applying the stream in order gives the table."""
+    from databus.cli import main as databus_main
+
+    rows = 2000
+    db.run(f"INSERT INTO orders SELECT i, i % 7, 'old' || i, 0 FROM generate_series(1, {rows}) i")
+    db.setup("public.orders")
+    uri = db.uri("public.orders")
+    assert databus_main(["dump", "setup", "--source", uri]) == 0
+    assert db.rows(f"SELECT tablename FROM pg_publication_tables WHERE pubname = "
+                   f"'{db.publication}' ORDER BY 1") == [("databus_watermark",), ("orders",)]
+    relay = RelayProcess(tmp_path, {"pg": uri}, capacity_mb=32, workers=1,
+                         admin_token=ADMIN_TOKEN)
+    relay.start()
+    writer = RandomWriter(db, keys=rows + 200)
+    try:
+        writer.start()
+        wait_for(lambda: writer.writes >= 50, "the writer")
+        writes_before = writer.writes
+        code, dump = _admin_post(relay, "/v1/admin/dumps", {
+            "sources": ["public.orders"], "chunk_rows": 150, "delay_ms": 50})
+        assert code == 201, dump
+        doc = wait_for(lambda: (d := _get(relay, f"/v1/dumps/{dump['id']}"))["state"] in (
+            "done", "failed", "cancelled") and d, "the dump finished", 90)
+        assert doc["state"] == "done", doc
+        assert writer.writes > writes_before + 100  # writes went on during the dump
+        writer.stop.set()
+        writer.join(10)
+        (table,) = doc["tables"]
+        assert table["chunks"] >= 10 and table["rows"] > 0, doc
+        db.txn("INSERT INTO orders VALUES (999999, 0, 'last', 1)")
+        windows = consume(relay, ["public.orders"], has_tag(1), timeout=60).windows
+        # The watermarks were never events.
+        assert [s["name"] for s in _get(relay, "/v1/sources")["sources"]] == [
+            "public.orders"]
+    finally:
+        writer.stop.set()
+        writer.join(10)
+        if relay.proc is not None and relay.proc.poll() is None:
+            relay.kill()
+    replica: dict[Any, Any] = {}
+    for _scn, events in windows:
+        for _source, op, key, value in events:
+            if op == "DELETE":
+                replica.pop(key, None)
+            else:
+                replica[key] = value
+    source = {r[0]: {"id": r[0], "qty": r[1], "note": r[2], "tag": r[3]}
+              for r in db.rows("SELECT id, qty, note, tag FROM orders")}
+    assert replica == source
+    # Rows never written since the slot exists came from the dump alone.
+    assert sum(1 for v in source.values() if v["note"].startswith("old")) > rows // 2
