@@ -123,6 +123,9 @@ class TableCodec:
             key = [c.name for c in relation.columns if c.is_key]
         self.key_names = tuple(key)
         self.key_positions = [names.index(k) for k in key]
+        # Primary key columns are never NULL: a NULL one in an old tuple was not sent.
+        self.keyed_by_primary_key = bool(info.primary_key) and self.key_names == tuple(
+            info.primary_key)
         self.field_names = avro_names(names)
         # A named type (the decimal_P_S fixeds) is defined once per schema: later
         # fields refer to it by name.
@@ -186,6 +189,20 @@ class TableCodec:
         except PgValueError as exc:
             raise SchemaError(f"{self.source_name}.{self.relation.columns[i].name}: {exc}"
                               ) from None
+
+    def check_old_key(self, key_values: Sequence[Any], what: str) -> None:
+        """Refuse an old tuple whose key columns (``key_values``) lack the primary key
+        the events are keyed by (its table is ``REPLICA IDENTITY USING INDEX`` of other
+        columns): a made-up key would leave the consumers' row in place."""
+        if self.keyed_by_primary_key and any(v is None for v in key_values):
+            identity = [c.name for c in self.relation.columns if c.is_key]
+            raise CaptureError(
+                f"{self.source_name}: a {what} carries the replica identity's columns "
+                f"({', '.join(identity)}), not the primary key "
+                f"({', '.join(self.key_names)}) its events are keyed by, so the row it "
+                f"changed cannot be named: ALTER TABLE {self.source_name} REPLICA "
+                "IDENTITY DEFAULT (or FULL), then restart the relay (databus pg setup "
+                "warns about such tables)")
 
     def key(self, row: Sequence[Any]) -> Key:
         values = [row[i] for i in self.key_positions]
@@ -340,6 +357,7 @@ class ChangeStream:
         events: list[bytes] = []
         if isinstance(change, Delete):
             old = codec.convert(_fill(change.old, len(codec.relation.columns)), None)
+            codec.check_old_key([old[i] for i in codec.key_positions], "DELETE")
             events.append(encode_event(scn, Op.DELETE, source_id, codec.key(old), b"",
                                        codec.fingerprint, ts, self.partition_id))
         else:
@@ -366,6 +384,7 @@ class ChangeStream:
         if old is None:
             return None
         values = [old[i] if i < len(old) else None for i in codec.key_positions]
+        codec.check_old_key(values, "UPDATE of the replica identity's columns")
         if not values or any(v is None or v is UNCHANGED_TOAST for v in values):
             return None
         row = [None] * len(codec.relation.columns)

@@ -50,6 +50,7 @@ __all__ = ["LogicalFetcher"]
 log = logging.getLogger("databus.fetchers.postgres")
 
 _SLOT_BUSY_WAIT_S = 10.0  # a slot still held by a walsender of a process just killed
+_CLOCK_EVERY = 256  # messages read without a pause between two looks at the clock
 
 # SQLSTATEs the server answers that retrying cannot heal: 42704 undefined_object (the
 # slot or publication is gone), 55000 object_not_in_prerequisite_state (a slot of
@@ -225,12 +226,18 @@ class LogicalFetcher(Fetcher):
         last_confirm = last_stats = time.monotonic()
         last_progress = time.monotonic()
         progress_lsn: int | None = None
+        unchecked = 0
         try:
             while not stop.is_set():
                 msg = cur.read_message()
                 if msg is not None:
                     stream.feed(decode(msg.payload), msg.data_start)
-                    continue
+                    # A stream that never pauses (a catch-up after an outage, a fetcher
+                    # slower than the server) must still confirm and report as it goes.
+                    unchecked += 1
+                    if unchecked < _CLOCK_EVERY:
+                        continue
+                unchecked = 0
                 now = time.monotonic()
                 target = stream.confirmable
                 if target is not None and target != progress_lsn:
@@ -249,7 +256,8 @@ class LogicalFetcher(Fetcher):
                 if now - last_stats >= min(src.heartbeat_s, 5.0):
                     self._report_slot(side)
                     last_stats = now
-                select.select([repl], [], [], min(src.status_interval_s, 0.5))
+                if msg is None:
+                    select.select([repl], [], [], min(src.status_interval_s, 0.5))
         except psycopg2.Error as exc:
             raise self._stream_error(exc, "replication stream ended") from None
         finally:
