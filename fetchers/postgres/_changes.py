@@ -131,10 +131,13 @@ class TableCodec:
         # fields refer to it by name.
         avro_types = share_named_types([m.avro for m in info.mappings])
         fields: list[dict[str, Any]] = []
+        self.not_null_positions: list[int] = []  # NOT NULL columns outside the key
         for column, name, mapping, avro in zip(relation.columns, self.field_names,
                                                info.mappings, avro_types, strict=True):
             field: dict[str, Any] = {"name": name}
             if column.name in key or column.name in info.not_null:
+                if column.name not in key:
+                    self.not_null_positions.append(len(fields))
                 field["type"] = avro
             else:
                 branches = avro if isinstance(avro, list) else [avro]
@@ -365,6 +368,8 @@ class ChangeStream:
             full_old = (old_values if old_values is not None and isinstance(change, Update)
                         and not change.old_is_key else None)
             row = codec.convert(change.new, full_old)
+            if any(row[i] is None for i in codec.not_null_positions):
+                codec, source_id = self._nullable(oid, codec, row)
             key = codec.key(row)
             old_key = self._old_key(codec, old_values)
             if old_key is not None and old_key != key:  # the key changed: old row gone
@@ -375,6 +380,28 @@ class ChangeStream:
         for event in events:
             self.sink.append(event)
         self.events += len(events)
+
+    def _nullable(self, oid: int, codec: TableCodec, row: Sequence[Any]
+                  ) -> tuple[TableCodec, int]:
+        """A version of ``codec`` whose columns that are NULL in ``row`` are nullable.
+
+        NOT NULL is read from the catalog as it is now, the row from the log as it was:
+        a relay catching up across ``ALTER COLUMN ... SET NOT NULL`` meets rows the
+        column was still allowed to be NULL in (pgoutput's Relation message does not
+        say). They get a schema version of their own instead of stopping the fetcher.
+        """
+        nulls = {codec.relation.columns[i].name for i in codec.not_null_positions
+                 if row[i] is None}
+        info = codec.info
+        relaxed = TableInfo(info.primary_key, info.not_null - nulls, info.mappings)
+        new = TableCodec(codec.relation, codec.source_name, relaxed)
+        source_id = self.catalog.source_id(codec.source_name)
+        self.catalog.register_schema(codec.source_name, new.schema)
+        self.codecs[oid] = (new, source_id)
+        log.warning("%s: column(s) %s NULL in the log although NOT NULL in the catalog now "
+                    "(SET NOT NULL after the change): a schema version with them nullable",
+                    codec.source_name, ", ".join(sorted(nulls)))
+        return new, source_id
 
     @staticmethod
     def _old_key(codec: TableCodec, old: Sequence[TupleValue] | None) -> Key | None:

@@ -289,6 +289,24 @@ def test_add_drop_and_retype_columns_during_the_stream(db: PgDatabase,
         assert sources["public.orders"]["schema_fingerprint"] == versions[-1]["fingerprint"]
 
 
+def test_a_relay_behind_set_not_null_captures_the_older_nulls(db: PgDatabase,
+                                                             tmp_path: Path) -> None:
+    """NOT NULL is read from the catalog as it is now; rows logged before ``SET NOT
+    NULL`` may be NULL there: a nullable schema version, not a stopped fetcher."""
+    db.setup("public.orders")
+    db.txn("INSERT INTO orders VALUES (1, 1, NULL, 1)")
+    db.txn("UPDATE orders SET note = 'x', tag = 2")
+    db.run("ALTER TABLE orders ALTER note SET NOT NULL")
+    db.txn("INSERT INTO orders VALUES (2, 2, 'y', 3)")
+    with logical_relay(tmp_path, db.uri("public.orders")) as relay:
+        windows = consume(relay, ["public.orders"], has_tag(3)).windows
+        assert [[v for _s, _o, _k, v in events] for _scn, events in windows] == [
+            [{"id": 1, "qty": 1, "note": None, "tag": 1}],
+            [{"id": 1, "qty": 1, "note": "x", "tag": 2}],
+            [{"id": 2, "qty": 2, "note": "y", "tag": 3}]]
+        assert fetcher_of(relay)["state"] == "running"
+
+
 # -- 4. TRUNCATE ---------------------------------------------------------------------------
 
 

@@ -628,3 +628,22 @@ def test_errors_of_the_stream_are_classified(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(expected) as info:
         run_on_fakes(monkeypatch, repl)
     assert "replication stream ended" in str(info.value)
+
+
+def test_a_null_in_a_column_not_null_now_gets_a_nullable_version() -> None:
+    """NOT NULL comes from the catalog as it is now: a relay catching up across SET NOT
+    NULL meets rows from before it."""
+    def info(rel: Relation) -> TableInfo:
+        return TableInfo(("id",), frozenset({"id", "note"}), table_info(rel).mappings)
+
+    stream, sink, catalog = make(info=info)
+    stream.feed(relation())
+    feed(stream, txn(100, ins("1", "a"), ins("2", None), ins("3", "c")))
+    versions = catalog.versions["public.orders"]
+    assert [dict((f["name"], f["type"]) for f in v.fields)["note"] for v in versions] == [
+        "string", ["null", "string"]]
+    events = sink.events()
+    assert [e[5] for e in events] == [versions[0].fingerprint, versions[1].fingerprint,
+                                      versions[1].fingerprint]
+    assert [catalog.decode("public.orders", e[4], e[5])["note"] for e in events] == [
+        "a", None, "c"]
