@@ -224,6 +224,36 @@ def test_a_postgres_restart_while_streaming_loses_and_repeats_nothing(
         assert "the connection was lost or the server shut down or restarted" in log
 
 
+def test_a_postgres_crash_while_a_large_transaction_streams(
+        postgres_server: PostgresServer, db: PgDatabase, tmp_path: Path) -> None:
+    """The server killed (immediate shutdown) while the relay reads a 60,000-row
+    transaction: the partial window is rolled back, and after the restart the
+    transaction arrives whole, once."""
+    db.setup("public.orders")
+    control = postgres_server._control
+    with logical_relay(tmp_path, db.uri("public.orders"), capacity_mb=64) as relay:
+        db.txn("INSERT INTO orders VALUES (0, 0, 'first', 1)")
+        consume(relay, ["public.orders"], has_tag(1))
+        db.txn("INSERT INTO orders SELECT g, g, 'big', 2 FROM generate_series(1, 60000) g")
+        wait_for(lambda: db.rows("SELECT sent_lsn > '0/0' FROM pg_stat_replication "
+                                 f"WHERE application_name = 'databus-{db.slot}'"),
+                 "the walsender streaming")
+        time.sleep(0.2)
+        max_scn = status(relay)["buffers"]["pg"]["max_scn"]
+        db.conn.close()
+        try:
+            control.stop("immediate")
+        finally:
+            control.ensure_running()
+            db.conn = db.connect()
+        db.txn("INSERT INTO orders VALUES (100000, 3, 'after', 3)")
+        windows = consume(relay, ["public.orders"], has_tag(3), timeout=120).windows
+        assert tags_of(windows) == [{1}, {2}, {3}]
+        assert max_scn == windows[0][0]  # the crash came before the big window was in
+        assert sorted(k for _s, _o, k, _v in windows[1][1]) == list(range(1, 60001))
+        assert fetcher_of(relay)["restarts"] >= 1
+
+
 # -- 2. the slot dropped while the relay runs --------------------------------------------
 
 
