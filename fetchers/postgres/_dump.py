@@ -29,7 +29,12 @@ from databus._redact import redact
 from databus.errors import DumpSetupError, SourceError
 from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
 from databus.fetchers._cursor import cursor_from_json, cursor_to_json
-from databus.fetchers.postgres._changes import WATERMARK_TABLE, TableCodec, TableInfo
+from databus.fetchers.postgres._changes import (
+    HEARTBEAT_TABLE,
+    WATERMARK_TABLE,
+    TableCodec,
+    TableInfo,
+)
 from databus.fetchers.postgres._pgoutput import Column, Relation
 from databus.fetchers.postgres._types import column_mapping, load_types
 from databus.fetchers.postgres._uri import LogicalSource
@@ -127,8 +132,10 @@ class LogicalDumpSource:
             cur.execute("SELECT schemaname, tablename FROM pg_publication_tables "
                         "WHERE pubname = %s", (self.source.publication,))
             rows = cur.fetchall()
+        # The watermark and heartbeat tables are published but never captured.
         return sorted(f"{s}.{t}" for s, t in rows
-                      if t != WATERMARK_TABLE and self.source.matches(s, t))
+                      if t not in (WATERMARK_TABLE, HEARTBEAT_TABLE)
+                      and self.source.matches(s, t))
 
     def _table(self, cur: Any, name: str) -> tuple[TableCodec, list[str], list[str]]:
         """The codec of ``name`` as the log's Relation message would describe it now, its

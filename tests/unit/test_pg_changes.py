@@ -647,3 +647,19 @@ def test_a_null_in_a_column_not_null_now_gets_a_nullable_version() -> None:
                                       versions[1].fingerprint]
     assert [catalog.decode("public.orders", e[4], e[5])["note"] for e in events] == [
         "a", None, "c"]
+
+
+def test_the_dump_source_lists_captured_tables_only() -> None:
+    """With ``tables=public.*`` and ``heartbeat=table`` the publication has the
+    heartbeat and watermark tables too: neither is a source, so neither is dumped."""
+    from databus.fetchers.postgres._dump import LogicalDumpSource
+    from databus.fetchers.postgres._uri import parse_logical_source
+
+    conn = FakeConnection({"SELECT schemaname, tablename FROM pg_publication_tables": [
+        ("public", "orders"), ("public", "databus_heartbeat"),
+        ("public", "databus_watermark"), ("sales", "items"), ("public", "items")]})
+    conn.closed = False  # type: ignore[attr-defined]
+    source = parse_logical_source(
+        "postgresql://u@db/shop?tables=public.*&heartbeat=table")
+    dump = LogicalDumpSource(source, FetcherContext("pg", 0, Catalog()), lambda: conn)
+    assert dump.tables() == ["public.items", "public.orders"]
