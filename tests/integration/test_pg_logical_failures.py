@@ -555,6 +555,21 @@ def test_a_publication_dropped_while_streaming(db: PgDatabase, tmp_path: Path) -
         or f'publication "{db.publication}" does not exist' in error, error
 
 
+def test_a_role_without_replication(db: PgDatabase, tmp_path: Path) -> None:
+    db.setup("public.orders")
+    role = f"{db.dbname}_norepl"
+    db.run(f"CREATE ROLE {role} LOGIN")
+    try:
+        uri = db.uri("public.orders").replace("postgresql://postgres@",
+                                              f"postgresql://{role}@")
+        with logical_relay(tmp_path, uri) as relay:
+            error = wait_failed(relay)
+        assert error.startswith("SourceMisconfiguredError: PostgreSQL postgresql://"), error
+        assert "must be superuser or replication role to start walsender" in error, error
+    finally:
+        db.run(f"DROP ROLE {role}")
+
+
 @pytest.fixture
 def password_role(postgres_server: PostgresServer, db: PgDatabase) -> Iterator[str]:
     """A role that must give its password (the shared server trusts every other login):
