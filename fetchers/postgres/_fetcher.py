@@ -52,16 +52,16 @@ log = logging.getLogger("databus.fetchers.postgres")
 _SLOT_BUSY_WAIT_S = 10.0  # a slot still held by a walsender of a process just killed
 _CLOCK_EVERY = 256  # messages read without a pause between two looks at the clock
 
-# SQLSTATEs the server answers that retrying cannot heal: 42704 undefined_object (the
-# slot or publication is gone), 55000 object_not_in_prerequisite_state (a slot of
-# another database, or invalidated because max_slot_wal_keep_size removed its WAL),
-# 55006 object_in_use (the slot is used by another process), 42501 insufficient_
-# privilege, 28000/28P01 invalid authorization / password.
 # What a refused login says when retrying cannot help (the server's words, PostgreSQL
 # 15); anything else (refused, timed out, starting up, shutting down) is retried.
 _LOGIN_REFUSED = ("password authentication failed", "no pg_hba.conf entry",
                   "must be superuser or replication role", "does not exist",
                   "permission denied for database", "no password supplied")
+# SQLSTATEs the server answers that retrying cannot heal: 42704 undefined_object (the
+# slot or publication is gone), 55000 object_not_in_prerequisite_state (a slot of
+# another database, or invalidated because max_slot_wal_keep_size removed its WAL),
+# 55006 object_in_use (the slot is used by another process), 42501 insufficient_
+# privilege, 28000/28P01 invalid authorization / password.
 _NOT_RETRIABLE = frozenset({"42704", "55000", "55006", "42501", "28000", "28P01"})
 
 
