@@ -14,12 +14,13 @@ moves past a window the relay could lose, even in a machine crash. Transactions 
 progress are never confirmed: the server streams whole transactions at their commit.
 
 Heartbeats. With nothing captured for ``heartbeat_s`` (an idle database, or one busy
-only with tables not captured, whose transactions PostgreSQL 15 does not even send),
-the confirmed LSN would stand still and the slot would hold back WAL. So the fetcher
-writes a heartbeat (a non-transactional ``pg_logical_emit_message``, or an update of the
-``databus_heartbeat`` table), which comes back through the slot and is confirmed. The
-slot's retained WAL is reported as ``slot_lag_bytes`` in ``/v1/status`` and
-``/metrics``.
+only with tables not captured, whose transactions PostgreSQL 15 does not even send), no
+transaction end moves the confirmed LSN. psycopg2 confirms the position of the server's
+keepalives when nothing is pending since the last confirmed LSN (which follows such
+writes, tested); not to depend on that, the fetcher also writes a heartbeat (a
+non-transactional ``pg_logical_emit_message``, or an update of the ``databus_heartbeat``
+table), which comes back through the slot and is confirmed. The slot's retained WAL is
+reported as ``slot_lag_bytes`` in ``/v1/status`` and ``/metrics``.
 """
 
 from __future__ import annotations
