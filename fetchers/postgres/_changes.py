@@ -38,6 +38,7 @@ from databus.batch import encode_event
 from databus.errors import DatabusError, SchemaError
 from databus.event import Key, Op
 from databus.fetchers._api import SourceCatalog, WindowSink
+from databus.fetchers._keys import normalize_key
 from databus.fetchers.postgres._pgoutput import (
     UNCHANGED_TOAST,
     Begin,
@@ -55,7 +56,7 @@ from databus.fetchers.postgres._pgoutput import (
 from databus.fetchers.postgres._types import ColumnMapping, PgValueError, share_named_types
 from databus.schemas import AvroCodec, Schema, avro_names
 
-__all__ = ["CaptureError", "ChangeStream", "TableCodec", "TableInfo", "normalize_key"]
+__all__ = ["CaptureError", "ChangeStream", "TableCodec", "TableInfo"]
 
 log = logging.getLogger("databus.fetchers.postgres")
 
@@ -80,32 +81,6 @@ class TableInfo:
     primary_key: tuple[str, ...]
     not_null: frozenset[str]
     mappings: tuple[ColumnMapping, ...]  # one per Relation column, in order
-
-
-def normalize_key(values: Sequence[Any]) -> Key:
-    """The event key of a row whose key columns hold ``values``: a single int, str or
-    bytes as it is; anything else its text; a composite key a tuple of JSON values."""
-    if len(values) == 1:
-        value = values[0]
-        if isinstance(value, bool):
-            return int(value)
-        if isinstance(value, int | str | bytes):
-            return value
-        return _text(value)
-    return tuple(_json_part(v) for v in values)
-
-
-def _text(value: Any) -> str:
-    iso = getattr(value, "isoformat", None)
-    return str(iso()) if callable(iso) else str(value)
-
-
-def _json_part(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, bytes):
-        return value.hex()
-    return _text(value)
 
 
 class TableCodec:

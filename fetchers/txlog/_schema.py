@@ -57,7 +57,6 @@ None; bytes become hex, other values their text).
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -67,6 +66,7 @@ from databus import batch
 from databus.batch import encode_flat_record
 from databus.errors import SchemaError
 from databus.event import Key
+from databus.fetchers._keys import normalize_key
 from databus.fetchers.txlog._model import TableShape
 from databus.fetchers.txlog._uri import Dialect
 from databus.schemas import AvroCodec, JsonSchema, Schema, avro_names
@@ -239,35 +239,6 @@ _MAPPERS: dict[Dialect, Callable[[str], FieldMapping]] = {
 def field_mapping(dialect: Dialect, sql_type: str) -> FieldMapping:
     """How a column of ``sql_type`` maps to Avro in ``dialect`` (the table above)."""
     return _MAPPERS[dialect](sql_type)
-
-
-# -- keys ---------------------------------------------------------------------------
-
-
-def _json_part(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).hex()
-    if isinstance(value, dt.date | dt.time):  # datetime is a date
-        return value.isoformat()
-    return str(value)
-
-
-def normalize_key(values: Sequence[Any]) -> Key:
-    """The event key of a row whose key columns hold ``values`` (see the docstring)."""
-    if len(values) == 1:
-        value = values[0]
-        if isinstance(value, bool):
-            return int(value)
-        if isinstance(value, int | str | bytes):
-            return value
-        if isinstance(value, bytearray | memoryview):
-            return bytes(value)
-        if isinstance(value, dt.date | dt.time):
-            return value.isoformat()
-        return str(value)
-    return tuple(_json_part(v) for v in values)
 
 
 # -- the per-table codec ----------------------------------------------------------
