@@ -29,14 +29,13 @@ from databus._redact import redact
 from databus.errors import DumpSetupError, SourceError
 from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
 from databus.fetchers._cursor import cursor_from_json, cursor_to_json
+from databus.fetchers.postgres._catalog import read_table_info
 from databus.fetchers.postgres._changes import (
     HEARTBEAT_TABLE,
     WATERMARK_TABLE,
     TableCodec,
-    TableInfo,
 )
 from databus.fetchers.postgres._pgoutput import Column, Relation
-from databus.fetchers.postgres._types import column_mapping, load_types
 from databus.fetchers.postgres._uri import LogicalSource
 
 __all__ = ["LogicalDumpSource"]
@@ -148,22 +147,15 @@ class LogicalDumpSource:
         if not rows:
             raise DumpSetupError(f"table {name} does not exist (dropped, or not created yet)")
         oid, _ns, _rel, ident = rows[0][:4]
-        cur.execute("SELECT a.attname FROM pg_index i CROSS JOIN LATERAL "
-                    "unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) JOIN pg_attribute a "
-                    "ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
-                    "WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord", (oid,))
-        key = [r[0] for r in cur.fetchall()]
+        columns = tuple(Column(False, r[4], r[5], r[6]) for r in rows)
+        info = read_table_info(cur, Relation(oid, schema, table, str(ident), columns))
+        key = list(info.primary_key)
         if not key:
             raise DumpSetupError(f"table {name} has no primary key: a dump reads in key "
                                  "order and matches log events by key, so it is refused")
-        cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
-                    "AND NOT attisdropped AND attnotnull", (oid,))
-        not_null = frozenset(r[0] for r in cur.fetchall())
-        columns = tuple(Column(r[4] in key, r[4], r[5], r[6]) for r in rows)
-        relation = Relation(oid, schema, table, str(ident), columns)
-        types = load_types(cur, {c.type_oid for c in columns})
-        mappings = tuple(column_mapping(c.type_oid, c.type_modifier, types) for c in columns)
-        codec = TableCodec(relation, name, TableInfo(tuple(key), not_null, mappings))
+        columns = tuple(Column(c.name in key, c.name, c.type_oid, c.type_modifier)
+                        for c in columns)
+        codec = TableCodec(Relation(oid, schema, table, str(ident), columns), name, info)
         sql_types = {r[4]: r[7] for r in rows}
         self._as_text(cur, {c.type_oid for c in columns})
         return codec, key, [sql_types[k] for k in key]

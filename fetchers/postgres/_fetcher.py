@@ -40,10 +40,10 @@ import psycopg2.extras
 from databus._redact import redact, register_secret
 from databus.errors import ConnectionLostError, SourceError, SourceMisconfiguredError
 from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
+from databus.fetchers.postgres._catalog import read_table_info
 from databus.fetchers.postgres._changes import HEARTBEAT_PREFIX, ChangeStream, TableInfo
 from databus.fetchers.postgres._dump import LogicalDumpSource
 from databus.fetchers.postgres._pgoutput import Relation, decode, format_lsn, parse_lsn
-from databus.fetchers.postgres._types import column_mapping, load_types
 from databus.fetchers.postgres._uri import LogicalSource, parse_logical_source
 
 __all__ = ["LogicalFetcher"]
@@ -290,22 +290,8 @@ class LogicalFetcher(Fetcher):
         return SourceError(f"PostgreSQL {src.redacted}: {what}: {text}")
 
     def _table_info(self, relation: Relation) -> TableInfo:
-        """Catalog details of a table as of now (its Relation message has the columns
-        and types as of the change; a column dropped since is simply nullable)."""
         with self._side.cursor() as cur:
-            cur.execute("SELECT a.attname FROM pg_index i CROSS JOIN LATERAL "
-                        "unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) JOIN "
-                        "pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
-                        "WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord",
-                        (relation.oid,))
-            primary_key = tuple(r[0] for r in cur.fetchall())
-            cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
-                        "AND NOT attisdropped AND attnotnull", (relation.oid,))
-            not_null = frozenset(r[0] for r in cur.fetchall())
-            types = load_types(cur, {c.type_oid for c in relation.columns})
-        mappings = tuple(column_mapping(c.type_oid, c.type_modifier, types)
-                         for c in relation.columns)
-        return TableInfo(primary_key, not_null, mappings)
+            return read_table_info(cur, relation)
 
     def _heartbeat(self, side: Any) -> None:
         with side.cursor() as cur:
