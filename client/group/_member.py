@@ -119,8 +119,7 @@ class GroupRun:
         self.changed = threading.Event()  # the coordinator reported a change
         self.running: tuple[int, ...] = ()  # what the consumers were told they have
         self.rebalances = 0
-        self.last_resume_s: float | None = None  # change reported -> next stream started
-        self._changed_at: float | None = None
+        self._change_pending = False  # a change not yet followed by a new stream
         self.coordinator = GroupCoordinator(
             client.coordinator.hosts, client.group, client.partitions, client.client_id,
             on_assigned=self._on_change, on_revoked=self._on_change,
@@ -157,8 +156,7 @@ class GroupRun:
     # -- coordinator side (its thread) ------------------------------------------------
 
     def _on_change(self, parts: tuple[int, ...]) -> None:
-        if self._changed_at is None:
-            self._changed_at = time.monotonic()
+        self._change_pending = True
         self.changed.set()
         self.client.end_segment()
 
@@ -217,9 +215,8 @@ class GroupRun:
                             "retrying", client.group, exc)
                 await asyncio.sleep(0.5)
                 continue
-            if self._changed_at is not None:
-                self.last_resume_s = time.monotonic() - self._changed_at
-                self._changed_at = None
+            if self._change_pending:
+                self._change_pending = False
                 self.rebalances += 1
             client.metrics.group_partitions = active
             client.metrics.rebalances = self.rebalances
