@@ -4,9 +4,12 @@ consumer that keeps every window."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -145,3 +148,29 @@ def consume(relay: RelayProcess, sources: list[str], until: Any, timeout: float 
     finally:
         client.stop()
         thread.join(10)
+
+
+def status(relay: RelayProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(relay.url + "/v1/status", timeout=5) as resp:
+        return json.loads(resp.read())  # type: ignore[no-any-return]
+
+
+def fetcher_of(relay: RelayProcess) -> dict[str, Any]:
+    """The ``pg`` buffer's fetcher in ``/v1/status``."""
+    return status(relay)["buffers"]["pg"]["fetcher"]  # type: ignore[no-any-return]
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    """``check()``'s first truthy answer; a relay or server not answering (restarting,
+    killed) counts as not yet."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except (OSError, psycopg2.OperationalError) as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"timed out: {what} (last: {last})")

@@ -5,7 +5,6 @@ client. Every window must be one source transaction (each transaction here write
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 import urllib.request
@@ -16,7 +15,14 @@ from typing import Any
 import pytest
 
 from tests.fixtures.servers import PostgresServer
-from tests.integration.pg_logical_support import PgDatabase, consume, logical_relay
+from tests.integration.pg_logical_support import (
+    PgDatabase,
+    consume,
+    fetcher_of,
+    logical_relay,
+    status,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,27 +39,10 @@ def db(postgres_server: PostgresServer) -> Iterator[PgDatabase]:
         database.drop()
 
 
-def status(relay: Any) -> dict[str, Any]:
-    with urllib.request.urlopen(relay.url + "/v1/status", timeout=5) as resp:
-        return json.loads(resp.read())  # type: ignore[no-any-return]
 
 
-def fetcher_of(relay: Any) -> dict[str, Any]:
-    return status(relay)["buffers"]["pg"]["fetcher"]  # type: ignore[no-any-return]
 
 
-def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except OSError as exc:
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out: {what} (last: {last})")
 
 
 def tags_of(windows: list[tuple[int, list[Any]]]) -> list[set[int]]:

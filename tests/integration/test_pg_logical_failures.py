@@ -25,7 +25,14 @@ import psycopg2.extras
 import pytest
 
 from tests.fixtures.servers import PostgresServer
-from tests.integration.pg_logical_support import PgDatabase, consume, logical_relay
+from tests.integration.pg_logical_support import (
+    PgDatabase,
+    consume,
+    fetcher_of,
+    logical_relay,
+    status,
+    wait_for,
+)
 from tests.relay_harness import RelayProcess
 
 pytestmark = pytest.mark.integration
@@ -71,27 +78,10 @@ def db(postgres_server: PostgresServer) -> Iterator[PgDatabase]:
         database.drop()
 
 
-def status(relay: RelayProcess) -> dict[str, Any]:
-    with urllib.request.urlopen(relay.url + "/v1/status", timeout=5) as resp:
-        return json.loads(resp.read())  # type: ignore[no-any-return]
 
 
-def fetcher_of(relay: RelayProcess) -> dict[str, Any]:
-    return status(relay)["buffers"]["pg"]["fetcher"]  # type: ignore[no-any-return]
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (OSError, psycopg2.OperationalError) as exc:
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out: {what} (last: {last})")
 
 
 def wait_failed(relay: RelayProcess, timeout: float = 30) -> str:
