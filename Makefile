@@ -47,7 +47,8 @@ apt:
 venv: $(BIN)/.installed
 
 # The compiled event core is built by the install (setup.py); its sources rebuild it.
-$(BIN)/.installed: pyproject.toml setup.py databus/batch/_native.pyx databus/batch/_wire.h
+$(BIN)/.installed: pyproject.toml setup.py databus/batch/_native.pyx databus/batch/_wire.h \
+		fetchers/postgres/_transcode_native.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,spark,fast]'

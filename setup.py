@@ -1,4 +1,5 @@
-"""The compiled twin of databus.batch (Cython, linked with the machine's zlib).
+"""The compiled twins: databus.batch (Cython, linked with the machine's zlib) and the
+PostgreSQL logical fetcher's fast path (databus.fetchers.postgres._transcode_native).
 
 Everything else about the package is in pyproject.toml. The extension is optional: on
 a machine without a C compiler, zlib headers or Cython the build says so in one
@@ -31,25 +32,33 @@ class OptionalBuildExt(build_ext):
     @staticmethod
     def _warn(exc: Exception) -> None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"WARNING: databus: the compiled batch module was not built ({first}); "
+        print(f"WARNING: databus: a compiled module was not built ({first}); "
               "the pure-Python twin will be used", file=sys.stderr)
 
 
 def _extensions() -> list[Extension]:
-    ext = Extension(
-        "databus.batch._native",
-        ["databus/batch/_native.pyx"],
-        include_dirs=["databus/batch"],
-        libraries=["z"],
-        extra_compile_args=["-O3"],
-    )
+    exts = [
+        Extension(
+            "databus.batch._native",
+            ["databus/batch/_native.pyx"],
+            include_dirs=["databus/batch"],
+            libraries=["z"],
+            extra_compile_args=["-O3"],
+        ),
+        # The PostgreSQL logical fetcher's fast path (its twin: _transcode_python).
+        Extension(
+            "databus.fetchers.postgres._transcode_native",
+            ["fetchers/postgres/_transcode_native.pyx"],
+            extra_compile_args=["-O3"],
+        ),
+    ]
     try:
         from Cython.Build import cythonize
     except ImportError:
         print("WARNING: databus: Cython is not installed; the pure-Python twin will be used",
               file=sys.stderr)
         return []
-    return list(cythonize([ext], language_level=3, quiet=True))
+    return list(cythonize(exts, language_level=3, quiet=True))
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -6,6 +6,8 @@ changes read from a replication slot with the built-in ``pgoutput`` plugin, no t
 - ``_types``: PostgreSQL types to Avro, from pgoutput's text values;
 - ``_setup``: ``databus pg setup|teardown`` (publication, slot, checks);
 - ``_changes``: decoded messages -> windows (the protocol steps);
+- ``_transcode``: the fast path of a plain insert or update, pgoutput bytes -> key and
+  Avro body, in two twins (``_transcode_native`` compiled, ``_transcode_python``);
 - ``_fetcher``: the I/O shell (replication connection, confirmed LSN, heartbeats);
 - ``_dump``: the ``DumpSource`` (chunks in key order, watermarks);
 - ``_cli``: ``databus pg``.

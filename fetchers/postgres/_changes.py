@@ -51,7 +51,14 @@ from databus.fetchers.postgres._pgoutput import (
     Truncate,
     TupleValue,
     Update,
+    decode,
     pg_timestamp_to_unix_ns,
+)
+from databus.fetchers.postgres._transcode import (
+    IMPLEMENTATION,
+    RowPlan,
+    row_plan,
+    transcode_change,
 )
 from databus.fetchers.postgres._types import ColumnMapping, PgValueError, share_named_types
 from databus.schemas import AvroCodec, Schema, avro_names
@@ -59,6 +66,10 @@ from databus.schemas import AvroCodec, Schema, avro_names
 __all__ = ["CaptureError", "ChangeStream", "TableCodec", "TableInfo"]
 
 log = logging.getLogger("databus.fetchers.postgres")
+
+# The reference twin of the fast path is the general path itself: on the pure-Python
+# core, running it first would only decode a declined message twice.
+_FAST_PATH = IMPLEMENTATION == "native"
 
 WATERMARK_TABLE = "databus_watermark"
 HEARTBEAT_TABLE = "databus_heartbeat"
@@ -136,6 +147,8 @@ class TableCodec:
         self.fingerprint = self.schema.fingerprint
         self._codec = AvroCodec(schemas=[self.schema])
         self._converters = [m.convert for m in info.mappings]
+        # The fast path of plain inserts and updates (None: every row the general way).
+        self.plan: RowPlan | None = row_plan(self)
 
     def convert(self, values: Sequence[TupleValue], old: Sequence[TupleValue] | None
                 ) -> list[Any]:
@@ -233,6 +246,28 @@ class ChangeStream:
         return self.txn is not None
 
     # -- dispatch ---------------------------------------------------------------------
+
+    def feed_payload(self, payload: bytes, wal_start: int = 0) -> None:
+        """One pgoutput message as the server sent it. A plain insert or update of a
+        captured table whose codec is built goes the fast path (``_transcode``), which
+        gives exactly the general path's event or declines; all else is decoded and
+        fed."""
+        txn = self.txn
+        if (_FAST_PATH and txn is not None and not self.skipping and len(payload) > 5
+                and (payload[0] == 0x49 or payload[0] == 0x55)):  # 'I', 'U'
+            found = self.codecs.get(int.from_bytes(payload[1:5], "big"))
+            if found is not None and found[0].plan is not None:
+                fast = transcode_change(payload, found[0].plan)
+                if fast is not None:
+                    codec, source_id = found
+                    self._open_window()
+                    self.sink.append(encode_event(
+                        txn.final_lsn, Op.UPSERT, source_id, fast[0], fast[1],
+                        codec.fingerprint, pg_timestamp_to_unix_ns(txn.commit_time_us),
+                        self.partition_id))
+                    self.events += 1
+                    return
+        self.feed(decode(payload), wal_start)
 
     def feed(self, message: PgOutputMessage, wal_start: int = 0) -> None:
         kind = type(message)

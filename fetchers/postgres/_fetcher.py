@@ -43,7 +43,7 @@ from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, Wi
 from databus.fetchers.postgres._catalog import read_table_info
 from databus.fetchers.postgres._changes import HEARTBEAT_PREFIX, ChangeStream, TableInfo
 from databus.fetchers.postgres._dump import LogicalDumpSource
-from databus.fetchers.postgres._pgoutput import Relation, decode, format_lsn, parse_lsn
+from databus.fetchers.postgres._pgoutput import Relation, format_lsn, parse_lsn
 from databus.fetchers.postgres._uri import LogicalSource, parse_logical_source
 
 __all__ = ["LogicalFetcher"]
@@ -232,7 +232,7 @@ class LogicalFetcher(Fetcher):
             while not stop.is_set():
                 msg = cur.read_message()
                 if msg is not None:
-                    stream.feed(decode(msg.payload), msg.data_start)
+                    stream.feed_payload(msg.payload, msg.data_start)
                     # A stream that never pauses (a catch-up after an outage, a fetcher
                     # slower than the server) must still confirm and report as it goes.
                     unchecked += 1

@@ -75,6 +75,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from databus.errors import SchemaError
+from databus.fetchers.postgres import _transcode as _fast
 
 __all__ = [
     "CONNECTION_OPTIONS",
@@ -274,11 +275,15 @@ def _numeric_typmod(typmod: int) -> tuple[int, int]:
 class ColumnMapping:
     """How one column travels. ``avro``: the Avro type of the field without null, JSON
     form; a list is a union (``["null", *avro]`` when nullable). ``convert``: pgoutput
-    text -> the value for ``avro`` (None -> None). ``sql_type``: format_type()-like."""
+    text -> the value for ``avro`` (None -> None). ``sql_type``: format_type()-like.
+    ``fast_code``: the column's code in the compiled fast path (``_transcode``; 0: none),
+    ``fast_args``: a decimal's (scale, precision - scale, fixed size)."""
 
     avro: object
     convert: Callable[[str], Any]
     sql_type: str
+    fast_code: int = 0
+    fast_args: tuple[int, int, int] = (0, 0, 0)
 
 
 def decimal_fixed_size(precision: int) -> int:
@@ -783,46 +788,52 @@ _TIMESTAMPTZ_AVRO: list[object] = [{"type": "long", "logicalType": "timestamp-mi
                                    "string"]
 
 
+_FAST_INTS = {INT2: _fast.INT2, INT4: _fast.INT4, INT8: _fast.INT8, OID: _fast.OID}
+
+
 def _string(sql_type: str) -> ColumnMapping:
-    return ColumnMapping("string", _as_is, sql_type)
+    return ColumnMapping("string", _as_is, sql_type, _fast.STRING)
 
 
 def _builtin(oid: int, typmod: int, sql_type: str) -> ColumnMapping | None:
     """The mapping of a built-in scalar type, None for one that maps to its text."""
     parse: Callable[[str], Any]
     avro: object
+    fast, args = 0, (0, 0, 0)
     if oid in _INT_RANGES:
         avro, parse = ("long" if oid in (INT8, OID) else "int"), _int_parser(oid)
+        fast = _FAST_INTS[oid]
     elif oid == NUMERIC:
         if typmod < _VARHDRSZ:
-            avro, parse = "string", _parse_numeric_text
+            avro, parse, fast = "string", _parse_numeric_text, _fast.NUMERIC_TEXT
         else:
             p, s = _numeric_typmod(typmod)
             # Avro wants 0 <= scale <= precision: numeric(5,-2) holds 7-digit integers,
             # numeric(2,5) 0.000dd (the replicator widens Oracle's NUMBER alike).
             p, s = (p - s, 0) if s < 0 else (max(p, s), s)
             avro, parse = _decimal_avro(p, s), _decimal_parser(sql_type, p, s)
+            fast, args = _fast.DECIMAL, (s, p - s, _fixed_size(p))
     elif oid == FLOAT4:
-        avro, parse = "float", _parse_real
+        avro, parse, fast = "float", _parse_real, _fast.FLOAT4
     elif oid == FLOAT8:
-        avro, parse = "double", _parse_double
+        avro, parse, fast = "double", _parse_double, _fast.FLOAT8
     elif oid == BOOL:
-        avro, parse = "boolean", _parse_bool
+        avro, parse, fast = "boolean", _parse_bool, _fast.BOOLEAN
     elif oid == BYTEA:
-        avro, parse = "bytes", _parse_bytea
+        avro, parse, fast = "bytes", _parse_bytea, _fast.BYTES
     elif oid == DATE:
-        avro, parse = list(_DATE_AVRO), _parse_date
+        avro, parse, fast = list(_DATE_AVRO), _parse_date, _fast.DATE
     elif oid == TIME:
-        avro, parse = list(_TIME_AVRO), _parse_time
+        avro, parse, fast = list(_TIME_AVRO), _parse_time, _fast.TIME
     elif oid == TIMESTAMP:
-        avro, parse = list(_TIMESTAMP_AVRO), _parse_timestamp
+        avro, parse, fast = list(_TIMESTAMP_AVRO), _parse_timestamp, _fast.TIMESTAMP
     elif oid == TIMESTAMPTZ:
-        avro, parse = list(_TIMESTAMPTZ_AVRO), _parse_timestamptz
+        avro, parse, fast = list(_TIMESTAMPTZ_AVRO), _parse_timestamptz, _fast.TIMESTAMPTZ
     elif oid == INTERVAL:
         avro, parse = "string", _parse_interval
     else:
         return None
-    return ColumnMapping(avro, _guarded(sql_type, parse), sql_type)
+    return ColumnMapping(avro, _guarded(sql_type, parse), sql_type, fast, args)
 
 
 def column_mapping(oid: int, type_modifier: int, types: Mapping[int, PgType]

@@ -526,8 +526,10 @@ def test_an_update_of_the_identity_columns_without_the_primary_key_is_refused() 
 
 
 class FakeMessage:
-    def __init__(self, payload: PgOutputMessage, data_start: int) -> None:
-        self.payload = payload
+    def __init__(self, message: PgOutputMessage, data_start: int) -> None:
+        from tests.unit.test_pgoutput import encode
+
+        self.payload = encode(message)  # the bytes psycopg2 hands over
         self.data_start = data_start
 
 
@@ -579,12 +581,9 @@ def run_on_fakes(monkeypatch: pytest.MonkeyPatch, repl: FakeReplication,
                  uri: str = URI + "&status_interval_s=0.05") -> tuple[LogicalFetcher, Sink]:
     import threading
 
-    from databus.fetchers.postgres import _fetcher as module
-
     flushes: list[int] = []
     context = FetcherContext("pg", 0, Catalog(), flush_buffer=lambda: flushes.append(1))
     fetcher = LogicalFetcher(uri, context)
-    monkeypatch.setattr(module, "decode", lambda payload: payload)
     monkeypatch.setattr(fetcher, "_connect", lambda replication=False: (
         repl if replication else FakeConnection({})))
     monkeypatch.setattr(fetcher, "_preflight", lambda side, after=None: None)
