@@ -70,6 +70,7 @@ log = logging.getLogger("databus.fetchers.postgres")
 # The reference twin of the fast path is the general path itself: on the pure-Python
 # core, running it first would only decode a declined message twice.
 _FAST_PATH = IMPLEMENTATION == "native"
+_UPSERT = Op.UPSERT
 
 WATERMARK_TABLE = "databus_watermark"
 HEARTBEAT_TABLE = "databus_heartbeat"
@@ -230,10 +231,13 @@ class ChangeStream:
         self.skip_through = skip_through if skip_through is not None else -1
         self.relations: dict[int, Relation] = {}
         self.codecs: dict[int, tuple[TableCodec, int]] = {}  # oid -> (codec, source id)
+        # oid -> (plan, source id, fingerprint) of the codecs with a fast path plan
+        self.fast: dict[int, tuple[RowPlan, int, int]] = {}
         self.versions: dict[str, Relation] = {}  # source -> relation its schema is of
         self.watermark_oids: set[int] = set()
         self.ignored_oids: set[int] = set()
         self.txn: Begin | None = None
+        self.txn_ts = 0  # the open transaction's commit time, ns since the epoch
         self.skipping = False
         self.window_open = False
         self.confirmable: int | None = None  # an end LSN: all before it is handled
@@ -255,16 +259,15 @@ class ChangeStream:
         txn = self.txn
         if (_FAST_PATH and txn is not None and not self.skipping and len(payload) > 5
                 and (payload[0] == 0x49 or payload[0] == 0x55)):  # 'I', 'U'
-            found = self.codecs.get(int.from_bytes(payload[1:5], "big"))
-            if found is not None and found[0].plan is not None:
-                fast = transcode_change(payload, found[0].plan)
+            found = self.fast.get(int.from_bytes(payload[1:5], "big"))
+            if found is not None:
+                fast = transcode_change(payload, found[0])
                 if fast is not None:
-                    codec, source_id = found
-                    self._open_window()
+                    if not self.window_open:
+                        self._open_window()
                     self.sink.append(encode_event(
-                        txn.final_lsn, Op.UPSERT, source_id, fast[0], fast[1],
-                        codec.fingerprint, pg_timestamp_to_unix_ns(txn.commit_time_us),
-                        self.partition_id))
+                        txn.final_lsn, _UPSERT, found[1], fast[0], fast[1], found[2],
+                        self.txn_ts, self.partition_id))
                     self.events += 1
                     return
         self.feed(decode(payload), wal_start)
@@ -292,6 +295,7 @@ class ChangeStream:
             raise CaptureError(f"pgoutput sent Begin of {begin.final_lsn} inside the "
                                f"transaction of {self.txn.final_lsn}")
         self.txn = begin
+        self.txn_ts = pg_timestamp_to_unix_ns(begin.commit_time_us)
         self.skipping = begin.final_lsn <= self.skip_through
         self.window_open = False
 
@@ -329,7 +333,7 @@ class ChangeStream:
 
     def _relation(self, relation: Relation) -> None:
         self.relations[relation.oid] = relation
-        self.codecs.pop(relation.oid, None)
+        self._set_codec(relation.oid, None)
         self.ignored_oids.discard(relation.oid)
         self.watermark_oids.discard(relation.oid)
         if relation.name == WATERMARK_TABLE:
@@ -337,6 +341,17 @@ class ChangeStream:
         elif relation.name == HEARTBEAT_TABLE or not self.wanted(relation.namespace,
                                                                    relation.name):
             self.ignored_oids.add(relation.oid)
+
+    def _set_codec(self, oid: int, entry: tuple[TableCodec, int] | None) -> None:
+        """The one place the codec of a relation changes, and its fast path with it."""
+        self.fast.pop(oid, None)
+        if entry is None:
+            self.codecs.pop(oid, None)
+            return
+        self.codecs[oid] = entry
+        codec, source_id = entry
+        if codec.plan is not None:
+            self.fast[oid] = (codec.plan, source_id, codec.fingerprint)
 
     def _codec(self, oid: int) -> tuple[TableCodec, int]:
         found = self.codecs.get(oid)
@@ -350,7 +365,7 @@ class ChangeStream:
         codec = TableCodec(relation, name, self.table_info(relation))
         source_id = self.catalog.source_id(name)
         self.catalog.register_schema(name, codec.schema)
-        self.codecs[oid] = (codec, source_id)
+        self._set_codec(oid, (codec, source_id))
         return codec, source_id
 
     def _change(self, change: Insert | Update | Delete) -> None:
@@ -366,7 +381,7 @@ class ChangeStream:
         codec, source_id = self._codec(oid)
         self._open_window()
         scn = self.txn.final_lsn
-        ts = pg_timestamp_to_unix_ns(self.txn.commit_time_us)
+        ts = self.txn_ts
         events: list[bytes] = []
         if isinstance(change, Delete):
             old = codec.convert(_fill(change.old, len(codec.relation.columns)), None)
@@ -407,7 +422,7 @@ class ChangeStream:
         new = TableCodec(codec.relation, codec.source_name, relaxed)
         source_id = self.catalog.source_id(codec.source_name)
         self.catalog.register_schema(codec.source_name, new.schema)
-        self.codecs[oid] = (new, source_id)
+        self._set_codec(oid, (new, source_id))
         log.warning("%s: column(s) %s NULL in the log although NOT NULL in the catalog now "
                     "(SET NOT NULL after the change): a schema version with them nullable",
                     codec.source_name, ", ".join(sorted(nulls)))
