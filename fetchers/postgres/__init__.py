@@ -3,7 +3,8 @@ changes read from a replication slot with the built-in ``pgoutput`` plugin, no t
 
 - ``_uri``: the source URI;
 - ``_pgoutput``: the pure decoder of pgoutput messages;
-- ``_types``: PostgreSQL types to Avro, from pgoutput's text values;
+- ``_types``: PostgreSQL types to Avro, and which converter each column takes;
+- ``_text_values``: the converters: each type's text output -> Python values;
 - ``_setup``: ``databus pg setup|teardown`` (publication, slot, checks);
 - ``_changes``: decoded messages -> windows (the protocol steps);
 - ``_transcode``: the fast path of a plain insert or update, pgoutput bytes -> key and

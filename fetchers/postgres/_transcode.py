@@ -2,7 +2,7 @@
 tuple) straight to its event key and Avro body, with no Python value per column.
 
 The reference is the fetcher's general path, ``decode`` (``_pgoutput``) then
-``TableCodec.convert`` (the text converters of ``_types``) then ``TableCodec.encode``
+``TableCodec.convert`` (the converters of ``_text_values``) then ``TableCodec.encode``
 (fastavro). ``transcode_change(payload, plan)`` gives exactly what that path gives,
 ``(key, avro body)``, or None when it *declines*; the caller then takes the general path,
 which produces the event or raises the error. So the fast path can only be faster, never

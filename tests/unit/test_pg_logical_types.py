@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from databus.errors import DatabusError, SchemaError
 from databus.fetchers.mysql._types import decimal_fixed_size as mysql_fixed_size
+from databus.fetchers.postgres import _text_values as V
 from databus.fetchers.postgres import _types as T
 from databus.fetchers.postgres._types import (
     TYPE_QUERY,
@@ -540,9 +541,9 @@ def test_interval_styles_agree(months: int, days: int, usec: int) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.dates())
 def test_days_from_civil_is_the_proleptic_gregorian_calendar(day: dt.date) -> None:
-    days = T._days_from_civil(day.year, day.month, day.day)
+    days = V._days_from_civil(day.year, day.month, day.day)
     assert days == (day - dt.date(1970, 1, 1)).days
-    assert T._civil_from_days(days) == (day.year, day.month, day.day)
+    assert V._civil_from_days(days) == (day.year, day.month, day.day)
 
 
 @settings(max_examples=300, deadline=None)
@@ -573,11 +574,11 @@ def test_fast_and_exact_timestamp_paths_agree(value: dt.datetime, zoned: bool) -
     year takes gives the same instant."""
     frac = f".{value.microsecond:06d}".rstrip("0") if value.microsecond else ""
     text = value.strftime("%Y-%m-%d %H:%M:%S") + frac + ("+00" if zoned else "")
-    usec = T._timestamp_usec(text, zoned)
-    epoch = T._EPOCH_UTC if zoned else T._EPOCH
+    usec = V._timestamp_usec(text, zoned)
+    epoch = V._EPOCH_UTC if zoned else V._EPOCH
     assert conv(T.TIMESTAMPTZ if zoned else T.TIMESTAMP, text) == (
         epoch + dt.timedelta(microseconds=usec))
-    assert T._timestamp_text(usec, "+00" if zoned else "") == text
+    assert V._timestamp_text(usec, "+00" if zoned else "") == text
 
 
 def test_year_zero_is_not_postgresql_output() -> None:
