@@ -245,17 +245,21 @@ def _timestamp_text(usec: int, zone: str) -> str:
             + (" BC" if bc else ""))
 
 
+def _year(digits: str, bc: str | None) -> int:
+    """The astronomical year of ISO output's year and BC marker (1 BC is year 0)."""
+    year = int(digits)
+    if year == 0:
+        raise ValueError("no year 0 (1 BC precedes 0001)")
+    return 1 - year if bc else year
+
+
 def parse_date(text: str) -> Any:
     m = _DATE.match(text)
     if m is None:
         if text in _INFINITIES:
             return ("string", text)
         raise ValueError(_STYLE)
-    year, month, day = int(m[1]), int(m[2]), int(m[3])
-    if year == 0:
-        raise ValueError("no year 0 (1 BC precedes 0001)")
-    if m[4]:
-        year = 1 - year
+    year, month, day = _year(m[1], m[4]), int(m[2]), int(m[3])
     if 1 <= year <= 9999:
         return dt.date(year, month, day)
     _check_date(year, month, day)
@@ -283,11 +287,7 @@ def _timestamp_usec(text: str, with_zone: bool) -> int:
     m = _TIMESTAMP.match(text)
     if m is None or bool(m[8]) != with_zone:
         raise ValueError(_STYLE)
-    year, month, day = int(m[1]), int(m[2]), int(m[3])
-    if year == 0:
-        raise ValueError("no year 0 (1 BC precedes 0001)")
-    if m[12]:
-        year = 1 - year
+    year, month, day = _year(m[1], m[12]), int(m[2]), int(m[3])
     _check_date(year, month, day)
     hh, mi, ss = int(m[4]), int(m[5]), int(m[6])
     if hh > 23 or mi > 59 or ss > 59:
