@@ -32,7 +32,7 @@ from typing import TextIO
 
 from databus._redact import redact, register_secret, register_uri
 from databus.errors import ConfigError, DatabusError
-from databus.fetchers.postgres._setup import Outcome, run_setup, run_teardown
+from databus.fetchers.postgres._setup_run import Outcome, run_setup, run_teardown
 from databus.fetchers.postgres._uri import LogicalSource, parse_logical_source
 
 __all__ = ["format_outcome", "register"]

@@ -17,7 +17,6 @@ from databus.fetchers.postgres._cli import format_outcome, outcome_json
 from databus.fetchers.postgres._setup import (
     CatalogFacts,
     Check,
-    Outcome,
     Plan,
     PublicationFacts,
     SlotFacts,
@@ -26,6 +25,7 @@ from databus.fetchers.postgres._setup import (
     plan_teardown,
     quote_ident,
 )
+from databus.fetchers.postgres._setup_run import Outcome
 from databus.fetchers.postgres._uri import LogicalSource, TableName, parse_logical_source
 
 CREATE_SLOT = "SELECT pg_create_logical_replication_slot('databus', 'pgoutput')"
