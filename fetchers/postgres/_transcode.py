@@ -118,8 +118,11 @@ def row_plan(codec: TableCodec) -> RowPlan | None:
     keys = tuple(codec.key_positions)
     native = None
     if _native is not None:
-        native = _native.prepare(bytes(codes), tuple(scales), tuple(int_digits),
-                                 tuple(sizes), keys)
+        try:
+            native = _native.prepare(bytes(codes), tuple(scales), tuple(int_digits),
+                                     tuple(sizes), keys)
+        except ValueError:  # beyond PostgreSQL's own limits (columns, key columns)
+            return None
     return RowPlan(bytes(codes), tuple(scales), tuple(int_digits), tuple(sizes), keys,
                    codec, native)
 
