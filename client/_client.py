@@ -333,6 +333,7 @@ class DatabusClient:
         error: BaseException | None = None
         retries = 0
         commits_at_failure = -1
+        fenced_scn: int | None = None  # where a fenced group stream rolls back to
         position = start
         filter_json = None if spec.is_empty else spec.to_json_text()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
@@ -383,12 +384,10 @@ class DatabusClient:
                         if outcome.kind == "fenced":
                             # The member's lease ran out (group): the window in progress
                             # is neither finished nor committed; its partitions may be
-                            # another member's already.
+                            # another member's already. on_rollback comes as the stream
+                            # ends (below), once the checkpoint writer is done.
                             await asyncio.to_thread(runner.abandon)
-                            replay_scn, _ = runner.rollback_dispatcher()
-                            await asyncio.to_thread(runner.call_quietly, "on_rollback",
-                                                    replay_scn if replay_scn is not None
-                                                    else -1)
+                            fenced_scn, _ = runner.rollback_dispatcher()
                             assert segment is not None
                             segment.fenced = True
                             break
@@ -427,16 +426,25 @@ class DatabusClient:
             finally:
                 await pullers.relay.close_stream()
                 runner.stop()
-                if (segment is not None and not segment.fenced and error is None
-                        and (dispatcher.in_window
-                             or dispatcher.done_scn != dispatcher.committed_scn)):
-                    # A group member's stream ended inside a window (or after windows
-                    # not yet checkpointed): their events will come again, here or at
-                    # the partitions' next owner.
-                    scn = dispatcher.committed_scn
-                    runner.call_quietly("on_rollback", scn if scn is not None else -1)
                 # The store belongs to the caller, who closes it; it may be reused.
                 await asyncio.to_thread(writer.flush_and_close)
+                if segment is not None and error is None:
+                    # A group member's stream was fenced, or ended inside a window,
+                    # after windows not yet committed, or after windows whose
+                    # checkpoints the store could not write (ZooKeeper unreachable):
+                    # their events will come again, here or at the partitions' next
+                    # owner. Say so first, from the earliest of those.
+                    unwritten = segment.store.replay_from()
+                    if segment.fenced:
+                        scns = [fenced_scn, unwritten]
+                    elif (unwritten is not None or dispatcher.in_window
+                            or dispatcher.done_scn != dispatcher.committed_scn):
+                        scns = [dispatcher.committed_scn, unwritten]
+                    else:
+                        scns = []
+                    if scns:
+                        known = [scn for scn in scns if scn is not None]
+                        runner.call_quietly("on_rollback", min(known) if known else -1)
                 self._loop = self._wake = None
         if error is not None:
             metrics.errors += 1

@@ -204,6 +204,21 @@ class GroupCheckpointStore(CheckpointStore):
         self._on_fenced = on_fenced
         self._lock = threading.Lock()
         self.writes = 0
+        # What the next stream would start from, and whether a checkpoint given to
+        # ``store`` is not in it (then the windows after it will be delivered again).
+        self._persisted: Checkpoint | None = plan.start
+        self._behind = False
+
+    def replay_from(self) -> int | None:
+        """None when every checkpoint given to ``store`` was written; else the SCN the
+        windows after which will come again (-1: from the start)."""
+        with self._lock:
+            if not self._behind:
+                return None
+            persisted = self._persisted
+        if persisted is None or persisted.mode is not Mode.ONLINE:
+            return -1
+        return _scn(persisted)
 
     def __repr__(self) -> str:
         return (f"GroupCheckpointStore({self.backend.where}, "
@@ -218,8 +233,9 @@ class GroupCheckpointStore(CheckpointStore):
         parts = [p for p in self.partitions
                  if scn is None or self.plan.skip.get(p, -1) < scn]
         if not parts:
-            return
+            return  # every partition's own checkpoint has this window already
         with self._lock:
+            self._behind = True  # until the write below succeeds
             if self._fenced():
                 log.warning("group: the session that took partitions %s has ended: their "
                             "checkpoint %s is not written", list(parts), checkpoint.dumps())
@@ -236,4 +252,5 @@ class GroupCheckpointStore(CheckpointStore):
                             self.backend.where, exc)
                 self._on_fenced()
                 return
+            self._persisted, self._behind = checkpoint, False
             self.writes += 1

@@ -21,9 +21,14 @@ from databus.client import (
 from databus.client._dispatcher import Dispatcher
 from databus.client._events import DataEvent, EndOfWindow, Item
 from databus.client._runner import Outcome, Runner
-from databus.client.group._checkpoints import StartPlan, plan_start, skip_items
+from databus.client.group._checkpoints import (
+    GroupCheckpointStore,
+    StartPlan,
+    plan_start,
+    skip_items,
+)
 from databus.client.group._member import Segment
-from databus.errors import ConfigError
+from databus.errors import ConfigError, ConnectionLostError
 from databus.event import Op
 from databus.filters import FilterSpec
 
@@ -220,3 +225,63 @@ def test_the_coordinator_accepts_a_zookeeper_uri() -> None:
     assert ZooKeeperCoordinator("zookeeper://h:1,h:2/chroot").hosts == "h:1,h:2/chroot"
     with pytest.raises(ConfigError):
         ZooKeeperCoordinator("  ")
+
+
+# -- what a stream that ends must announce: GroupCheckpointStore.replay_from -----------
+
+
+class _Backend:
+    """Partition checkpoints that are written, or cannot be (ZooKeeper unreachable)."""
+
+    where = "a fake backend"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.written: list[tuple[tuple[int, ...], int | None]] = []
+
+    def load(self, partitions: list[int]) -> dict[int, Checkpoint | None]:
+        return dict.fromkeys(partitions)
+
+    def write(self, partitions: list[int], checkpoint: Checkpoint) -> None:
+        if self.fail:
+            raise ConnectionLostError("ZooKeeper unreachable")
+        self.written.append((tuple(partitions), checkpoint.window_scn))
+
+
+def test_a_checkpoint_the_store_could_not_write_is_where_windows_come_again() -> None:
+    """The CI failure of test_quorum_lost_during_a_rebalance: windows committed while
+    ZooKeeper could not take their checkpoints came again in the next stream with no
+    on_rollback before them. replay_from says from where they come again."""
+    ended: list[int] = []
+    backend = _Backend()
+    store = GroupCheckpointStore(backend, [1, 2], StartPlan(Checkpoint(100), {}),
+                                 lambda: False, lambda: ended.append(1))
+    assert store.replay_from() is None
+    store.store(Checkpoint(120))
+    assert store.replay_from() is None and backend.written == [((1, 2), 120)]
+    backend.fail = True
+    store.store(Checkpoint(130))
+    assert store.replay_from() == 120 and ended == [1]  # and the stream was ended
+    backend.fail = False
+    store.store(Checkpoint(140))
+    assert store.replay_from() is None
+
+
+def test_a_fenced_store_writes_nothing_and_replays_from_the_start() -> None:
+    backend = _Backend()
+    store = GroupCheckpointStore(backend, [1], StartPlan(Checkpoint(100), {}),
+                                 lambda: True, lambda: None)
+    store.store(Checkpoint(150))
+    assert backend.written == [] and store.replay_from() == 100
+    fresh = GroupCheckpointStore(_Backend(fail=True), [1], StartPlan(None, {}),
+                                 lambda: False, lambda: None)
+    fresh.store(Checkpoint(5))
+    assert fresh.replay_from() == -1
+
+
+def test_a_window_every_partition_already_has_needs_no_write() -> None:
+    backend = _Backend(fail=True)
+    store = GroupCheckpointStore(backend, [1, 2], StartPlan(Checkpoint(90), {1: 100, 2: 110}),
+                                 lambda: False, lambda: None)
+    store.store(Checkpoint(95))  # both partitions are past it: nothing to write
+    assert store.replay_from() is None
