@@ -599,14 +599,17 @@ def test_a_stream_that_stops_reading_holds_bounded_memory_and_slows_no_one(
             from databus._serving import SERVING
 
             budget = r.app[SERVING].budget
-            stalled = await open_stream(r, checkpoint=json.dumps({"window_scn": 1}),
-                                        max_bytes=8 << 20)
-            await stalled.content.readany()  # then never again
+            # Every wait bounded: this test once hung a CI run for 300 s (pytest-timeout)
+            # without saying where; a bounded wait fails at the await that is stuck.
+            stalled = await asyncio.wait_for(open_stream(
+                r, checkpoint=json.dumps({"window_scn": 1}), max_bytes=8 << 20), 30)
+            await asyncio.wait_for(stalled.content.readany(), 30)  # then never again
             rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             delays: list[float] = []
 
             async def follow() -> None:
-                resp = await open_stream(r, checkpoint=Checkpoint.latest().dumps())
+                resp = await asyncio.wait_for(
+                    open_stream(r, checkpoint=Checkpoint.latest().dumps()), 30)
                 framer = StreamFramer()
                 deadline = time.monotonic() + stall
                 while time.monotonic() < deadline:
@@ -616,7 +619,8 @@ def test_a_stream_that_stops_reading_holds_bounded_memory_and_slows_no_one(
                             delays.append((time.time_ns() - f.timestamp_ns) / 1e6)
                 resp.close()
 
-            await asyncio.gather(*(follow() for _ in range(5)))
+            await asyncio.wait_for(asyncio.gather(*(follow() for _ in range(5))),
+                                   stall + 60)
             assert budget.peak <= budget.total
             grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
             assert grown_mb < 64, grown_mb
@@ -636,7 +640,11 @@ def test_a_stream_that_stops_reading_holds_bounded_memory_and_slows_no_one(
                     got += len(chunk)
             assert got < 64 << 20
 
-    run(main())
+    async def bounded() -> None:
+        # The relay's shutdown included (running_relay's cleanup).
+        await asyncio.wait_for(main(), stall + 150)
+
+    run(bounded())
 
 
 def test_an_in_band_scn_not_found_is_a_fall_off_for_the_client() -> None:
