@@ -25,16 +25,23 @@ from databus.batch._select import FilterPlan, Predicate, ReadState
 log = logging.getLogger("databus.batch")
 
 
-def _load() -> tuple[ModuleType, str | None]:
+def load_compiled(name: str) -> tuple[ModuleType | None, str | None]:
+    """The compiled twin ``name`` (a module path), or None and why not: the one rule
+    every compiled module of the package is chosen by (``DATABUS_PURE_PYTHON=1`` forces
+    the pure-Python twins; a build without a compiler has none)."""
     if os.environ.get("DATABUS_PURE_PYTHON", "") not in ("", "0"):
-        return _python, "DATABUS_PURE_PYTHON is set"
-    if importlib.util.find_spec("databus.batch._native") is None:
-        return _python, "the compiled module is not built (no C compiler at install?)"
+        return None, "DATABUS_PURE_PYTHON is set"
+    if importlib.util.find_spec(name) is None:
+        return None, "the compiled module is not built (no C compiler at install?)"
     try:
-        from databus.batch import _native  # type: ignore[attr-defined]
+        return importlib.import_module(name), None
     except ImportError as exc:
-        return _python, f"the compiled module did not import ({exc})"
-    return _native, None
+        return None, f"the compiled module did not import ({exc})"
+
+
+def _load() -> tuple[ModuleType, str | None]:
+    native, why = load_compiled("databus.batch._native")
+    return (native, None) if native is not None else (_python, why)
 
 
 _impl, WHY_PURE = _load()
@@ -104,6 +111,6 @@ __all__ = [
     "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "FilterPlan", "Predicate",
     "ReadState", "Scan", "WindowFrames", "compile_filter", "copy_rows", "decode_events",
     "encode_event", "encode_events", "encode_flat_record", "frame_windows", "gather",
-    "group_rows", "key_hashes", "native_available", "restamp", "scan", "select_events",
-    "stable_key_hash", "twin", "window_checksum",
+    "group_rows", "key_hashes", "load_compiled", "native_available", "restamp", "scan",
+    "select_events", "stable_key_hash", "twin", "window_checksum",
 ]

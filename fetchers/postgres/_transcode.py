@@ -49,13 +49,12 @@ decoded as text is STRING, ...) has no plan: its rows take the general path.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from databus.batch import load_compiled
 from databus.event import Key
 from databus.fetchers.postgres import _transcode_python
 
@@ -127,21 +126,8 @@ def row_plan(codec: TableCodec) -> RowPlan | None:
                    codec, native)
 
 
-def _load_native() -> ModuleType | None:
-    if os.environ.get("DATABUS_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    if importlib.util.find_spec("databus.fetchers.postgres._transcode_native") is None:
-        return None  # no C compiler at install: databus.batch has said so once
-    try:
-        from databus.fetchers.postgres import (  # type: ignore[attr-defined]
-            _transcode_native,
-        )
-    except ImportError:
-        return None
-    return _transcode_native  # type: ignore[no-any-return]
-
-
-_native = _load_native()
+# No compiler at install: databus.batch has said so once.
+_native, _ = load_compiled("databus.fetchers.postgres._transcode_native")
 _impl = _native if _native is not None else _transcode_python
 IMPLEMENTATION: str = _impl.IMPLEMENTATION
 transcode_change: Callable[[bytes, RowPlan], tuple[Key, bytes] | None] = (
