@@ -435,16 +435,11 @@ class DatabusClient:
                     # their events will come again, here or at the partitions' next
                     # owner. Say so first, from the earliest of those.
                     unwritten = segment.store.replay_from()
-                    if segment.fenced:
-                        scns = [fenced_scn, unwritten]
-                    elif (unwritten is not None or dispatcher.in_window
+                    if (segment.fenced or unwritten is not None or dispatcher.in_window
                             or dispatcher.done_scn != dispatcher.committed_scn):
-                        scns = [dispatcher.committed_scn, unwritten]
-                    else:
-                        scns = []
-                    if scns:
-                        known = [scn for scn in scns if scn is not None]
-                        runner.call_quietly("on_rollback", min(known) if known else -1)
+                        last = fenced_scn if segment.fenced else dispatcher.committed_scn
+                        known = [scn for scn in (last, unwritten) if scn is not None]
+                        runner.call_quietly("on_rollback", min(known, default=-1))
                 self._loop = self._wake = None
         if error is not None:
             metrics.errors += 1
