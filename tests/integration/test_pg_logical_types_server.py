@@ -539,7 +539,7 @@ def test_the_fast_path_gives_the_general_paths_bytes(db: Db, session: list[str])
     from databus.fetchers.postgres import _transcode
     from databus.fetchers.postgres._changes import TableCodec, TableInfo
     from databus.fetchers.postgres._pgoutput import Column, Relation
-    from tests.unit.test_pg_transcode import check
+    from tests.unit.test_pg_transcode import OID_T, check, insert
 
     captured = db.peek(*session)
     maps = mappings(db, captured)
@@ -548,7 +548,7 @@ def test_the_fast_path_gives_the_general_paths_bytes(db: Db, session: list[str])
             zip(captured.columns, maps, strict=True)):
         if index == 0 or mapping.fast_code == 0:
             continue
-        rel = Relation(16384, "public", "t", "d", (Column(True, "id", 23, -1),
+        rel = Relation(OID_T, "public", "t", "d", (Column(True, "id", 23, -1),
                                                    Column(False, name, oid, typmod)))
         info = TableInfo(("id",), frozenset({"id"}), (maps[0], mapping))
         codec = TableCodec(rel, "public.t", info)
@@ -559,17 +559,10 @@ def test_the_fast_path_gives_the_general_paths_bytes(db: Db, session: list[str])
             values = [row[0], row[index]]
             check(codec, plan, values)
             if _transcode.IMPLEMENTATION == "native":
-                payload = encode_insert(values)
+                payload = insert(values)
                 if _transcode.twin("native").transcode_change(payload, plan) is None:
                     declined += 1
                 else:
                     taken += 1
     if _transcode.IMPLEMENTATION == "native":
         assert taken > 60 and declined < taken / 2, (taken, declined)
-
-
-def encode_insert(values: list[str | None]) -> bytes:
-    from databus.fetchers.postgres._pgoutput import Insert
-    from tests.unit.test_pgoutput import encode
-
-    return encode(Insert(16384, tuple(values)))

@@ -11,7 +11,6 @@ import datetime as dt
 import struct
 from collections.abc import Sequence
 from decimal import Decimal
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ from databus.fetchers.postgres._pgoutput import (
     Update,
     decode,
 )
-from databus.fetchers.postgres._transcode import RowPlan, row_plan
+from databus.fetchers.postgres._transcode import RowPlan, row_plan, twin
 from databus.fetchers.postgres._types import column_mapping
 from tests.unit.test_pg_changes import Catalog, Sink, wanted
 from tests.unit.test_pg_logical_types import CASES, GARBAGE, NUM_2_5, NUM_10_2, TYPES
@@ -98,10 +97,6 @@ def reference(codec: TableCodec, values: Sequence[str | None]) -> tuple[Any, byt
 
 def insert(values: Sequence[str | None]) -> bytes:
     return encode(Insert(OID_T, tuple(values)))
-
-
-def twin(name: str) -> ModuleType:
-    return _transcode.twin(name)
 
 
 def check(codec: TableCodec, plan: RowPlan, values: Sequence[str | None],
