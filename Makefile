@@ -10,13 +10,30 @@ DEB_PACKAGES := mariadb-server postgresql zookeeper openjdk-17-jre-headless \
 # The import packages, mapped from top-level folders (pyproject's package-dir).
 SUBPACKAGES := relay bootstrap client fetchers spark_jobs replicator
 
-.PHONY: test demo deps apt venv lint typecheck unit integration bench bench-deps clean
+.PHONY: test test-full demo deps apt venv lint typecheck unit integration twins bench \
+	bench-deps clean
 
-# The unit suite runs a second time on the pure-Python event core (databus.batch): both
-# twins pass the same tests.
+# Two workers (the machines have two cores); tests that must not run beside each other
+# share a pytest.mark.xdist_group (docs/testing.md, "Tiers and workers").
+XDIST := -n 2 --dist loadgroup
+
+# `make test` (what CI runs): every behaviour, the acceptance runs at their smoke size
+# (tests/tiers.py). Unit tests first, so that a broken build fails in a minute; then the
+# servers' tests; then the tests marked `twin` again on the pure-Python twins of the
+# compiled modules (DATABUS_PURE_PYTHON=1), which must pass the same tests.
 test: deps venv lint typecheck
-	$(BIN)/pytest
-	DATABUS_PURE_PYTHON=1 $(BIN)/pytest tests/unit -q
+	$(BIN)/pytest tests/unit $(XDIST)
+	$(BIN)/pytest tests/integration $(XDIST)
+	$(MAKE) --no-print-directory twins
+
+twins: venv
+	DATABUS_PURE_PYTHON=1 $(BIN)/pytest -m twin $(XDIST) -q
+
+# `make test-full`: the acceptance runs at their issues' sizes (DATABUS_TEST_TIER=full;
+# each test's own knob still overrides), and the whole unit suite on the pure-Python twins.
+test-full: deps venv lint typecheck
+	DATABUS_TEST_TIER=full $(BIN)/pytest $(XDIST)
+	DATABUS_TEST_TIER=full DATABUS_PURE_PYTHON=1 $(BIN)/pytest tests/unit $(XDIST) -q
 
 # The whole pipeline on embedded defaults (SQLite source with triggers, a relay, a
 # consumer keeping a replica), with a live status view; ends with the replica check.
@@ -24,10 +41,10 @@ demo: venv
 	$(BIN)/databus demo
 
 unit: venv
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/unit $(XDIST)
 
 integration: deps venv
-	$(BIN)/pytest tests/integration
+	$(BIN)/pytest tests/integration $(XDIST)
 
 deps:
 	@$(MAKE) --no-print-directory apt PACKAGES="$(DEB_PACKAGES)"

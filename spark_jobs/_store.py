@@ -145,10 +145,12 @@ class PgStore:
         conn = self.connect()
         conn.autocommit = True
         key = zlib.crc32(f"databus.spark_jobs:{self.schema}".encode()) - (1 << 31)
+        held = False
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_try_advisory_lock(%s)", (key,))
-                if not _one(cur)[0]:
+                held = bool(_one(cur)[0])
+                if not held:
                     raise JobRefused(
                         f"another Spark job (compact or seed) is running on the store "
                         f"{self.location.where}; wait for it to finish"
@@ -156,7 +158,14 @@ class PgStore:
             log.debug("%s holds the job lock of schema %s", job, self.schema)
             yield
         finally:
-            conn.close()  # frees the advisory lock
+            # Released before the job returns: closing the connection alone frees the lock
+            # only once the server has noticed, so a job started right after this one
+            # could be refused (seen on a busy machine). A broken connection frees it as
+            # its backend ends.
+            if held:
+                with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            conn.close()
 
     # -- the consistent read view -------------------------------------------------------
 

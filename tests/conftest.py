@@ -7,8 +7,21 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from databus import _redact
+
+# One Hypothesis profile for every run (CI or not): no per-example deadline and no
+# "too slow" health check, both of which measure the machine rather than the code (the
+# suite must pass with both cores busy); a failure prints the blob that reproduces it
+# (``@reproduce_failure``). Tests whose failure could not be replayed otherwise are
+# derandomized in their own settings. ``HYPOTHESIS_PROFILE=dev`` keeps Hypothesis' own
+# defaults.
+settings.register_profile(
+    "ci", deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -19,6 +32,41 @@ def pytest_configure(config: pytest.Config) -> None:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+# Tests that share a pytest-xdist group run one after another on one worker
+# (``--dist loadgroup``; docs/testing.md, "Tiers and workers"): every test of the
+# SparkSession (one JVM of ~1 GB and a 10 s start, not one per worker) and every test of
+# the ZooKeeper ensemble, whose fault injection (kills, pauses, lost quorum, expired
+# sessions) and short session timeouts are what the group's tests are about.
+GROUPS_BY_FIXTURE = {
+    "spark": "spark",
+    "zookeeper_ensemble": "zookeeper-ensemble",
+    "zookeeper_chroot": "zookeeper-ensemble",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests that must not share a worker's neighbours (above), and start the
+    long ones first: the acceptance runs, then the groups, so that the last minutes of a
+    parallel run are short tests on both workers rather than one long test on one."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("spark") is not None:
+            fixtures.add("spark")
+        groups = {GROUPS_BY_FIXTURE[f] for f in fixtures & GROUPS_BY_FIXTURE.keys()}
+        for group in sorted(groups)[:1]:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("acceptance") is not None:
+            return 0
+        return 1 if item.get_closest_marker("xdist_group") is not None else 2
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(autouse=True)

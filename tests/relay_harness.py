@@ -23,6 +23,7 @@ from databus.config import BufferConfig, RelayConfig, Secret
 from databus.event import decode_eow, decode_event, iter_events
 from databus.relay._relay import Relay
 from databus.relay._server import create_app
+from tests.fixtures._procs import free_port
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -145,12 +146,6 @@ async def stream_body_at(session: aiohttp.ClientSession, url: str,
 async def stream_body(relay: RunningRelay, max_bytes: int = 64 << 20) -> bytes:
     """Every byte ``relay`` serves from its start to its newest window (raw events)."""
     return await stream_body_at(relay.session, relay.url, max_bytes)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port_closed(port: int, timeout: float = 10) -> None:

@@ -3,9 +3,7 @@ reading the session MariaDB, and the relay's windows decoded into comparable cha
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from databus.fetchers.mysql._scn import binlog_file_number
 from databus.schemas import AvroCodec
 from tests.fixtures.servers import MariaDBServer
 from tests.relay_harness import RunningRelay, relay_config, running_relay
+from tests.waiting import async_wait_until
 
 BUFFER = "db"
 _server_ids = itertools.count(5001)
@@ -100,14 +99,18 @@ async def status(r: RunningRelay) -> dict[str, Any]:
 
 
 async def wait_until(r: RunningRelay, check: Any, *, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
+    """:func:`tests.waiting.async_wait_until` over the buffer's ``/v1/status`` (``check``
+    gets the document); the last one in the failure message."""
     doc: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    async def reached() -> bool:
+        nonlocal doc
         doc = await status(r)
-        if check(doc):
-            return
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"{what}: not reached; status: {doc}")
+        return bool(check(doc))
+
+    # The status of a relay in this process is cheap to read: a short backoff cap.
+    await async_wait_until(reached, what, timeout, max_interval=0.1,
+                           diagnose=lambda: f"status: {doc}")
 
 
 async def wait_for_scn(r: RunningRelay, scn: int, timeout: float = 30) -> None:

@@ -12,10 +12,13 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from databus.fetchers.txlog import seal_sqlite_transaction
 from tests.fixtures.servers import EnsembleChroot
+from tests.waiting import wait_until
+
+T = TypeVar("T")
 
 SESSION_S = 2.0  # the ZooKeeper session of the cluster tests' members
 
@@ -34,21 +37,11 @@ def get_json(url: str) -> Any:
         return json.loads(resp.read())
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30,
-             every: float = 0.1) -> Any:
-    """``check()``'s first truthy answer; an OSError (a process starting, paused or
-    gone) counts as not yet."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except OSError as exc:
-            last = exc
-        time.sleep(every)
-    raise AssertionError(f"timed out: {what} (last: {last})")
+def wait_for(check: Callable[[], T], what: str, timeout: float = 30, *,
+             max_interval: float = 0.5) -> T:
+    """``check()``'s first truthy answer (:func:`tests.waiting.wait_until`); an OSError
+    (a member starting, paused or gone) counts as not yet."""
+    return wait_until(check, what, timeout, max_interval=max_interval, ignore=(OSError,))
 
 
 class OrdersWriter(threading.Thread):

@@ -9,13 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.relay_harness import RelayProcess
+from tests.waiting import wait_until
 
 GROUP = "indexer"
 
@@ -128,9 +128,12 @@ def applied_seqs(logs: list[MemberLog]) -> dict[int, int]:
 
 def wait_until_complete(members: list[MemberProcess], total: int, timeout: float,
                         extra_logs: list[MemberLog] | None = None) -> dict[int, int]:
-    deadline = time.monotonic() + timeout
+    """:func:`tests.waiting.wait_until` every event of ``0..total`` applied by one of the
+    members (or in ``extra_logs``); fails at once if a member exits by itself."""
     missing: list[int] = []
-    while time.monotonic() < deadline:
+
+    def complete() -> dict[int, int] | None:
+        nonlocal missing
         counts = applied_seqs([m.log() for m in members] + (extra_logs or []))
         missing = [s for s in range(total) if s not in counts]
         if not missing:
@@ -139,9 +142,15 @@ def wait_until_complete(members: list[MemberProcess], total: int, timeout: float
             if m.proc is not None and m.proc.poll() not in (None, -9, -15):
                 raise AssertionError(f"member {m.name} exited {m.proc.returncode}: "
                                      f"{m.err.read_text()[-3000:]}")
-        time.sleep(0.5)
-    raise AssertionError(f"{len(missing)} events never applied (first {missing[:10]}); "
-                         f"stderr of {members[0].name}: {members[0].err.read_text()[-2000:]}")
+        return None
+
+    # Reading every member's log is not cheap: a pause of 0.1 s at first.
+    counts = wait_until(complete, f"all {total} events applied", timeout, interval=0.1,
+                        diagnose=lambda: f"{len(missing)} events never applied (first "
+                                         f"{missing[:10]}); stderr of {members[0].name}: "
+                                         f"{members[0].err.read_text()[-2000:]}")
+    assert counts is not None
+    return counts
 
 
 def check_member_order(log: MemberLog) -> None:
@@ -168,6 +177,106 @@ def check_partitions_owned(log: MemberLog) -> None:
         elif kind == "E":
             assert payload[3] in held, f"event {payload} of partition {payload[3]} " \
                                        f"not held ({sorted(held)})"
+
+
+@dataclass
+class Run:
+    """One member's uninterrupted holding of one partition: from its assignment (or a
+    rollback) to its revocation, its next rollback or the end of its log. ``ended_by``
+    says which: "V" (revoked while alive), "R" (rolled back) or "end"."""
+
+    member: str
+    partition: int
+    windows: dict[int, frozenset[int]] = field(default_factory=dict)  # scn -> seqs
+    ended_by: str = "end"
+
+    @property
+    def scns(self) -> list[int]:
+        return sorted(self.windows)
+
+
+def partition_runs(name: str, log: MemberLog) -> list[Run]:
+    """A member's log cut into runs, one per partition held (see :class:`Run`)."""
+    runs: list[Run] = []
+    open_runs: dict[int, Run] = {}
+    slices: dict[tuple[int, int], set[int]] = defaultdict(set)
+
+    def close(partition: int, how: str) -> None:
+        run = open_runs.pop(partition)
+        run.ended_by = how
+        runs.append(run)
+
+    for kind, payload in log.lines:
+        if kind == "A":
+            for p in payload:
+                if p not in open_runs:
+                    open_runs[p] = Run(name, p)
+        elif kind == "V":
+            for p in payload:
+                if p in open_runs:
+                    close(p, "V")
+        elif kind == "R":  # the stream restarts after payload: a new run per partition
+            for p in list(open_runs):
+                close(p, "R")
+                open_runs[p] = Run(name, p)
+        elif kind == "E":
+            scn, _key, seq, p = payload
+            run = open_runs.get(p)
+            if run is not None:  # else check_partitions_owned reports it
+                slices[(id(run), scn)].add(seq)
+                run.windows[scn] = frozenset(slices[(id(run), scn)])
+    for p in list(open_runs):
+        close(p, "end")
+    return [run for run in runs if run.windows]
+
+
+def check_duplicates_are_replays(logs: dict[str, MemberLog],
+                                 killed: frozenset[str] = frozenset()) -> dict[str, int]:
+    """What the group promises of duplicates (at-least-once, replay from a checkpoint),
+    whatever the machine's speed: an event applied twice is part of a *whole window*
+    applied again, and the windows of a partition applied again by its next holder are
+    exactly the *tail* of what its previous holder applied (everything after the last
+    checkpoint it wrote), replayed from that checkpoint in the same order: the overlap of
+    two holdings of a partition is a suffix of the earlier one and a prefix of the later.
+
+    ``killed`` names members killed with SIGKILL: their log may end with a torn window.
+    Returns how many window slices came again, by how the earlier holding ended
+    ("V" revoked, "R" rolled back, "end" killed or stopped), for the test to print."""
+    runs = [run for name, log in logs.items() for run in partition_runs(name, log)]
+    # Whole windows: every holding that applied (scn, partition) applied all of it.
+    whole: dict[tuple[int, int], frozenset[int]] = {}
+    for run in runs:
+        for scn, seqs in run.windows.items():
+            whole[(run.partition, scn)] = whole.get((run.partition, scn), frozenset()) | seqs
+    for run in runs:
+        last = max(run.windows)
+        for scn, seqs in run.windows.items():
+            torn_ok = run.member in killed and run.ended_by == "end" and scn == last
+            assert torn_ok or seqs == whole[(run.partition, scn)], (
+                f"{run.member} applied part of window {scn} of partition {run.partition}: "
+                f"{sorted(seqs)} of {sorted(whole[(run.partition, scn)])}")
+    # Replays: overlaps are a suffix of the earlier holding and a prefix of the later.
+    replayed: dict[str, int] = defaultdict(int)
+    by_partition: dict[int, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_partition[run.partition].append(run)
+    for partition, held in by_partition.items():
+        held.sort(key=lambda r: (min(r.windows), max(r.windows)))
+        for i, earlier in enumerate(held):
+            first_e, last_e = min(earlier.windows), max(earlier.windows)
+            for later in held[i + 1:]:
+                first_l, last_l = min(later.windows), max(later.windows)
+                if first_l > last_e:
+                    continue
+                upto = min(last_e, last_l)
+                tail = [s for s in earlier.scns if first_l <= s <= upto]
+                head = [s for s in later.scns if s <= upto]
+                assert tail == head, (
+                    f"partition {partition}: {later.member} started at window {first_l} "
+                    f"inside {earlier.member}'s holding ({first_e}..{last_e}) but did not "
+                    f"replay its tail: {tail[:5]}.. vs {head[:5]}..")
+                replayed[earlier.ended_by] += len(tail)
+    return dict(replayed)
 
 
 def read_assignment(zk_hosts: str, group: str = GROUP) -> dict[str, Any]:

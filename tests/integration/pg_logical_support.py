@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg2
 import psycopg2.extensions
@@ -21,6 +21,9 @@ from databus.cli import main as databus_main
 from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent
 from tests.fixtures.servers import PostgresServer
 from tests.relay_harness import RelayProcess
+from tests.waiting import wait_until
+
+T = TypeVar("T")
 
 
 class PgDatabase:
@@ -126,8 +129,6 @@ class Windows(Consumer):
 def consume(relay: RelayProcess, sources: list[str], until: Any, timeout: float = 60
             ) -> Windows:
     """Consume from the start until ``until(windows)`` is true."""
-    import time
-
     windows = Windows()
     client = DatabusClient([relay.url], sources=sources, poll_wait_ms=200,
                            backoff_max=0.5)
@@ -160,17 +161,9 @@ def fetcher_of(relay: RelayProcess) -> dict[str, Any]:
     return status(relay)["buffers"]["pg"]["fetcher"]  # type: ignore[no-any-return]
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    """``check()``'s first truthy answer; a relay or server not answering (restarting,
-    killed) counts as not yet."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (OSError, psycopg2.OperationalError) as exc:
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out: {what} (last: {last})")
+def wait_for(check: Callable[[], T], what: str, timeout: float = 30, *,
+             diagnose: Callable[[], str] | None = None) -> T:
+    """``check()``'s first truthy answer (:func:`tests.waiting.wait_until`); a relay or
+    server not answering (restarting, killed) counts as not yet."""
+    return wait_until(check, what, timeout, ignore=(OSError, psycopg2.OperationalError),
+                      diagnose=diagnose)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from databus.client import Consumer, DatabusClient, DataEvent, MemoryCheckpointS
 from tests.fixtures.servers import MariaDBServer
 from tests.integration.binlog_support import binlog_relay, fresh_database, source_uri
 from tests.relay_harness import RunningRelay
+from tests.waiting import async_wait_until
 
 ROWS = 6
 
@@ -42,14 +42,6 @@ class Collect(Consumer):
 async def listed(r: RunningRelay) -> dict[str, dict[str, Any]]:
     doc = await r.json("/v1/sources")
     return {e["name"]: e for e in doc["sources"]}
-
-
-async def eventually(check: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.05)
 
 
 def test_consumers_started_before_create_table_get_every_row(
@@ -94,7 +86,7 @@ def test_consumers_started_before_create_table_get_every_row(
                     return (client.metrics.source_states == {name: "pending"}
                             and "waiting for it" in stderr_path.read_text())
 
-                await eventually(both_waiting, "client and tail waiting")
+                await async_wait_until(both_waiting, "client and tail waiting")
                 await asyncio.sleep(0.5)
                 assert not run.done() and tail.returncode is None  # alive, waiting
 
@@ -103,7 +95,7 @@ def test_consumers_started_before_create_table_get_every_row(
                 async def active() -> bool:
                     return bool((await listed(relay))[name]["state"] == "active")
 
-                await eventually(active, "listed active after CREATE TABLE, before any row")
+                await async_wait_until(active, "listed active after CREATE TABLE, before any row")
                 entry = (await listed(relay))[name]
                 assert entry["id"] == source_id and entry["schema_fingerprint"] is not None
                 for i in range(1, ROWS + 1):
@@ -151,7 +143,7 @@ def test_a_table_named_by_a_pattern_is_waited_for(mariadb_server: MariaDBServer,
             async def waiting() -> bool:
                 return client.metrics.source_states == {name: "pending"}
 
-            await eventually(waiting, "client waiting")
+            await async_wait_until(waiting, "client waiting")
             async with await relay.get("/v1/stream", sources="elsewhere.late") as resp:
                 assert resp.status == 404
             await asyncio.sleep(0.3)  # its long poll is open now

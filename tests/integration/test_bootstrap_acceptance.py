@@ -30,7 +30,7 @@ from tests.integration.binlog_support import (
 )
 from tests.integration.bootstrap_support import drop_schema, storage_url
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.acceptance]
 
 DB = "boot_accept"
 ACCOUNTS, TRANSFERS = f"{DB}.accounts", f"{DB}.transfers"

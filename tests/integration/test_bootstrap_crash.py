@@ -24,6 +24,7 @@ from tests.integration.bootstrap_support import (
     storage_url,
 )
 from tests.relay_harness import RelayProcess
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -77,15 +78,6 @@ def log_windows(store: BootstrapStorage) -> list[tuple[int, list[Change]]]:
     return windows
 
 
-def wait_until(check: Any, what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise TimeoutError(what)
-
-
 def kill_repeatedly(process: BootstrapProcess, rng: random.Random, store: BootstrapStorage,
                     times: int = 3) -> list[int | None]:
     """SIGKILL (no cleanup: whatever transaction was open is lost) after a random time,
@@ -116,8 +108,8 @@ def test_producer_and_applier_killed_mid_batch_lose_and_repeat_nothing(
         # The applier is killed while the producer writes, then catches up.
         kill_repeatedly(applier, rng, store)
         applier.start()
-        wait_until(lambda: store.state().producer_scn == LIMIT, "producer reached the end")
-        wait_until(lambda: store.state().applied_scn == LIMIT, "applier reached the end")
+        wait_until(lambda: store.state().producer_scn == LIMIT, "producer reached the end", 90)
+        wait_until(lambda: store.state().applied_scn == LIMIT, "applier reached the end", 90)
         producer.kill()
         applier.kill()
 

@@ -2,7 +2,8 @@
 pair of bootstrap services on one PostgreSQL store (``[bootstrap.cluster]``), and a
 consumer, on the 3-node ZooKeeper ensemble.
 
-For ``DATABUS_CLUSTER_ACCEPTANCE_SECONDS`` (20 in the suite; the issue's run is 60) a
+For ``DATABUS_CLUSTER_ACCEPTANCE_SECONDS`` (8 in ``make test``, the issue's 60 in
+``make test-full``) a
 transfer workload runs: each transaction moves money from an account of one table to
 an account of another, so the total over both tables is constant. Meanwhile the leader
 is killed with SIGKILL three times and paused once (SIGSTOP past its session
@@ -24,7 +25,6 @@ total at every window end. At the end:
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -43,10 +43,11 @@ from tests.integration.cluster_support import SESSION_S, cluster_toml, wait_for
 from tests.integration.test_relay_cluster import cluster_of, leader_of, stream
 from tests.integration.test_relay_cluster_binlog import BinlogConnections
 from tests.relay_harness import RelayProcess
+from tests.tiers import size
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.acceptance]
 
-SECONDS = float(os.environ.get("DATABUS_CLUSTER_ACCEPTANCE_SECONDS", "20"))
+SECONDS = size("DATABUS_CLUSTER_ACCEPTANCE_SECONDS", smoke=8, full=60)
 DB = "cl_accept"
 ACCOUNTS = 40
 START = 1_000

@@ -200,6 +200,7 @@ def test_tail_and_cluster_status_on_a_live_cluster(
     relays = relays_of(tmp_path, src, zookeeper_chroot, 3)
     hosts = zookeeper_chroot.hosts
     try:
+        members_started = time.time()  # wall clock, as the members' updated_at
         for relay in relays:
             relay.start()
         leader = wait_for(lambda: [r for r in relays if role_of(r) == "leader"],
@@ -244,7 +245,12 @@ def test_tail_and_cluster_status_on_a_live_cluster(
         [cluster] = doc["clusters"]
         assert cluster["name"] == "shop" and cluster["mode"] == "leader-follower"
         assert sorted(m["url"] for m in cluster["members"]) == sorted(r.url for r in relays)
-        assert all(0 <= m["age_s"] < 5 for m in cluster["members"])
+        # How long ago each member rewrote its node: that they do (every second) is shown
+        # above, by their nodes reaching the newest SCN; a busy machine may delay a
+        # rewrite, but no node is older than its member (0.1: age_s is rounded).
+        lived = time.time() - members_started
+        assert all(0 <= m["age_s"] <= lived + 0.1 for m in cluster["members"]), (
+            [m["age_s"] for m in cluster["members"]], lived)
         [buffer] = cluster["buffers"]
         epoch = leader.status()["buffers"]["src"]["cluster"]["epoch"]
         assert buffer["name"] == "src" and buffer["leader"] == leader.url
@@ -291,7 +297,12 @@ def test_an_unreachable_zookeeper_or_a_wrong_connect_string_is_a_clear_error() -
     with pytest.raises(ZooKeeperUnreachable, match=r"cannot reach ZooKeeper at 127\.0\.0\.1:1 "
                        r"within 1 s"):
         client.run()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 10  # the 1 s of trying, ten times over
+    # The interpreter's start and the command's imports, timed on their own: what a busy
+    # machine stretches most, and no part of any timeout.
+    started = time.monotonic()
+    subprocess.run([DATABUS, "tail", "--help"], capture_output=True, timeout=60, check=True)
+    startup = time.monotonic() - started
     for args, expect in (
         (["tail", "--zookeeper", "127.0.0.1:1", "--cluster", "shop",
           "--zookeeper-timeout", "1"], "databus tail: error: cannot reach ZooKeeper"),
@@ -308,4 +319,6 @@ def test_an_unreachable_zookeeper_or_a_wrong_connect_string_is_a_clear_error() -
         assert done.returncode == 1, (args, done.stderr)
         assert expect in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
-        assert time.monotonic() - started < 15
+        # At most the 1 s of trying (none for a bad argument) after the start as
+        # measured, five times over as slack for a busy machine.
+        assert time.monotonic() - started < startup + 5, startup

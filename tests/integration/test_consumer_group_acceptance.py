@@ -5,16 +5,17 @@ during the run two members are killed with SIGKILL and one joins.
 Checked: the union of what the members applied is the stream (every event at least
 once); each member applied each key's events in SCN order and only events of partitions
 it held; duplicates only in windows the killed members had applied and not yet
-checkpointed, or in flight at a rebalance; after the last rebalance every member holds
-within one partition of the mean.
+checkpointed: whole windows, the tail of a holding replayed from its last written checkpoint
+by the partition's next holder (however many the machine's speed left unacknowledged);
+after the last rebalance every member holds within one partition of the mean.
 
-``DATABUS_GROUP_ACCEPTANCE_EVENTS`` sets the stream's size (default 200,000).
+``DATABUS_GROUP_ACCEPTANCE_EVENTS`` sets the stream's size (``make test``: 40,000, the
+smoke size; ``make test-full``: the issue's 200,000).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.fixtures.servers import EnsembleChroot
 from tests.integration.group_support import (
     MemberProcess,
     applied_seqs,
+    check_duplicates_are_replays,
     check_member_order,
     check_partitions_owned,
     read_assignment,
@@ -32,13 +34,14 @@ from tests.integration.group_support import (
     synthetic_uri,
     wait_until_complete,
 )
+from tests.tiers import count
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.acceptance]
 
 P = 64
 PER_WINDOW = 10
 SESSION_S = 4.0
-EVENTS = int(os.environ.get("DATABUS_GROUP_ACCEPTANCE_EVENTS", "200000"))
+EVENTS = count("DATABUS_GROUP_ACCEPTANCE_EVENTS", smoke=40_000, full=200_000)
 
 
 def _owner_counts(zk: EnsembleChroot) -> dict[str, int]:
@@ -113,15 +116,10 @@ def test_four_members_two_killed_one_joins(tmp_path: Path,
             check_member_order(log)
             check_partitions_owned(log)
         assert logs["m5"].events, "the member that joined applied nothing"
+        replayed = check_duplicates_are_replays(logs, killed=frozenset(m.name for m in killed))
         dups = {seq for seq, n in counts.items() if n > 1}
-        by_killed = {e[2] for m in killed for e in logs[m.name].events}
-        graceful = dups - by_killed
-        dup_windows = {e[0] for log in logs.values() for e in log.events if e[2] in dups}
         print(f"events {EVENTS}, applied {sum(counts.values())}, duplicated events "
-              f"{len(dups)} in {len(dup_windows)} windows ({len(graceful)} not from a kill)")
-        assert len({e[0] for log in logs.values() for e in log.events
-                    if e[2] in graceful}) <= 20, "duplicates from graceful rebalances"
-        assert len(dup_windows) <= 400
+              f"{len(dups)}; window slices replayed after a holding ended by {replayed}")
     finally:
         for m in [*members.values()]:
             m.stop()

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from databus.client.group._coordinator import (
 )
 from databus.errors import ConfigError
 from tests.fixtures.servers import EnsembleChroot
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -61,16 +61,6 @@ class Member:
             return {p for parts in self.revoked for p in parts}
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.05)
-    pytest.fail(f"{what}: not within {timeout} s")
-
-
 def owner_nodes(admin: Any) -> dict[int, str]:
     try:
         children = admin.get_children(f"{ROOT}/owners")
@@ -88,7 +78,7 @@ def owner_nodes(admin: Any) -> dict[int, str]:
 
 def balanced(admin: Any, members: list[Member]) -> dict[str, set[int]]:
     """Wait until settled, then forget the callbacks of the members' one-by-one joins."""
-    shares: dict[str, set[int]] = wait_for(lambda: settled(admin, members), "balanced")
+    shares: dict[str, set[int]] = wait_until(lambda: settled(admin, members), "balanced", 20)
     for m in members:
         m.reset()
     return shares
@@ -135,7 +125,7 @@ def group(zookeeper_chroot: EnsembleChroot) -> Iterator[list[Member]]:
 
 def test_three_members_balance_and_own_every_partition_once(
         admin: Any, group: list[Member]) -> None:
-    shares = wait_for(lambda: settled(admin, group), "balanced")
+    shares = wait_until(lambda: settled(admin, group), "balanced", 20)
     assert sorted(len(s) for s in shares.values()) == [4, 4, 4]
 
 
@@ -143,7 +133,7 @@ def test_a_closed_member_moves_only_its_partitions(admin: Any, group: list[Membe
     before = balanced(admin, group)
     gone, rest = group[0], group[1:]
     gone.coordinator.close()
-    after = wait_for(lambda: settled(admin, rest), "rebalanced after a close")
+    after = wait_until(lambda: settled(admin, rest), "rebalanced after a close", 20)
     for m in rest:
         assert before[m.name] <= after[m.name]  # nothing of theirs moved
         assert not m.revoked_all()
@@ -158,7 +148,7 @@ def test_a_new_member_takes_only_its_share(
     new = Member(zookeeper_chroot, "m3")
     new.coordinator.start()
     group.append(new)
-    after = wait_for(lambda: settled(admin, group), "rebalanced after a join")
+    after = wait_until(lambda: settled(admin, group), "rebalanced after a join", 20)
     assert len(after["m3"]) == 3
     moved = sum(len(before[m.name] - after[m.name]) for m in group[:3])
     assert moved == 3  # the least any balanced assignment allows
@@ -179,12 +169,12 @@ def test_an_expired_member_loses_its_partitions_to_the_others(
         victim = members[0]
         lost = before[victim.name]
         zookeeper_chroot.ensemble.expire_session(victim.coordinator.member.client)
-        wait_for(lambda: all(owner_nodes(admin).get(p) in ("m1", "m2") for p in lost),
-                 "the expired member's partitions taken by the others")
+        wait_until(lambda: all(owner_nodes(admin).get(p) in ("m1", "m2") for p in lost),
+                   "the expired member's partitions taken by the others", 20)
         assert victim.revoked_all() >= lost
         assert victim.coordinator.owned == () or victim.coordinator.owned != tuple(lost)
         # It comes back with a new session and gets a share again.
-        shares = wait_for(lambda: settled(admin, members), "balanced again")
+        shares = wait_until(lambda: settled(admin, members), "balanced again", 20)
         assert sorted(len(s) for s in shares.values()) == [4, 4, 4]
     finally:
         for m in members:
@@ -193,7 +183,7 @@ def test_an_expired_member_loses_its_partitions_to_the_others(
 
 def test_a_changed_partition_count_is_refused(
         zookeeper_chroot: EnsembleChroot, admin: Any, group: list[Member]) -> None:
-    wait_for(lambda: settled(admin, group), "balanced")
+    wait_until(lambda: settled(admin, group), "balanced", 20)
     wrong = Member(zookeeper_chroot, "m9", partitions=P * 2)
     with pytest.raises(ConfigError, match=r"has 12 partitions .*partitions=24"):
         wrong.coordinator.start()

@@ -21,7 +21,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -36,6 +35,7 @@ from databus.errors import DatabusError
 from tests.fixtures.servers import MariaDBServer, PostgresServer
 from tests.integration.bootstrap_support import drop_schema
 from tests.relay_harness import free_port, start_databus
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -87,15 +87,6 @@ def raw_request(port: int, request: bytes) -> bytes:
 
 def closed_port() -> int:
     return free_port()  # nothing listens there a moment later
-
-
-def wait_for(check: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"{check} never became true")
 
 
 def toml_str(value: str) -> str:
@@ -151,7 +142,7 @@ def test_relay_never_shows_a_secret(mariadb_server: MariaDBServer, mysql_user: t
             status = json.loads(http(url + "/v1/status")[1])
             text = json.dumps(status)
             return "access denied" in text and text.count("last_error_at\": null") <= 1
-        wait_for(fetchers_failed)
+        wait_until(fetchers_failed, "the fetchers failing with access denied")
         token = secrets["admin token"].encode()
         # Defect 8: aiohttp logs the bad header line, token and all, at ERROR.
         for i, line in enumerate((b"Authorization: Bearer " + token + b"\x00",
@@ -250,7 +241,7 @@ def test_bootstrap_never_shows_the_storage_password(postgres_server: PostgresSer
 
         def producer_retried() -> bool:
             return "failed" in log_path.read_text("utf-8", "replace")
-        wait_for(producer_retried)
+        wait_until(producer_retried, "the producer's failure in the log")
         outputs["bad header"] = raw_request(
             port, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
             + secrets["admin token"].encode() + b"\x00\r\nConnection: close\r\n\r\n"

@@ -109,7 +109,8 @@ def test_relay_killed_in_a_large_transaction_delivers_it_whole_once(
         windows = consume(relay, ["public.orders"], lambda w: len(w) >= 3, timeout=120)
         windows_list = windows.windows
         assert tags_of(windows_list) == [{1}, {2}, {3}]
-        # The kill came before the big window was in the buffer: it was redone whole.
-        assert max_scn == windows_list[0][0]
+        # Whether the kill came before the big window was in the buffer (the usual case:
+        # it is read again from the slot) or after (it stays), it is there whole, once.
+        assert max_scn in (windows_list[0][0], windows_list[1][0])
         assert len(windows_list[1][1]) == 100_000
         assert sorted(k for _s, _o, k, _v in windows_list[1][1]) == list(range(2, 100002))

@@ -88,8 +88,8 @@ def wait_failed(relay: RelayProcess, timeout: float = 30) -> str:
     """The fetcher's ``last_error`` once it is ``failed``; it must stay failed (not be
     retried) for a second more."""
     fetcher = wait_for(lambda: (f := fetcher_of(relay))["state"] == "failed" and f,
-                       f"the fetcher failed; relay log: {relay.log_path.read_text()[-2000:]}",
-                       timeout)
+                       "the fetcher failed", timeout,
+                       diagnose=lambda: f"relay log: {relay.log_path.read_text()[-2000:]}")
     time.sleep(1.0)
     again = fetcher_of(relay)
     assert again["state"] == "failed" and again["restarts"] == fetcher["restarts"], again
@@ -217,8 +217,8 @@ def test_a_postgres_restart_while_streaming_loses_and_repeats_nothing(
 def test_a_postgres_crash_while_a_large_transaction_streams(
         postgres_server: PostgresServer, db: PgDatabase, tmp_path: Path) -> None:
     """The server killed (immediate shutdown) while the relay reads a 60,000-row
-    transaction: the partial window is rolled back, and after the restart the
-    transaction arrives whole, once."""
+    transaction, or just after: a partial window is rolled back, and after the restart
+    the transaction arrives whole, once (where the crash lands is a race at any load)."""
     db.setup("public.orders")
     control = postgres_server._control
     with logical_relay(tmp_path, db.uri("public.orders"), capacity_mb=64) as relay:
@@ -238,8 +238,10 @@ def test_a_postgres_crash_while_a_large_transaction_streams(
             db.conn = db.connect()
         db.txn("INSERT INTO orders VALUES (100000, 3, 'after', 3)")
         windows = consume(relay, ["public.orders"], has_tag(3), timeout=120).windows
+        # Whichever side of the crash the big window landed on (still streaming: rolled
+        # back and sent again; already in the buffer: kept), it is there whole, once.
         assert tags_of(windows) == [{1}, {2}, {3}]
-        assert max_scn == windows[0][0]  # the crash came before the big window was in
+        assert max_scn in (windows[0][0], windows[1][0])
         assert sorted(k for _s, _o, k, _v in windows[1][1]) == list(range(1, 60001))
         assert fetcher_of(relay)["restarts"] >= 1
 
@@ -456,9 +458,9 @@ def test_heartbeats_advance_an_idle_slot(db: PgDatabase, tmp_path: Path) -> None
         assert details["slot_lag_bytes"] < (reached - before) / 2, details
         # Nothing at all: the heartbeats are the only WAL, and the slot follows them.
         start = current_lsn(db)
-        time.sleep(3)
+        wait_for(lambda: heartbeat_records(db, start, current_lsn(db)) >= 2,
+                 "two heartbeats in 3 s (one a second)", 3)
         end = current_lsn(db)
-        assert heartbeat_records(db, start, end) >= 2
         wait_for(lambda: slot_lsn(db) >= end, "the heartbeats confirmed", 5)
         details = wait_for(lambda: (d := fetcher_of(relay)["details"])["slot_lag_bytes"]
                            < 1024 and d, "a small slot lag", 10)

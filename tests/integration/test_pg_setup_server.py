@@ -26,6 +26,7 @@ import pytest
 
 from databus.cli import main
 from tests.fixtures.servers import PostgresServer
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -183,9 +184,10 @@ def test_setup_creates_the_publication_and_slot_once(
     # The slot streams the publication: Begin, Relation, Insert, Commit come out.
     db.run("INSERT INTO shop.orders VALUES (1, 5)")
     # (Decoding stops at the flushed WAL, and the server commits asynchronously.)
-    wait_for(lambda: db.query(
+    wait_until(lambda: db.query(
         "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
-        "'proto_version', '1', 'publication_names', %s)", db.name, db.name)[0][0] >= 4)
+        "'proto_version', '1', 'publication_names', %s)", db.name, db.name)[0][0] >= 4,
+        "four messages in the slot", 10)
 
     code, body = pg_json(capsys, "setup", "--source", uri)
     assert code == 0 and body["ok"]
@@ -261,7 +263,7 @@ def test_teardown(db: Db, capsys: pytest.CaptureFixture[str]) -> None:
         cur = repl.cursor()
         cur.start_replication(slot_name=db.name, decode=False, options={
             "proto_version": "1", "publication_names": db.name})
-        pid = wait_for(lambda: (db.slot() or (None, None, None))[2])
+        pid = wait_until(lambda: (db.slot() or (None, None, None))[2], "the slot active", 10)
         code, out, _ = pg(capsys, "teardown", "--source", uri)
         assert code == 1
         assert f"-- ERROR    slot                   slot {db.name} is in use by process " \
@@ -270,7 +272,8 @@ def test_teardown(db: Db, capsys: pytest.CaptureFixture[str]) -> None:
         assert db.slot() is not None and db.publication() is not None
     finally:
         repl.close()
-    wait_for(lambda: db.slot() is not None and db.slot()[2] is None)  # type: ignore[index]
+    wait_until(lambda: db.slot() is not None and db.slot()[2] is None,  # type: ignore[index]
+               "the slot released", 10)
 
     code, out, _ = pg(capsys, "teardown", "--source", uri, "--dry-run")
     assert code == 0 and out.splitlines()[-1] == "-- dry run: nothing was changed"
@@ -405,14 +408,3 @@ def test_a_wrong_password_is_one_clear_line_without_it(
                       db.uri("shop.orders", user=password_auth, password="Right-Pa55"))
     assert "Right-Pa55" not in out
     assert "-- ERROR    table                  shop.orders does not exist" in out
-
-
-def wait_for(probe: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)

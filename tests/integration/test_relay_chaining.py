@@ -30,6 +30,7 @@ from tests.relay_harness import (
     stream_body_at,
 )
 from tests.unit.test_txlog_support import SqliteSource
+from tests.waiting import async_wait_until
 
 SOURCES = "shop.items,shop.orders"
 
@@ -279,13 +280,13 @@ def test_failover_between_two_upstreams(tmp_path: Path) -> None:
                                      {"copy": chained(a.url, b.url, sources=name)})
                 async with running_relay(down_config) as down:
                     commit(20, 0)
-                    scn_a = await _max_scn_settled(b, "shop")
+                    scn_a = await _max_scn_holding(b, "shop", 20)
                     await down.wait_for_scn("copy", scn_a)
                     consumers_a = _consumers(a)
                     assert any(c.startswith("relay-chain:copy@") for c in consumers_a)
                     a.kill()  # kill -9 of the preferred upstream
                     commit(20, 20)
-                    scn_b = await _max_scn_settled(b, "shop")
+                    scn_b = await _max_scn_holding(b, "shop", 40)
                     assert scn_b > scn_a
                     await down.wait_for_scn("copy", scn_b)
                     copy, upstream_b = await stream_body(down), await stream_body(b)
@@ -308,18 +309,16 @@ def _consumers(relay: RelayProcess) -> list[str]:
         return [c["client_id"] for c in json.loads(resp.read())["consumers"]]
 
 
-async def _max_scn_settled(relay: RunningRelay, buffer: str) -> int:
-    """The buffer's max SCN once it stopped growing for a moment (the source is idle)."""
-    last, since = None, time.monotonic()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        scn = (await relay.json("/v1/status"))["buffers"][buffer]["max_scn"]
-        if scn != last:
-            last, since = scn, time.monotonic()
-        elif scn is not None and time.monotonic() - since > 0.3:
-            return int(scn)
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"buffer {buffer} did not settle")
+async def _max_scn_holding(relay: RunningRelay, buffer: str, windows: int) -> int:
+    """The buffer's max SCN once it holds ``windows`` windows (one per transaction the
+    test committed). Not "once it stopped growing for a moment": on a busy machine the
+    reader can pause longer than any such moment while transactions remain."""
+
+    async def held() -> int | None:
+        doc = (await relay.json("/v1/status"))["buffers"][buffer]
+        return int(doc["max_scn"]) if (doc["windows"] or 0) >= windows else None
+
+    return await async_wait_until(held, f"{windows} windows in buffer {buffer}", 30)
 
 
 def test_upstream_killed_and_restarted(tmp_path: Path) -> None:

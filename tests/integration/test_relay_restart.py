@@ -4,12 +4,12 @@ window it had is served again, byte for byte, and the fetcher resumes without a 
 from __future__ import annotations
 
 import json
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from tests.relay_harness import RelayProcess, Window, parse_windows
+from tests.waiting import wait_until
 
 SOURCE = "synthetic://?rate=300&events_per_window=5&event_bytes=400&keys=500&seed=9"
 
@@ -35,10 +35,8 @@ def test_kill_9_then_restart_serves_every_complete_window(tmp_path: Path) -> Non
     relay = RelayProcess(tmp_path, {"load": SOURCE})
     relay.start()
     try:
-        deadline = time.monotonic() + 20
-        while (relay.status()["buffers"]["load"]["max_scn"] or 0) < 300:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: (relay.status()["buffers"]["load"]["max_scn"] or 0) >= 300,
+                   "300 windows", 20)
         before = pull_everything(relay.url)
     finally:
         relay.kill()  # SIGKILL while the fetcher keeps writing
@@ -48,7 +46,8 @@ def test_kill_9_then_restart_serves_every_complete_window(tmp_path: Path) -> Non
     try:
         after_restart = relay.status()["buffers"]["load"]
         assert after_restart["max_scn"] >= before[-1].scn
-        time.sleep(0.5)  # the fetcher resumes and appends more
+        wait_until(lambda: relay.status()["buffers"]["load"]["max_scn"]
+                   > after_restart["max_scn"], "the fetcher appending after the restart", 20)
         after = pull_everything(relay.url)
     finally:
         relay.kill()

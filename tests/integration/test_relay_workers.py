@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import aiohttp
 from databus.client._relay_stream import StreamFramer
 from databus.relay._workers import WORKER_HEADER
 from tests.relay_harness import ADMIN_TOKEN, RelayProcess, Window, parse_windows
+from tests.waiting import async_wait_until, wait_until
 
 EPW = 5
 SOURCE = f"synthetic://?rate=200&events_per_window={EPW}&event_bytes=300&keys=500&seed=15"
@@ -41,20 +41,21 @@ def relay_with_workers(tmp_path: Path, workers: int) -> RelayProcess:
 
 
 def wait_for(relay: RelayProcess, ready: Any, timeout: float = 20) -> dict[str, Any]:
-    """The first ``/v1/status`` that ``ready(status)`` accepts. A connection the kernel
-    gave a worker that is being killed is reset: asked again, as any client would."""
-    deadline = time.monotonic() + timeout
+    """The first ``/v1/status`` that ``ready(status)`` accepts
+    (:func:`tests.waiting.wait_until`). A connection the kernel gave a worker that is
+    being killed is reset: asked again, as any client would."""
     doc: dict[str, Any] = {}
-    while True:
-        try:
-            doc = relay.status()
-        except OSError:  # urllib's URLError too
-            pass
-        else:
-            if ready(doc):
-                return doc
-        assert time.monotonic() < deadline, doc
-        time.sleep(0.05)
+
+    def accepted() -> dict[str, Any] | None:
+        nonlocal doc
+        doc = relay.status()
+        return doc if ready(doc) else None
+
+    found = wait_until(accepted, "a /v1/status as wanted", timeout,
+                       ignore=(OSError,),  # urllib's URLError too
+                       diagnose=lambda: f"last status: {doc}")
+    assert found is not None
+    return found
 
 
 def workers_running(count: int) -> Any:
@@ -237,7 +238,10 @@ def test_worker_killed_while_serving_20_consumers(tmp_path: Path) -> None:
             until = asyncio.Event()
             tasks = [asyncio.create_task(c.run(relay.url, until)) for c in consumers]
             try:
-                await asyncio.sleep(3)
+                await async_wait_until(
+                    lambda: all(c.windows for c in consumers)
+                    and any(c.pids and c.pids[-1] == victim for c in consumers),
+                    "every consumer served, some by the victim")
                 on_victim = [c for c in consumers if c.pids and c.pids[-1] == victim]
                 assert on_victim, [c.pids[-1:] for c in consumers]
                 seen_before = {c.name: len(c.pids) for c in consumers}
@@ -245,15 +249,15 @@ def test_worker_killed_while_serving_20_consumers(tmp_path: Path) -> None:
                 restarted = await asyncio.to_thread(wait_for, relay, lambda d: (
                     d["workers"][0]["restarts"] == 1 and d["workers"][0]["state"] == "running"))
                 assert str(restarted["workers"][0]["pid"]) != victim
-                await asyncio.sleep(1.5)
+                await async_wait_until(lambda: all(c.pids[-1] != victim for c in on_victim),
+                                       "the victim's consumers served by another process")
                 # Everyone catches up with what the relay has now, then stops.
                 target = (await asyncio.to_thread(wait_for, relay, lambda d: True)
                           )["buffers"]["load"]["max_scn"]
-                deadline = time.monotonic() + 15
-                while any((c.last_scn or 0) < target for c in consumers):
-                    assert time.monotonic() < deadline, [(c.name, c.last_scn, c.errors)
-                                                         for c in consumers]
-                    await asyncio.sleep(0.1)
+                await async_wait_until(
+                    lambda: all((c.last_scn or 0) >= target for c in consumers),
+                    f"every consumer at SCN {target}", 15,
+                    diagnose=lambda: str([(c.name, c.last_scn, c.errors) for c in consumers]))
                 for c in on_victim:  # they lost their connection, and came back elsewhere
                     assert victim not in c.pids[seen_before[c.name] + 1:], (c.name, c.pids)
                     assert c.pids[-1] != victim
@@ -313,10 +317,8 @@ def test_killing_the_main_process_ends_its_workers_and_a_restart_serves_it_all(
     finally:
         relay.kill()  # SIGKILL; returns once nothing accepts on the port
     assert len(before) > 50
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, [p for p in pids if alive(p)]
-        time.sleep(0.02)
+    wait_until(lambda: not any(alive(pid) for pid in pids), "the workers gone", 5,
+               diagnose=lambda: f"alive: {[p for p in pids if alive(p)]}")
 
     relay.start()
     try:

@@ -43,6 +43,7 @@ import psycopg2
 import pytest
 
 from databus.fetchers.txlog import seal_sqlite_transaction
+from tests import waiting
 from tests.fixtures.servers import PostgresServer
 from tests.integration.bootstrap_support import BootstrapProcess
 from tests.relay_harness import RelayProcess, free_port
@@ -308,14 +309,20 @@ def processes() -> Iterator[list[Any]]:
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60,
                repl: ReplicatorProcess | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if repl is not None and not repl.alive():
+    """:func:`tests.waiting.wait_until` that fails at once if ``repl`` exits; its log in
+    the message either way."""
+    if repl is None:
+        waiting.wait_until(predicate, what, timeout)
+        return
+
+    def done() -> bool:
+        if predicate():
+            return True
+        if not repl.alive():
             raise AssertionError(f"{what}: the replicator exited:\n{repl.log()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out: {what}"
-                                 + (f"\n{repl.log()}" if repl is not None else ""))
-        time.sleep(0.05)
+        return False
+
+    waiting.wait_until(done, what, timeout, diagnose=repl.log)
 
 
 def caught_up(relay: RelayProcess, repl: ReplicatorProcess, target: Target) -> int:

@@ -24,6 +24,7 @@ from databus.spark_jobs import JobRefused
 from databus.spark_jobs.compact import compact
 from tests.fixtures.servers import PostgresServer
 from tests.integration.spark_support import Row, Stores, append, apply_all, make_stores, random_log
+from tests.waiting import wait_until
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -186,19 +187,22 @@ def test_a_failure_inside_the_swap_leaves_the_old_snapshot(spark: SparkSession,
 
 def _wait(what: str, check: Callable[[], bool], job: subprocess.Popen[bytes], log: Path,
           timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
+    """:func:`tests.waiting.wait_until` that fails at once if ``job`` ends; polled finely
+    (the test must lock the staging tables before the job's COPY into them starts)."""
+
+    def done() -> bool:
+        if check():
+            return True
         assert job.poll() is None, f"the job ended first: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+        return False
+
+    wait_until(done, what, timeout, max_interval=0.02)
 
 
 def _wait_for_no_job(stores: Stores, url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while stores.query(url, "SELECT 1 FROM pg_stat_activity WHERE application_name ="
-                            " 'databus-spark' AND pid <> pg_backend_pid()"):
-        assert time.monotonic() < deadline, "the killed job's sessions did not go away"
-        time.sleep(0.1)
+    wait_until(lambda: not stores.query(
+        url, "SELECT 1 FROM pg_stat_activity WHERE application_name = 'databus-spark'"
+             " AND pid <> pg_backend_pid()"), "the killed job's sessions gone", timeout)
 
 
 def test_a_compaction_killed_mid_way_leaves_the_old_snapshot(

@@ -10,9 +10,7 @@ does not fail), and installs it: its rows flow too, under the id reserved at sta
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,6 +18,7 @@ from tests.fixtures.servers import PostgresServer
 from tests.integration.test_txlog_postgres import fresh_database
 from tests.relay_harness import RunningRelay, relay_config, running_relay
 from tests.unit.test_txlog_support import BUFFER, relay_windows
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -31,14 +30,6 @@ async def states(r: RunningRelay) -> dict[str, tuple[int, str]]:
     return {e["name"]: (e["id"], e["state"]) for e in doc["sources"]}
 
 
-async def eventually(check: Any, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.05)
-
-
 def test_postgres_tables_created_after_the_relay_started(
     postgres_server: PostgresServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -47,8 +38,8 @@ def test_postgres_tables_created_after_the_relay_started(
 
     async def main() -> None:
         async with running_relay(relay_config(tmp_path, {BUFFER: uri})) as r:
-            await eventually(lambda: asyncio.sleep(0, "does not exist yet" in caplog.text),
-                             "the fetcher looked")
+            await async_wait_until(lambda: "does not exist yet" in caplog.text,
+                                   "the fetcher looked", 20)
             before = await states(r)
             assert {n: s for n, (_, s) in before.items()} == {ORDERS: "pending",
                                                               ITEMS: "pending"}
@@ -58,12 +49,12 @@ def test_postgres_tables_created_after_the_relay_started(
             async def items_active() -> bool:
                 return (await states(r))[ITEMS][1] == "active"
 
-            await eventually(items_active, "items active")
+            await async_wait_until(items_active, "items active", 20)
             pg.txn("INSERT INTO items VALUES (1, 'a')")
             pg.run("CREATE TABLE orders (id INT PRIMARY KEY, tag TEXT)")
             pg.txn("INSERT INTO items VALUES (2, 'b')")
-            await eventually(lambda: asyncio.sleep(
-                0, "exists but is not set up for capture" in caplog.text), "the warning")
+            await async_wait_until(lambda: "exists but is not set up for capture" in caplog.text,
+                                   "the warning", 20)
             assert (await states(r))[ORDERS][1] == "pending"
             status = (await r.json("/v1/status"))["buffers"][BUFFER]["fetcher"]
             assert status["state"] == "running"
@@ -73,7 +64,7 @@ def test_postgres_tables_created_after_the_relay_started(
             async def three_windows() -> bool:
                 return r.relay.buffers[BUFFER].state().windows == 3
 
-            await eventually(three_windows, "three windows")
+            await async_wait_until(three_windows, "three windows", 20)
             after = await states(r)
             assert after == {ORDERS: (before[ORDERS][0], "active"),
                              ITEMS: (before[ITEMS][0], "active")}

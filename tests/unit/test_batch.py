@@ -37,6 +37,8 @@ from databus.event import (
 from databus.event import Op as EventOp
 from tests.event_forging import forge, reseal
 
+pytestmark = pytest.mark.twin("databus.batch")
+
 
 def _native_or_skip() -> ModuleType:
     try:

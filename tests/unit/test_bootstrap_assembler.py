@@ -8,6 +8,8 @@ from databus.bootstrap._producer import _Assembler
 from databus.errors import EventFormatError
 from databus.event import Op, WindowChecksum, encode_eow, encode_event
 
+pytestmark = pytest.mark.twin("databus.batch")
+
 
 def _window(scn: int, source_id: int, keys: list[int]) -> list[bytes]:
     events = [encode_event(scn=scn, source_id=source_id, op=Op.UPSERT, key=k, value=b"v")

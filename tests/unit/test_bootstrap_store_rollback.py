@@ -12,12 +12,16 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from databus.bootstrap import open_storage
 from databus.bootstrap._serve import Bootstrapper, ServePolicy
 from databus.bootstrap._storage import LogWindow, stored_event
 from databus.checkpoint import Checkpoint
 from databus.event import Op, decode_event, encode_event, iter_events
 from databus.filters import FilterSpec
+
+pytestmark = pytest.mark.twin("databus.batch")
 
 SOURCE = "shop.items"
 

@@ -33,6 +33,8 @@ from databus.errors import CheckpointError
 from databus.schemas import Schema
 from tests.relay_harness import free_port, relay_config, running_relay, stream_all
 
+pytestmark = pytest.mark.twin("databus.batch")
+
 LIMIT = 30
 SOURCE = f"synthetic://?rate=0&keys=50&event_bytes=200&events_per_window=3&limit={LIMIT}&seed=5"
 

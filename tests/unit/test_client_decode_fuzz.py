@@ -21,6 +21,7 @@ import contextlib
 import os
 import struct
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +39,8 @@ from databus.event import (
 )
 from databus.schemas import AvroCodec, Schema
 from tests.event_forging import fields, fix_windows, reseal
+
+pytestmark = pytest.mark.twin("databus.batch")
 
 EXAMPLES = int(os.environ.get("DATABUS_FUZZ_EXAMPLES", "400"))
 FUZZ = settings(deadline=None, max_examples=EXAMPLES, derandomize=True, database=None,

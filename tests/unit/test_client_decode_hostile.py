@@ -30,6 +30,8 @@ from databus.event import (
 from databus.schemas import AvroCodec, Schema
 from tests.event_forging import fix_windows, forge
 
+pytestmark = pytest.mark.twin("databus.batch")
+
 SCHEMA = Schema({
     "type": "record", "name": "orders", "namespace": "shop",
     "fields": [

@@ -23,7 +23,8 @@ from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, Wi
 from databus.fetchers.synthetic import SyntheticFetcher
 from databus.relay import _fetcher_host
 from tests.relay_harness import relay_config, running_relay
-from tests.unit.test_pending_sources import Collect, eventually
+from tests.unit.test_pending_sources import Collect
+from tests.waiting import async_wait_until
 
 SYNTHETIC = "growing://?rate=400&events_per_window=4&event_bytes=200&keys=50&seed=3"
 
@@ -107,15 +108,15 @@ def test_client_keeps_going_when_a_new_source_joins_its_buffer(
             client.register(collect)
             run = asyncio.create_task(client.run_async())
             # The client checks windows: shop.a is the only source of the buffer.
-            await eventually(lambda: len(collect.events) >= 20, "first-phase events")
+            await async_wait_until(lambda: len(collect.events) >= 20, "first-phase events", 20)
             GrowingFetcher.created.set()
-            await eventually(lambda: bool(GrowingFetcher.switched_at), "shop.b created")
+            await async_wait_until(lambda: bool(GrowingFetcher.switched_at), "shop.b created", 20)
             switched = GrowingFetcher.switched_at[0]
             await r.wait_for_scn("shop", switched + 40)
             # Every shop.a event of the mixed windows arrives (before the fix the first
             # mixed window failed its check again and again).
-            await eventually(lambda: (client.metrics.committed_scn or 0) >= switched + 40,
-                             "windows after shop.b appeared", timeout=20)
+            await async_wait_until(lambda: (client.metrics.committed_scn or 0) >= switched + 40,
+                                   "windows after shop.b appeared", 20)
             client.stop()
             await asyncio.wait_for(run, 10)
             assert {s for s, _, _ in collect.events} == {"shop.a"}

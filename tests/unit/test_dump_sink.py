@@ -21,6 +21,8 @@ from databus.fetchers._api import DumpRow
 from databus.relay._buffer import EventBuffer
 from databus.relay.dumps import Chunk, DumpSink
 
+pytestmark = pytest.mark.twin("databus.batch")
+
 SRC = 7
 
 

@@ -41,6 +41,8 @@ from databus.event import (
 )
 from databus.filters import BucketSet, FilterSpec, HashFilter, ModFilter
 
+pytestmark = pytest.mark.twin("databus.batch")
+
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 # -- helpers ------------------------------------------------------------------------

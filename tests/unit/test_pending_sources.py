@@ -18,7 +18,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,6 +32,7 @@ from databus.relay import _fetcher_host
 from databus.relay._catalog import RelayCatalog
 from tests.relay_harness import RunningRelay, relay_config, running_relay
 from tests.unit.test_txlog_support import BUFFER, SqliteSource, cli, relay_windows
+from tests.waiting import async_wait_until
 
 ORDERS = "shop.orders"
 ORDERS_DDL = "CREATE TABLE orders (id INTEGER PRIMARY KEY, tag TEXT NOT NULL)"
@@ -53,14 +53,6 @@ class Collect(Consumer):
     def on_end_data_event_sequence(self, scn: int) -> None:
         if len(self.events) >= self.want and self.client is not None:
             self.client.stop()
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.02)
 
 
 async def sources_doc(r: RunningRelay) -> dict[str, dict[str, Any]]:
@@ -124,8 +116,8 @@ def test_sqlite_consumer_started_before_the_table_gets_every_row(
             run = asyncio.create_task(client.run_async())
             out = io.StringIO()
             tailing = asyncio.create_task(tail(tail_args(r.url, 5), out))
-            await eventually(lambda: client.metrics.source_states == {ORDERS: "pending"},
-                             "the client waits for the pending source")
+            await async_wait_until(lambda: client.metrics.source_states == {ORDERS: "pending"},
+                                   "the client waits for the pending source", 20)
             await asyncio.sleep(0.5)
             assert not run.done() and not tailing.done()  # waiting, not dead
             assert client.metrics.waiting_for_sources == [ORDERS]
@@ -136,8 +128,8 @@ def test_sqlite_consumer_started_before_the_table_gets_every_row(
             # The migration: the table, its capture, then rows.
             db.run(ORDERS_DDL)
             assert cli("install", "--source", uri) == 0
-            await eventually(lambda: client.metrics.source_states == {ORDERS: "active"}
-                             or bool(collect.events), "source listed active")
+            await async_wait_until(lambda: client.metrics.source_states == {ORDERS: "active"}
+                                   or bool(collect.events), "source listed active", 20)
             listed = await sources_doc(r)
             assert listed[ORDERS]["state"] == "active" and listed[ORDERS]["id"] == source_id
             assert listed[ORDERS]["schema_fingerprint"] is not None
@@ -167,13 +159,14 @@ def test_sqlite_pending_id_is_stable_across_restarts(tmp_path: Path) -> None:
         async with running_relay(relay_config(tmp_path, {BUFFER: uri})) as r:
             listed = await sources_doc(r)
             assert listed[ORDERS]["state"] == "pending"
-            await eventually(lambda: r.relay.catalog.source("shop.items").state == "active",
-                             "items active")  # it exists, without rows: once the fetcher looked
+            # It exists, without rows: active once the fetcher looked.
+            await async_wait_until(
+                lambda: r.relay.catalog.source("shop.items").state == "active", "items active", 20)
             listed = await sources_doc(r)
             assert listed[ORDERS]["state"] == "pending"
             db.txn("INSERT INTO items (id, sku) VALUES (1, 'a')")
-            await eventually(lambda: r.relay.buffers[BUFFER].state().max_scn is not None,
-                             "the items row")
+            await async_wait_until(lambda: r.relay.buffers[BUFFER].state().max_scn is not None,
+                                   "the items row", 20)
             source_id: int = listed[ORDERS]["id"]
             return source_id
 
@@ -187,8 +180,8 @@ def test_sqlite_pending_id_is_stable_across_restarts(tmp_path: Path) -> None:
             db.run(ORDERS_DDL)
             assert cli("install", "--source", db.uri("orders")) == 0
             await asyncio.to_thread(insert_orders, db, range(1, 3))
-            await eventually(lambda: r.relay.buffers[BUFFER].state().windows == 3,
-                             "the orders rows")
+            await async_wait_until(lambda: r.relay.buffers[BUFFER].state().windows == 3,
+                                   "the orders rows", 20)
             windows = await relay_windows(r)
             orders = [c for w in windows for c in w.changes if c.source == ORDERS]
             assert [c.key for c in orders] == [1, 2]
@@ -208,19 +201,20 @@ def test_sqlite_table_created_without_capture_waits_for_install(
 
     async def main() -> None:
         async with running_relay(relay_config(tmp_path, {BUFFER: uri})) as r:
-            await eventually(lambda: "table main.orders does not exist yet" in caplog.text,
-                             "the fetcher saw the table absent")
+            await async_wait_until(lambda: "table main.orders does not exist yet" in caplog.text,
+                                   "the fetcher saw the table absent", 20)
             db.run(ORDERS_DDL)
             db.txn("INSERT INTO items (id, sku) VALUES (1, 'a')")  # a batch: a check
-            await eventually(lambda: "exists but is not set up for capture" in caplog.text,
-                             "the warning")
+            await async_wait_until(lambda: "exists but is not set up for capture" in caplog.text,
+                                   "the warning", 20)
             await asyncio.sleep(1.2)  # an idle check too
             assert (await sources_doc(r))[ORDERS]["state"] == "pending"
             status = (await r.json("/v1/status"))["buffers"][BUFFER]["fetcher"]
             assert status["state"] == "running"
             assert cli("install", "--source", db.uri("orders")) == 0
             await asyncio.to_thread(insert_orders, db, range(7, 8))
-            await eventually(lambda: r.relay.buffers[BUFFER].state().windows == 2, "rows")
+            await async_wait_until(lambda: r.relay.buffers[BUFFER].state().windows == 2, "rows",
+                                   20)
             assert (await sources_doc(r))[ORDERS]["state"] == "active"
             windows = await relay_windows(r)
             assert [(c.source, c.key) for w in windows for c in w.changes] == [
@@ -302,8 +296,8 @@ def test_a_source_named_by_a_pattern_is_waited_for(
             collect.client = client
             client.register(collect)
             run = asyncio.create_task(client.run_async())
-            await eventually(lambda: client.metrics.source_states == {"shop.late": "pending"},
-                             "pending")
+            await async_wait_until(
+                lambda: client.metrics.source_states == {"shop.late": "pending"}, "pending", 20)
             await asyncio.sleep(0.3)  # the client's long poll is waiting now
             PatternFetcher.created.set()
             await asyncio.wait_for(run, 30)

@@ -41,6 +41,8 @@ from databus.fetchers.postgres._pgoutput import (
 from databus.fetchers.postgres._types import column_mapping
 from databus.schemas import AvroCodec, Schema
 
+pytestmark = pytest.mark.twin("databus.batch", "databus.fetchers.postgres._transcode")
+
 INT4, TEXT, INT8 = 23, 25, 20
 ORDERS, OTHER, WATERMARK = 16384, 16390, 16400
 

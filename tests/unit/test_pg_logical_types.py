@@ -38,6 +38,8 @@ from databus.fetchers.postgres._types import (
 from databus.replicator import UnmappableTypeError, column_type
 from databus.schemas import AvroCodec, Schema
 
+pytestmark = pytest.mark.twin("databus.fetchers.postgres._transcode")
+
 UTC = dt.UTC
 
 # -- the catalog rows the tests need (as load_types reads them from PostgreSQL 15) ---

@@ -37,6 +37,8 @@ from tests.unit.test_pg_changes import Catalog, Sink, wanted
 from tests.unit.test_pg_logical_types import CASES, GARBAGE, NUM_2_5, NUM_10_2, TYPES
 from tests.unit.test_pgoutput import encode
 
+pytestmark = pytest.mark.twin("databus.fetchers.postgres._transcode")
+
 TWINS = ["python"] + (["native"] if _transcode.IMPLEMENTATION == "native" else [])
 OID_T = 16384
 NUM_18_4 = (18 << 16 | 4) + 4

@@ -33,6 +33,8 @@ from databus.relay._buffer import (
     WindowTooLargeError,
 )
 
+pytestmark = pytest.mark.twin("databus.batch")
+
 
 def ev(scn: int, key: int, size: int = 40, source_id: int = 1) -> bytes:
     return encode_event(

@@ -31,6 +31,8 @@ from databus.relay._buffer import (
 )
 from tests.unit.test_relay_buffer import ev
 
+pytestmark = pytest.mark.twin("databus.batch")
+
 CAPACITY = 1 << 15  # 32 KiB: a few hundred windows wrap it several times
 
 

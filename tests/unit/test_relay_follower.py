@@ -9,7 +9,6 @@ whose range was overwritten gets ``scn_not_found``.
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
@@ -29,8 +28,9 @@ from databus.relay._buffer import (
     EventBuffer,
 )
 from databus.relay._follower import FollowerBuffer
+from tests.tiers import size
 
-STRESS_SECONDS = float(os.environ.get("DATABUS_FOLLOWER_STRESS_SECONDS", "4"))
+STRESS_SECONDS = size("DATABUS_FOLLOWER_STRESS_SECONDS", smoke=2, full=4)
 
 
 def ev(scn: int, key: int, size: int = 40) -> bytes:
@@ -194,6 +194,7 @@ def expected_window(scn: int) -> tuple[list[bytes], int]:
     return [bytes([scn % 251]) * size] * n, n
 
 
+@pytest.mark.acceptance
 def test_follower_reading_while_another_process_wraps_the_ring(tmp_path: Path) -> None:
     path = tmp_path / "ring.buf"
     capacity = 64 * 1024  # a few dozen windows: lapped many times a second

@@ -17,6 +17,7 @@ from tests.relay_harness import (
     running_relay,
     stream_all,
 )
+from tests.waiting import async_wait_until
 
 LOAD = "synthetic://?rate=0&keys=1000&event_bytes=300&events_per_window=3&limit=40&seed=1"
 
@@ -171,13 +172,28 @@ def test_long_poll_answers_when_a_window_lands(tmp_path: Path) -> None:
         async with running_relay(relay_config(tmp_path, {"load": slow})) as r:
             await r.wait_for_scn("load", 1)
             status = (await r.json("/v1/status"))["buffers"]["load"]
-            cp = json.dumps({"window_scn": status["max_scn"]})
-            start = time.monotonic()
-            async with await r.get("/v1/stream", checkpoint=cp, wait_ms=5000) as resp:
+            since = status["max_scn"]
+            cp = json.dumps({"window_scn": since})
+            buffer = r.relay.buffers["load"]
+
+            async def landed() -> float:
+                """When the window after ``since`` is seen in the buffer (at or after it
+                lands: a late look can only make the answer seem earlier)."""
+                await async_wait_until(lambda: (buffer.state().max_scn or 0) > since,
+                                       f"a window after {since}", 20, max_interval=0.02)
+                return time.monotonic()
+
+            landing = asyncio.create_task(landed())
+            # One window every 200 ms; a poll that wrongly waited out its wait_ms would
+            # answer after 30 s.
+            wait_ms = 30_000
+            async with await r.get("/v1/stream", checkpoint=cp, wait_ms=wait_ms) as resp:
                 windows = parse_windows(await resp.read())
-            elapsed = time.monotonic() - start
-            assert windows and windows[0].scn == status["max_scn"] + 1
-            assert elapsed < 1.5  # one window every 200 ms, not the 5 s wait
+            answered = time.monotonic()
+            landed_at = await landing
+            assert windows and windows[0].scn == since + 1
+            # When the window landed, not when wait_ms ran out.
+            assert answered - landed_at < wait_ms / 1000 / 2, answered - landed_at
 
     run(main())
 
@@ -191,7 +207,9 @@ def test_long_poll_times_out_empty(tmp_path: Path) -> None:
                                    wait_ms=300) as resp:
                 assert resp.status == 200 and await resp.read() == b""
                 assert json.loads(resp.headers["X-Databus-Checkpoint"])["window_scn"] == 40
-            assert 0.25 < time.monotonic() - start < 2
+            # Empty once its 300 ms passed, not before; the 20 s bound only tells it from
+            # never, or the 60 s max_wait_ms, with slack for a busy machine.
+            assert 0.25 < time.monotonic() - start < 20
 
     run(main())
 

@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 import databus.relay._fetcher_host as fetcher_host
+from databus._http import STATS
 from databus.checkpoint import Checkpoint
 from databus.event import HEADER_SIZE, Op, decode_event, encode_event, iter_events
 from databus.fetchers._api import Fetcher, FetcherContext, WindowSink
@@ -43,6 +44,9 @@ from tests.relay_harness import (
     running_relay,
     stream_all,
 )
+from tests.waiting import async_wait_until
+
+pytestmark = pytest.mark.twin("databus.batch")
 
 BUFFER = "rows"
 SOURCE = "test.rows"
@@ -50,6 +54,12 @@ MIB = 1 << 20
 
 # The windows most tests start from: SCNs with gaps, four events each (keys scn*10+i).
 GAPPY = [10, 20, 30, 40, 50]
+
+# The wait_ms of a long poll that must answer when a window lands: a poll that wrongly
+# waited it out would take 30 s, so "well before it" (HALF_WAIT_S) tells the two apart
+# however slow the machine, with no threshold that only holds on a fast one.
+LONG_WAIT_MS = 30_000
+HALF_WAIT_S = LONG_WAIT_MS / 1000 / 2
 
 
 def run(coro: Any) -> None:
@@ -134,6 +144,16 @@ class Rows:
     async def status(self) -> dict[str, Any]:
         return (await self.r.json("/v1/status"))["buffers"][BUFFER]  # type: ignore[no-any-return]
 
+    def long_polls(self) -> int:
+        """How many long polls wait for a window now."""
+        assert self.r.app is not None
+        return self.r.app[STATS].long_polls
+
+    async def parked(self) -> None:
+        """Until a long poll waits for a window: what the test writes next lands while it
+        waits (after a fixed sleep, on a busy machine, it could land before the request)."""
+        await async_wait_until(lambda: self.long_polls() >= 1, "a long poll waiting", 20)
+
 
 def keys(window: Window) -> list[object]:
     return [k for _, k, _ in window.events]
@@ -152,11 +172,12 @@ def idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
         uri = "idle://?" + (f"start_after={start_after}" if start_after is not None else "")
         async with running_relay(relay_config(tmp_path, {BUFFER: uri}, capacity_mb=1)) as r:
             rows = Rows(r, r.relay.catalog.source(SOURCE).id)
-            deadline = time.monotonic() + 10
+
+            async def started() -> bool:
+                return (await rows.status())["fetcher"]["state"] != "starting"
+
             # The host thread has called start_after (or not) once the fetcher runs.
-            while (await rows.status())["fetcher"]["state"] == "starting":
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
+            await async_wait_until(started, "the idle fetcher running", 20)
             for scn in windows:
                 rows.write(scn)
             yield rows
@@ -186,18 +207,21 @@ def test_since_max_is_nothing_new_and_a_long_poll_waits_for_the_next_window(
             assert reply.checkpoint == {"mode": "online", "window_scn": 50, "window_offset": -1}
             assert reply.headers["X-Databus-Max-Scn"] == "50"
 
-            async def land_later() -> None:
-                await asyncio.sleep(0.3)
-                rows.write(57)
+            landed: list[float] = []
 
-            start = time.monotonic()
+            async def land_later() -> None:
+                await rows.parked()
+                rows.write(57)
+                landed.append(time.monotonic())
+
             writer = asyncio.create_task(land_later())
-            reply = await rows.stream({"window_scn": 50}, wait_ms=5000)
-            elapsed = time.monotonic() - start
+            reply = await rows.stream({"window_scn": 50}, wait_ms=LONG_WAIT_MS)
+            answered = time.monotonic()
             await writer
             assert reply.scns == [57] and keys(reply.windows[0]) == [570, 571, 572, 573]
             assert reply.checkpoint["window_scn"] == 57
-            assert 0.25 < elapsed < 2.0  # when the window landed, not after wait_ms
+            # When the window landed, not when wait_ms ran out.
+            assert landed[0] <= answered < landed[0] + HALF_WAIT_S, answered - landed[0]
 
     run(main())
 
@@ -212,19 +236,23 @@ def test_since_ahead_of_max_waits_for_a_window_after_since(idle: Callable[..., A
             assert reply.status == 200 and reply.body == b""
             assert reply.checkpoint["window_scn"] == 70
 
-            async def land_later() -> None:
-                await asyncio.sleep(0.2)
-                rows.write(60)  # new, but not after 70: the poll keeps waiting
-                await asyncio.sleep(0.3)
-                rows.write(80)
+            landed: list[float] = []
 
-            start = time.monotonic()
+            async def land_later() -> None:
+                await rows.parked()
+                rows.write(60)  # new, but not after 70: the poll keeps waiting
+                await asyncio.sleep(0.3)  # time for a wrong answer to 60 to show
+                assert rows.long_polls() == 1, "window 60 ended the long poll"
+                rows.write(80)
+                landed.append(time.monotonic())
+
             writer = asyncio.create_task(land_later())
-            reply = await rows.stream({"window_scn": 70}, wait_ms=5000)
-            elapsed = time.monotonic() - start
+            reply = await rows.stream({"window_scn": 70}, wait_ms=LONG_WAIT_MS)
+            answered = time.monotonic()
             await writer
+            # Not ended by 60 (it would have answered empty), answered when 80 landed.
             assert reply.scns == [80]
-            assert 0.45 < elapsed < 2.5
+            assert landed[0] <= answered < landed[0] + HALF_WAIT_S, answered - landed[0]
 
     run(main())
 
@@ -271,10 +299,11 @@ def test_since_below_prev_is_410_scn_not_found_with_the_current_min_scn(
             prev, low = status["prev_scn"], status["min_scn"]
             assert low == prev + 10
             for since in (0, 10, prev - 10, prev - 1):
-                # A long poll does not wait on a checkpoint that can never be served.
+                # A long poll does not wait on a checkpoint that can never be served:
+                # it answers well before its wait_ms.
                 start = time.monotonic()
-                reply = await rows.stream({"window_scn": since}, wait_ms=5000)
-                assert time.monotonic() - start < 1.0
+                reply = await rows.stream({"window_scn": since}, wait_ms=LONG_WAIT_MS)
+                assert time.monotonic() - start < HALF_WAIT_S
                 assert reply.status == 410, since
                 assert reply.error is not None
                 assert reply.error["error"] == "scn_not_found" and reply.error["message"]
@@ -345,11 +374,12 @@ def test_partial_window_not_arrived_yet_is_waited_for(idle: Callable[..., Any]) 
             assert reply.checkpoint == {"mode": "online", "window_scn": 60, "window_offset": 2}
 
             async def land_later() -> None:
-                await asyncio.sleep(0.2)
+                await rows.parked()
                 rows.write(60)
 
             writer = asyncio.create_task(land_later())
-            reply = await rows.stream({"window_scn": 60, "window_offset": 2}, wait_ms=5000)
+            reply = await rows.stream({"window_scn": 60, "window_offset": 2},
+                                      wait_ms=LONG_WAIT_MS)
             await writer
             assert reply.scns == [60] and keys(reply.windows[0]) == [602, 603]
 
@@ -388,12 +418,12 @@ def test_an_empty_buffer_is_not_an_error(idle: Callable[..., Any]) -> None:
             assert (await rows.stream()).checkpoint["window_scn"] == -1
 
             async def land_later() -> None:
-                await asyncio.sleep(0.2)
+                await rows.parked()
                 rows.write(3)
 
             # A flexible long poll on the empty buffer gets the first window that lands.
             writer = asyncio.create_task(land_later())
-            reply = await rows.stream(None, wait_ms=5000)
+            reply = await rows.stream(None, wait_ms=LONG_WAIT_MS)
             await writer
             assert reply.scns == [3]
 
@@ -443,21 +473,24 @@ def test_from_the_latest_long_poll_answers_with_the_next_window(
     async def main() -> None:
         async with idle() as rows:
 
-            async def land_later() -> None:
-                await asyncio.sleep(0.2)
-                rows.write(60)
+            landed: list[float] = []
 
-            start = time.monotonic()
+            async def land_later() -> None:
+                await rows.parked()
+                rows.write(60)
+                landed.append(time.monotonic())
+
             writer = asyncio.create_task(land_later())
-            reply = await rows.stream({"window_scn": -2}, wait_ms=2000)
-            elapsed = time.monotonic() - start
+            reply = await rows.stream({"window_scn": -2}, wait_ms=LONG_WAIT_MS)
+            answered = time.monotonic()
             await writer
             # (Were it to answer empty, its X-Databus-Max-Scn of 60 would make the consumer
             # go on after 60: window 60 would be lost to it.)
             assert reply.scns == [60], (
-                reply.scns, reply.checkpoint, reply.headers["X-Databus-Max-Scn"], elapsed)
+                reply.scns, reply.checkpoint, reply.headers["X-Databus-Max-Scn"])
             assert reply.checkpoint["window_scn"] == 60
-            assert elapsed < 1.0
+            # When the window landed, not when wait_ms ran out.
+            assert landed[0] <= answered < landed[0] + HALF_WAIT_S, answered - landed[0]
 
     run(main())
 
@@ -641,10 +674,12 @@ def test_scn_regression_fails_the_fetcher_and_readers_see_nothing_of_it(
 
     async def main() -> None:
         async with idle(windows=[]) as rows:
-            deadline = time.monotonic() + 10
-            while (fetcher := (await rows.status())["fetcher"])["state"] != "failed":
-                assert time.monotonic() < deadline, fetcher
-                await asyncio.sleep(0.01)
+
+            async def failed() -> dict[str, Any] | None:
+                fetcher: dict[str, Any] = (await rows.status())["fetcher"]
+                return fetcher if fetcher["state"] == "failed" else None
+
+            fetcher = await async_wait_until(failed, "the fetcher failed", 20)
             assert fetcher["last_error"].startswith("ScnOrderError")
             assert fetcher["restarts"] == 0
             reply = await rows.stream(None)

@@ -9,15 +9,14 @@ rebuilds any window (with the timestamp the relay served) without an unfiltered 
 having to keep up. A reader that falls off the relay (410 ``scn_not_found``) restarts
 from the ``min_scn`` the relay names, and its next window must be exactly that one.
 
-``DATABUS_STRESS_SECONDS`` (default 10) sets how long the main test pulls;
-``DATABUS_STRESS_GROUP_SECONDS`` (default 4) the mod-filter group test.
+``DATABUS_STRESS_SECONDS`` (4 in ``make test``, 10 in ``make test-full``) sets how long the
+main test pulls; ``DATABUS_STRESS_GROUP_SECONDS`` (2, 4) the mod-filter group test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import sys
 import time
@@ -26,6 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from databus.event import WindowChecksum, decode_header, encode_eow, iter_events
 from databus.fetchers.synthetic import (
     SyntheticGenerator,
@@ -33,9 +34,10 @@ from databus.fetchers.synthetic import (
     SyntheticSource,
 )
 from tests.relay_harness import RunningRelay, relay_config, running_relay
+from tests.tiers import size
 
-STRESS_SECONDS = float(os.environ.get("DATABUS_STRESS_SECONDS", "10"))
-GROUP_SECONDS = float(os.environ.get("DATABUS_STRESS_GROUP_SECONDS", "4"))
+STRESS_SECONDS = size("DATABUS_STRESS_SECONDS", smoke=4, full=10)
+GROUP_SECONDS = size("DATABUS_STRESS_GROUP_SECONDS", smoke=2, full=4)
 
 EPW = 5  # events per window
 LOAD = (f"synthetic://?rate=0&keys=20000&event_bytes=400&events_per_window={EPW}"
@@ -229,6 +231,7 @@ async def pull_all(
     return status
 
 
+@pytest.mark.acceptance
 def test_full_speed_writer_and_8_filtered_readers(tmp_path: Path) -> None:
     """8 readers with random mod filters (n in 2..5, a random bucket set) and random
     max_bytes (so responses often end inside a window) against a writer at full speed:
@@ -257,6 +260,7 @@ def test_full_speed_writer_and_8_filtered_readers(tmp_path: Path) -> None:
     run(main())
 
 
+@pytest.mark.acceptance
 def test_mod_filter_groups_together_receive_the_whole_stream_once(tmp_path: Path) -> None:
     """For n consumers with buckets 0..n-1 (n = 2, 3, 4), over the windows all of them
     received, their events put together are exactly the source's windows, each event

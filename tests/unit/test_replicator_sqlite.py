@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import random
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from databus.config import ReplicateConfig, ReplicatedTableConfig
 from databus.replicator._replicator import Replicator
 from tests.relay_harness import RunningRelay, free_port, relay_config, running_relay
 from tests.unit.test_txlog_support import SqliteSource
+from tests.waiting import async_wait_until
 
 DDL = ("CREATE TABLE orders (id INTEGER PRIMARY KEY, tag TEXT NOT NULL, amount REAL, "
        "note TEXT)")
@@ -56,13 +56,6 @@ def workload(src: SqliteSource, rng: random.Random, txns: int) -> None:
             else:
                 statements.append(f"DELETE FROM orders WHERE id = {key}")
         src.txn(*statements)
-
-
-async def wait_for(predicate: Any, timeout: float = 30, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        await asyncio.sleep(0.05)
 
 
 async def relay_max(r: RunningRelay) -> int:
@@ -108,13 +101,16 @@ def test_a_sqlite_target_follows_the_source_across_restarts(tmp_path: Path) -> N
                 replicator = Replicator(config)
                 task = asyncio.create_task(replicator.run_async())
                 try:
-                    await wait_for(lambda: task.done() or (
+                    await async_wait_until(lambda: task.done() or (
                         target.exists() and target_rows(target) == source_rows(src)
-                        and target_scn(target, "shop-copy") is not None), what="equal")
+                        and target_scn(target, "shop-copy") is not None),
+                        "the target equal to the source",
+                        ignore=(sqlite3.OperationalError,))  # its tables not created yet
                     assert not task.done(), task.exception()
                     top = await relay_max(r)
-                    await wait_for(lambda: (target_scn(target, "shop-copy") or 0) >= top,
-                                   what="state SCN")
+                    await async_wait_until(
+                        lambda: (target_scn(target, "shop-copy") or 0) >= top,
+                        f"the target's state at SCN {top}")
                     await check_status(port, top)
                 finally:
                     replicator.stop()

@@ -13,6 +13,8 @@ from databus.fetchers.txlog._model import Column, TableRef, TableShape
 from databus.fetchers.txlog._schema import TableCodec, field_mapping, normalize_key
 from databus.schemas import AvroCodec, avro_names
 
+pytestmark = pytest.mark.twin("databus.batch")
+
 TS_LOCAL = {"type": "long", "logicalType": "local-timestamp-micros"}
 TS_UTC = {"type": "long", "logicalType": "timestamp-micros"}
 
