@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -24,6 +23,7 @@ from databus.event import decode_eow, decode_event, iter_events
 from databus.relay._relay import Relay
 from databus.relay._server import create_app
 from tests.fixtures._procs import free_port
+from tests.waiting import async_wait_until
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -55,14 +55,12 @@ class RunningRelay:
             return await resp.json()
 
     async def wait_for_scn(self, buffer: str, scn: int, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            doc = await self.json("/v1/status")
-            max_scn = doc["buffers"][buffer]["max_scn"]
-            if max_scn is not None and max_scn >= scn:
-                return
-            await asyncio.sleep(0.02)
-        raise TimeoutError(f"buffer {buffer} did not reach SCN {scn}: {doc}")
+        async def reached() -> bool:
+            max_scn = (await self.json("/v1/status"))["buffers"][buffer]["max_scn"]
+            return max_scn is not None and max_scn >= scn
+
+        await async_wait_until(reached, f"buffer {buffer} at SCN {scn}", timeout,
+                               max_interval=0.1)
 
 
 @asynccontextmanager
