@@ -27,6 +27,7 @@ from databus.event import Op, decode_event, iter_events
 from databus.filters import FilterSpec
 from tests.integration.bootstrap_support import BACKENDS, drop_schema, storage_url
 from tests.relay_harness import RunningRelay, relay_config, running_relay
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -54,14 +55,12 @@ class Service:
             return dict(await resp.json())
 
     async def wait_applied(self, scn: int, timeout: float = 60) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            doc = await self.status()
-            if doc["applied_scn"] is not None and doc["applied_scn"] >= scn:
-                return
-            await asyncio.sleep(0.05)
-        raise TimeoutError(f"applier did not reach {scn}: {doc}")
+        async def reached() -> bool:
+            applied = (await self.status())["applied_scn"]
+            return applied is not None and applied >= scn
+
+        await async_wait_until(reached, f"the applier at SCN {scn}", timeout,
+                               max_interval=0.1)
 
 
 @asynccontextmanager

@@ -32,6 +32,7 @@ from tests.integration.group_support import (
     synthetic_uri,
     wait_until_complete,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -52,16 +53,14 @@ def _check_all(logs: list[MemberLog]) -> None:
 
 
 def _wait_balanced(zk: EnsembleChroot, names: set[str], timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    doc: dict = {}
-    while time.monotonic() < deadline:
+    def balanced() -> dict | None:
         doc = read_assignment(zk.hosts)
         owners = doc.get("owners", {})
         sizes = [len(v) for v in owners.values()]
-        if set(owners) == names and max(sizes) - min(sizes) <= 1:
-            return doc
-        time.sleep(0.2)
-    raise AssertionError(f"assignment never balanced over {names}: {doc}")
+        return doc if set(owners) == names and max(sizes) - min(sizes) <= 1 else None
+
+    return wait_until(balanced, f"the assignment balanced over {sorted(names)}", timeout,
+                      max_interval=0.2)
 
 
 def _stop_all(members: list[MemberProcess]) -> None:

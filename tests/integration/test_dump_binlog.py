@@ -5,7 +5,6 @@ source, rows are encoded as the binlog fetcher encodes them, and the failure cas
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import threading
 import time
@@ -30,10 +29,12 @@ from tests.integration.binlog_support import (
     wait_for_scn,
 )
 from tests.relay_harness import RunningRelay, stream_body
+from tests.tiers import count
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.integration
 
-ROWS = int(os.environ.get("DATABUS_DUMP_ROWS", "3000"))
+ROWS = count("DATABUS_DUMP_ROWS", smoke=3_000, full=100_000)
 
 
 def _setup_watermark(server: MariaDBServer, uri: str) -> None:
@@ -116,14 +117,12 @@ def _source_tags(sql: Sql) -> dict[Any, Any]:
 
 
 async def _wait_done(r: RunningRelay, dump_id: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    doc: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        doc = await r.json(f"/v1/dumps/{dump_id}")
-        if doc["state"] in ("done", "failed", "cancelled"):
-            return doc
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"dump {dump_id} not finished: {doc}")
+    async def ended() -> dict[str, Any] | None:
+        doc: dict[str, Any] = await r.json(f"/v1/dumps/{dump_id}")
+        return doc if doc["state"] in ("done", "failed", "cancelled") else None
+
+    done: dict[str, Any] = await async_wait_until(ended, f"dump {dump_id} finished", timeout)
+    return done
 
 
 def test_dump_while_writing_equals_the_source(mariadb_server: MariaDBServer,

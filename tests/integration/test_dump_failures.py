@@ -54,6 +54,7 @@ from databus.schemas import AvroCodec, Schema
 from tests.fixtures.servers import MariaDBServer
 from tests.integration.binlog_support import BUFFER, Sql, binlog_relay, fresh_database, source_uri
 from tests.relay_harness import ADMIN_TOKEN, free_port, start_databus, stream_body_at
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -311,16 +312,21 @@ async def start_dump(session: aiohttp.ClientSession, url: str, sources: list[str
 async def wait_dump(session: aiohttp.ClientSession, url: str, dump_id: str,
                     check: Callable[[dict[str, Any]], bool], *, what: str,
                     timeout: float = 60, every: float = 0.02) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    doc: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+    """Until ``check`` holds of the dump's document, polled every ``every`` s (tests
+    that kill a relay mid-dump must see the chunk counts move); a dump that ended first
+    fails at once."""
+
+    async def reached() -> dict[str, Any] | None:
         doc = await _get(session, f"{url}/v1/dumps/{dump_id}")
         if check(doc):
             return doc
         if doc["state"] in ("done", "failed", "cancelled") and what != "finished":
             raise AssertionError(f"dump {dump_id} ended before {what}: {doc}")
-        await asyncio.sleep(every)
-    raise TimeoutError(f"dump {dump_id}: {what} not reached in {timeout} s: {doc}")
+        return None
+
+    done: dict[str, Any] = await async_wait_until(
+        reached, f"dump {dump_id}: {what}", timeout, interval=every, max_interval=every)
+    return done
 
 
 async def wait_finished(session: aiohttp.ClientSession, url: str, dump_id: str,
@@ -337,25 +343,20 @@ def _chunks(doc: dict[str, Any], source: str | None = None) -> int:
 async def wait_scn(session: aiohttp.ClientSession, url: str, scn: int,
                    timeout: float = 30) -> None:
     """Until the relay's buffer holds the window of ``scn``."""
-    deadline = time.monotonic() + timeout
-    doc: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    async def reached() -> bool:
         doc = (await _get(session, url + "/v1/status"))["buffers"][BUFFER]
-        if (doc["max_scn"] or 0) >= scn:
-            return
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"max_scn >= {scn} not reached: {doc}")
+        return (doc["max_scn"] or 0) >= scn
+
+    await async_wait_until(reached, f"the buffer at SCN {scn}", timeout, max_interval=0.05)
 
 
 async def wait_running(session: aiohttp.ClientSession, url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    doc: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+    async def running() -> bool:
         doc = (await _get(session, url + "/v1/status"))["buffers"][BUFFER]["fetcher"]
-        if doc["state"] == "running" and doc["source_scn"] is not None:
-            return
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"fetcher not running: {doc}")
+        return bool(doc["state"] == "running" and doc["source_scn"] is not None)
+
+    await async_wait_until(running, "the fetcher running", timeout, max_interval=0.05)
 
 
 def _sentinel(sql: Sql) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -51,14 +50,12 @@ def config(tmp: Path, name: str, buffers: dict[str, str], capacity_mb: int = 4) 
 
 
 async def wait_status(relay: RunningRelay, buffer: str, check: Any, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
+    async def matching() -> Any:
         doc = (await relay.json("/v1/status"))["buffers"][buffer]
-        if check(doc):
-            return doc
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"buffer {buffer}: {doc}")
-        await asyncio.sleep(0.02)
+        return doc if check(doc) else None
+
+    return await async_wait_until(matching, f"buffer {buffer}'s status to match", timeout,
+                                  max_interval=0.05)
 
 
 async def read(session: aiohttp.ClientSession, url: str, checkpoint: str | None,

@@ -19,7 +19,8 @@ source, row by row and by a checksum PostgreSQL computes on both.
 4. no watermark table, and users who may not write it: clear errors; a user with
    exactly the documented grants can dump.
 
-``DATABUS_DUMP_ROWS`` sets the table size (3000 by default).
+``DATABUS_DUMP_ROWS`` sets the table size (3,000 in ``make test``, 100,000 in
+``make test-full``).
 """
 
 from __future__ import annotations
@@ -64,10 +65,11 @@ from tests.integration.test_dump_failures import (
 )
 from tests.integration.test_txlog_postgres import Pg, fresh_database
 from tests.relay_harness import relay_config, running_relay, stream_body_at
+from tests.tiers import count
 
 pytestmark = pytest.mark.integration
 
-ROWS = int(os.environ.get("DATABUS_DUMP_ROWS", "3000"))
+ROWS = count("DATABUS_DUMP_ROWS", smoke=3_000, full=100_000)
 TABLES = "items,tags,pairs"
 ITEMS, TAGS, PAIRS = "public.items", "public.tags", "public.pairs"
 DDL = {

@@ -6,7 +6,6 @@ events, and a dump while a writer runs that a consumer applies into the source's
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import threading
 import time
@@ -22,9 +21,10 @@ from databus.fetchers.txlog import SqliteTxlogFetcher
 from databus.relay._catalog import RelayCatalog
 from databus.relay.dumps import DumpRequest
 from tests.relay_harness import RunningRelay, relay_config, running_relay, stream_body
+from tests.tiers import count
 from tests.unit.test_txlog_support import BUFFER, SqliteSource, cli
 
-ROWS = int(os.environ.get("DATABUS_DUMP_ROWS", "3000"))
+ROWS = count("DATABUS_DUMP_ROWS", smoke=3_000, full=100_000)
 DDL = (
     "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, qty INTEGER)",
     "CREATE TABLE tags (word TEXT PRIMARY KEY, n INTEGER)",
