@@ -20,6 +20,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -111,9 +112,9 @@ class Reader:
     def passes(self, raw: bytes) -> bool:
         return abs(decode_header(raw).partition_key) % self.n in self.buckets
 
-    async def pull(self, r: RunningRelay, source: Source, until: float) -> None:
+    async def pull(self, r: RunningRelay, source: Source, stop: asyncio.Event) -> None:
         cp: str | None = None  # flexible: from the oldest window held
-        while time.monotonic() < until:
+        while not stop.is_set():
             params: dict[str, Any] = {"filter": self.filter, "max_bytes": self.max_bytes,
                                       "wait_ms": 500}
             if cp is not None:
@@ -201,11 +202,18 @@ class Reader:
                 self.name, cp, self._last)
 
 
+Enough = Callable[[dict[str, Any], list[Reader]], bool]
+
+
 async def pull_all(
-    tmp_path: Path, readers: list[Reader], seconds: float, load: str = LOAD
+    tmp_path: Path, readers: list[Reader], seconds: float, load: str = LOAD,
+    enough: Enough | None = None, patience: float = 120.0,
 ) -> dict[str, Any]:
-    """Run the readers against a relay fed by ``load``; the buffer status at the end.
-    Fails if the relay answered 410 to a checkpoint it still held."""
+    """Run the readers against a relay fed by ``load`` for ``seconds``, and then on until
+    ``enough(buffer status, readers)`` holds (what the test needs to have happened: on a
+    busy machine the writer and readers get less done per second) or ``patience`` more
+    seconds have passed; the buffer status at the end. Fails if the relay answered 410 to
+    a checkpoint it still held."""
     old = sys.getswitchinterval()
     # Short GIL slices: the writer thread interleaves with reads much more often.
     sys.setswitchinterval(0.0005)
@@ -214,8 +222,22 @@ async def pull_all(
         async with running_relay(config) as r:
             await r.wait_for_scn("load", 1)
             source = await source_of(r, load)
-            until = time.monotonic() + seconds
-            await asyncio.gather(*(reader.pull(r, source, until) for reader in readers))
+            stop = asyncio.Event()
+
+            async def stopper() -> None:
+                try:
+                    await asyncio.sleep(seconds)
+                    deadline = time.monotonic() + patience
+                    while enough is not None and time.monotonic() < deadline:
+                        now = (await r.json("/v1/status"))["buffers"]["load"]
+                        if enough(now, readers):
+                            break
+                        await asyncio.sleep(0.1)
+                finally:
+                    stop.set()
+
+            await asyncio.gather(stopper(), *(reader.pull(r, source, stop)
+                                              for reader in readers))
             status: dict[str, Any] = (await r.json("/v1/status"))["buffers"]["load"]
     finally:
         sys.setswitchinterval(old)
@@ -244,17 +266,25 @@ def test_full_speed_writer_and_8_filtered_readers(tmp_path: Path) -> None:
         buckets = frozenset(rng.sample(range(n), rng.randint(1, n)))
         readers.append(Reader(f"reader{i}", n, buckets, rng.choice(MAX_BYTES_CHOICES)))
 
+    def lapped(status: dict[str, Any]) -> bool:
+        window_bytes = status["used_bytes"] / max(1, status["windows"])
+        return bool(status["max_scn"] * window_bytes > 10 * (CAPACITY_MB << 20))
+
+    def enough(status: dict[str, Any], readers: list[Reader]) -> bool:
+        # What makes the run a stress run, however fast the machine gets it done: the
+        # writer lapped the ring many times while every reader was reading, and the 410
+        # path was taken (and each restart checked).
+        return (lapped(status) and all(r.windows >= 20 for r in readers)
+                and sum(r.windows for r in readers) >= 2000
+                and sum(len(r.fell_off) for r in readers) > 0)
+
     async def main() -> None:
-        status = await pull_all(tmp_path, readers, STRESS_SECONDS)
-        window_bytes = status["used_bytes"] / status["windows"]
-        # The writer lapped the ring many times while the readers pulled.
-        assert status["max_scn"] * window_bytes > 10 * (CAPACITY_MB << 20), status
+        status = await pull_all(tmp_path, readers, STRESS_SECONDS, enough=enough)
+        assert lapped(status), status
         assert status["prev_scn"] == status["min_scn"] - 1
         for reader in readers:
-            assert reader.windows >= 2 * STRESS_SECONDS, reader
-        assert sum(r.windows for r in readers) >= 200 * STRESS_SECONDS
-        # The 410 path was taken (and each restart checked): a full-speed writer laps
-        # a 2 MiB ring in a fraction of a second.
+            assert reader.windows >= 20, reader
+        assert sum(r.windows for r in readers) >= 2000
         assert sum(len(r.fell_off) for r in readers) > 0
 
     run(main())
@@ -268,9 +298,13 @@ def test_mod_filter_groups_together_receive_the_whole_stream_once(tmp_path: Path
     groups = {n: [Reader(f"mod{n}-{b}", n, frozenset([b]), 64 << 10, record=True)
                   for b in range(n)] for n in (2, 3, 4)}
 
+    def enough(_status: dict[str, Any], _readers: list[Reader]) -> bool:
+        return all(len(set.intersection(*(set(m.got) for m in members))) >= 200
+                   for members in groups.values())
+
     async def main() -> None:
         await pull_all(tmp_path, [r for g in groups.values() for r in g], GROUP_SECONDS,
-                       GROUP_LOAD)
+                       GROUP_LOAD, enough=enough)
         everything = (1 << EPW) - 1
         for n, members in groups.items():
             common = set.intersection(*(set(m.got) for m in members))
