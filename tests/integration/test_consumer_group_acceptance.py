@@ -1,8 +1,8 @@
 """Consumer groups, the acceptance run of issue 17: four members, 64 partitions, a
-stream of 200,000 events over 10,000 keys (the synthetic source, every event numbered);
-during the run two members are killed with SIGKILL and one joins.
+stream of 200,000 events (at full size) over 10,000 keys (the synthetic source, every
+event numbered); during the run two members are killed with SIGKILL and one joins.
 
-Checked: the union of what the members applied is the stream (every event at least
+Checked: the union of what the members applied covers the stream (every event at least
 once); each member applied each key's events in SCN order and only events of partitions
 it held; duplicates only in windows the killed members had applied and not yet
 checkpointed: whole windows, the tail of a holding replayed from its last written checkpoint
@@ -35,6 +35,7 @@ from tests.integration.group_support import (
     wait_until_complete,
 )
 from tests.tiers import count
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.acceptance]
 
@@ -64,7 +65,10 @@ def _owner_counts(zk: EnsembleChroot) -> dict[str, int]:
 
 def test_four_members_two_killed_one_joins(tmp_path: Path,
                                            zookeeper_chroot: EnsembleChroot) -> None:
-    windows = EVENTS // PER_WINDOW
+    # The relay's stream goes on past the EVENTS checked (three times as many), so that
+    # the member joining at half-way joins under load however slowly a busy machine
+    # starts it; the members' work is checked on the first EVENTS events.
+    windows = 3 * EVENTS // PER_WINDOW
     relay = start_relay(tmp_path / "relay", synthetic_uri(
         windows, events_per_window=PER_WINDOW, keys=10_000, rate=8000), capacity_mb=96)
     members = {name: MemberProcess(tmp_path, name, relay.url, zookeeper_chroot.hosts, P,
@@ -77,10 +81,8 @@ def test_four_members_two_killed_one_joins(tmp_path: Path,
                 len(m.log().events) for m in killed)
 
         def at(share: float) -> None:
-            deadline = time.monotonic() + 120
-            while progress() < EVENTS * share:
-                assert time.monotonic() < deadline, f"stuck before {share:.0%}"
-                time.sleep(0.1)
+            wait_until(lambda: progress() >= EVENTS * share, f"{share:.0%} of the events "
+                       "applied", 120, interval=0.1)
 
         at(0.2)
         victim = members.pop("m2")
@@ -94,6 +96,7 @@ def test_four_members_two_killed_one_joins(tmp_path: Path,
         members["m5"] = MemberProcess(tmp_path, "m5", relay.url, zookeeper_chroot.hosts, P,
                                       session_timeout=SESSION_S).start()
         live = list(members.values())
+        wait_until(lambda: members["m5"].log().events, "the member that joined applying", 120)
         wait_until_complete(live, EVENTS, 300, extra_logs=[m.log() for m in killed])
 
         # The last rebalance: the live members hold P/3 +- 1 each, as assigned.
@@ -109,9 +112,11 @@ def test_four_members_two_killed_one_joins(tmp_path: Path,
         mean = P / len(members)
         assert all(abs(n - mean) < 1 for n in sizes.values()), sizes
 
+        for m in live:  # stopped cleanly first: their logs then end with whole windows
+            m.stop()
         logs = {m.name: m.log() for m in [*live, *killed]}
         counts = applied_seqs(list(logs.values()))
-        assert set(counts) == set(range(EVENTS))
+        assert set(counts) >= set(range(EVENTS))
         for log in logs.values():
             check_member_order(log)
             check_partitions_owned(log)
