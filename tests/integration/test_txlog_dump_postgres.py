@@ -53,7 +53,6 @@ from tests.fixtures.servers import PostgresServer
 from tests.integration.binlog_support import BUFFER
 from tests.integration.test_dump_failures import (
     AUTH,
-    STREAM_MB,
     Rec,
     RelayProc,
     Stream,
@@ -70,6 +69,8 @@ from tests.tiers import count
 pytestmark = pytest.mark.integration
 
 ROWS = count("DATABUS_DUMP_ROWS", smoke=3_000, full=100_000)
+# The relay's buffer holds the whole dump and the writers' changes beside it.
+STREAM_MB = 16 + ROWS // 500
 TABLES = "items,tags,pairs"
 ITEMS, TAGS, PAIRS = "public.items", "public.tags", "public.pairs"
 DDL = {
@@ -491,7 +492,7 @@ def test_relay_killed_during_the_dump_resumes_after_the_last_chunk(
     uri = pg.uri(TABLES)
     assert _dump_setup(uri)[0] == 0
     chunk_rows = max(20, ROWS // 10)
-    relay = RelayProc(tmp_path, uri)
+    relay = RelayProc(tmp_path, uri, capacity_mb=STREAM_MB)
     rng = random.Random(int(os.environ.get("DATABUS_TEST_SEED", "0")) or None)
     saved: list[dict[str, Any]] = []  # the tables as dumps.json had them after each kill
 
