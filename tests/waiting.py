@@ -61,13 +61,14 @@ class _Poll:
     def raised(self, exc: BaseException) -> None:
         self.error, self.failed_last = exc, True
 
-    def next_delay(self) -> float | None:
-        """How long to sleep before the next check; None once the deadline has passed.
+    def next_delay(self) -> float:
+        """How long to sleep before the next check; once the deadline has passed, the
+        failure is raised (the last exception counted as not yet chained as its cause).
 
         The last sleep ends at the deadline, so there is one check at the deadline."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
-            return None
+            raise self.failure() from self.error
         delay = min(self.delay, remaining)
         self.delay = min(self.delay * 2, self.max_interval)
         return delay
@@ -126,10 +127,7 @@ def wait_until(check: Callable[[], T], what: str, timeout: float = 30.0, *,
             if value:
                 return value
             poll.answer(value)
-        delay = poll.next_delay()
-        if delay is None:
-            raise poll.failure() from poll.error
-        time.sleep(delay)
+        time.sleep(poll.next_delay())
 
 
 @overload
@@ -168,7 +166,4 @@ async def async_wait_until(check: Callable[[], Awaitable[T] | T], what: str,
             if value:
                 return value
             poll.answer(value)
-        delay = poll.next_delay()
-        if delay is None:
-            raise poll.failure() from poll.error
-        await asyncio.sleep(delay)
+        await asyncio.sleep(poll.next_delay())

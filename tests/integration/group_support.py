@@ -199,7 +199,6 @@ def partition_runs(name: str, log: MemberLog) -> list[Run]:
     """A member's log cut into runs, one per partition held (see :class:`Run`)."""
     runs: list[Run] = []
     open_runs: dict[int, Run] = {}
-    slices: dict[tuple[int, int], set[int]] = defaultdict(set)
 
     def close(partition: int, how: str) -> None:
         run = open_runs.pop(partition)
@@ -223,8 +222,7 @@ def partition_runs(name: str, log: MemberLog) -> list[Run]:
             scn, _key, seq, p = payload
             run = open_runs.get(p)
             if run is not None:  # else check_partitions_owned reports it
-                slices[(id(run), scn)].add(seq)
-                run.windows[scn] = frozenset(slices[(id(run), scn)])
+                run.windows[scn] = run.windows.get(scn, frozenset()) | {seq}
     for p in list(open_runs):
         close(p, "end")
     return [run for run in runs if run.windows]
