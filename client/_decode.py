@@ -28,7 +28,6 @@ from typing import Any
 
 from databus import batch
 from databus.batch import Scan
-from databus.checkpoint import Checkpoint, Mode
 from databus.client._events import DataEvent, DumpMarker, EndOfWindow, Item, StartOfWindow
 from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
 from databus.event import (
@@ -149,8 +148,11 @@ class ResponseDecoder:
         self._held_bytes = 0
         self._spilled = False
 
-    def missing_fingerprints(self, body: bytes) -> set[int]:
-        """Schema fingerprints used in ``body`` that the codec cannot resolve yet."""
+    def missing_fingerprints(self, body: bytes, found: Scan | None = None) -> set[int]:
+        """Schema fingerprints used in ``body`` that the codec cannot resolve yet
+        (``found``: the body's scan, when the caller has one)."""
+        if found is not None:
+            self._last_scan = (body, found)
         s = self._scan(body)
         if s.error is not None and s.error.reason != "body crc":
             raise s.error  # as a header walk would (the body CRCs are checked in decode)
@@ -171,44 +173,28 @@ class ResponseDecoder:
         return s
 
     def decode(self, body: bytes, source_names: Mapping[int, str],
-               checkpoint: Checkpoint | None = None) -> list[Item]:
+               found: Scan | None = None) -> list[Item]:
         """All items of ``body`` that can be delivered; raises ``EventFormatError`` if
         any check fails (the decoder's state is then unchanged, so the body can be
         fetched again). Every failure to decode is an ``EventFormatError``.
 
-        ``checkpoint`` is the one a relay sent with ``body``: it must stand where the
-        body ends (after its last EOW, or inside the window it ends in), or the next
-        request would skip or repeat events."""
+        ``found`` is the body's scan when the caller has one (a relay answer comes with
+        the scan its check made: ``databus.client._answers``, which also checks that the
+        relay's checkpoint stands where the body ends)."""
+        if found is not None:
+            self._last_scan = (body, found)
         # Events are only appended to the held list until an EOW replaces it, so its
         # length is enough to restore it.
         pending = self._pending
         saved = (self._window, self._check.count, self._check.crc, self._whole,
                  pending, len(pending), self._held_bytes, self._spilled)
         try:
-            items = list(self._decode(body, source_names))
-            if checkpoint is not None:
-                self._check_checkpoint(checkpoint, items)
-            return items
+            return list(self._decode(body, source_names))
         except BaseException:
             (self._window, self._check.count, self._check.crc, self._whole,
              self._pending, size, self._held_bytes, self._spilled) = saved
             del pending[size:]
             raise
-
-    def _check_checkpoint(self, checkpoint: Checkpoint, items: list[Item]) -> None:
-        if self.in_window:
-            ok = (checkpoint.mode is Mode.ONLINE and checkpoint.window_scn == self._window
-                  and checkpoint.window_offset >= 0)
-        else:
-            ends = [i.scn for i in items if isinstance(i, EndOfWindow)]
-            ok = checkpoint.mode is Mode.ONLINE and (
-                not ends or (checkpoint.window_scn == ends[-1]
-                             and checkpoint.window_offset < 0))
-        if not ok:
-            raise EventFormatError(
-                f"checkpoint {checkpoint.dumps()} does not stand where the body ends",
-                reason="bad checkpoint",
-            )
 
     def _decode(self, body: bytes, source_names: Mapping[int, str]) -> Iterable[Item]:
         # Hot path: one scan checks every CRC and gives the header fields as arrays;

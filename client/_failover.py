@@ -40,6 +40,17 @@ log = logging.getLogger("databus.client")
 T = TypeVar("T")
 
 
+def describe_failure(error: BaseException, request_timeout: float) -> str:
+    """What failed, for the log line: an exception's message, or what its type means
+    when it has none (aiohttp's timeouts and resets carry no message)."""
+    text = str(error).strip()
+    if isinstance(error, TimeoutError):
+        return text or f"no answer within the request timeout ({request_timeout:g} s)"
+    if text:
+        return text if isinstance(error, DatabusError) else f"{type(error).__name__}: {text}"
+    return f"{type(error).__name__} (no message)"
+
+
 class FailoverPuller:
     """Round-robin failover with backoff among the URLs of one service."""
 
@@ -178,7 +189,8 @@ class FailoverPuller:
         self.last_error = error
         self._failures += 1
         failed_url = self.url
-        log.warning("%s %s failed (%s); trying the next one", self.service, failed_url, error)
+        log.warning("%s %s failed (%s); trying the next one", self.service, failed_url,
+                    describe_failure(error, self.request_timeout))
         self._catalogs.pop(failed_url, None)
         self.failovers += 1
         if self._leaving is not None:

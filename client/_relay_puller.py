@@ -9,20 +9,23 @@ it out with every body.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
+from databus.batch import Scan
 from databus.checkpoint import Checkpoint
+from databus.client._answers import OVERSIZE, check_relay_answer, refused
 from databus.client._failover import FailoverPuller
 from databus.client._headers import bad_answer, header_int, parse_stream_headers
 from databus.client._relay_stream import StreamFrame, StreamFramer
-from databus.errors import DatabusError, EventFormatError, ScnNotFoundError
+from databus.errors import ConnectionLostError, DatabusError, EventFormatError, ScnNotFoundError
 
 log = logging.getLogger("databus.client")
 
@@ -57,9 +60,17 @@ class RelayError(DatabusError):
     code = "relay_error"
 
 
+class StreamStalledError(ConnectionLostError):
+    """A streaming relay sent no whole frame (a write or a heartbeat) within the missed-
+    heartbeat allowance: the connection is as good as dead, whatever bytes trickle."""
+
+    code = "stream_stalled"
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One stream response."""
+    """One stream response, checked (``databus.client._answers``): ``scan`` is its
+    body's scan (None for an empty body), for the reader to use instead of its own."""
 
     body: bytes
     checkpoint: Checkpoint
@@ -67,6 +78,7 @@ class Batch:
     relay: str
     source_names: dict[int, str]
     pending_event_size: int | None
+    scan: Scan | None = None
 
 
 class RelayPuller(FailoverPuller):
@@ -167,21 +179,13 @@ class RelayPuller(FailoverPuller):
                 f"{relay}/v1/stream", params=params, timeout=timeout
             ) as resp:
                 await self._check(resp)
-                body = await resp.read()
+                body = await read_body(resp, max_bytes, relay)
                 headers = resp.headers
             if self.pending_sources:
                 # Read after the body, so the names cover the ids of every event in it
                 # (a table created meanwhile may have got its id just now).
                 names = await self._load_catalog(relay)
-            checkpoint, max_scn, pending = parse_stream_headers(headers, relay)
-            return Batch(
-                body=body,
-                checkpoint=checkpoint,
-                max_scn=max_scn,
-                relay=relay,
-                source_names=names,
-                pending_event_size=pending,
-            )
+            return _answer(position, body, headers, relay, names, max_bytes)
 
         try:
             return await self._retrying(attempt)
@@ -282,15 +286,14 @@ class RelayPuller(FailoverPuller):
         try:
             await self._check(resp)
             if resp.headers.get("X-Databus-Streaming") != "1":
-                body = await resp.read()
+                body = await read_body(resp, max_bytes, relay)
                 if relay not in self.polling_relays:
                     log.info("relay %s does not offer streaming subscriptions; "
                              "long-polling it", relay)
                 self._poll_for_a_while(relay)
-                checkpoint, max_scn, pending = parse_stream_headers(resp.headers, relay)
                 if self.pending_sources:
                     names = await self._load_catalog(relay)
-                return Batch(body, checkpoint, max_scn, relay, names, pending)
+                return _answer(position, body, resp.headers, relay, names, max_bytes)
         except BaseException:
             resp.release()
             raise
@@ -298,23 +301,56 @@ class RelayPuller(FailoverPuller):
             max_scn = header_int(resp.headers, "X-Databus-Max-Scn")
         except ValueError:
             max_scn = None
-        return _OpenStream(self, relay, resp, position, names, max_scn)
+        return _OpenStream(self, relay, resp, position, names, max_scn, max_bytes, silence)
+
+
+async def read_body(resp: aiohttp.ClientResponse, limit: int, server: str) -> bytes:
+    """A response body of at most ``limit`` bytes (what was asked for); a longer one is
+    refused as it arrives, before more than ``limit`` bytes of it are held."""
+    length = resp.content_length
+    if length is not None and length > limit:
+        raise refused(f"{server} announced a body of {length} bytes in answer to "
+                      f"max_bytes={limit}", OVERSIZE)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise refused(f"{server} sent more than the {limit} bytes asked for "
+                          "(max_bytes)", OVERSIZE)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _answer(position: Checkpoint, body: bytes, headers: Mapping[str, str], relay: str,
+            names: dict[int, str], max_bytes: int) -> Batch:
+    """A polling response as a checked ``Batch``."""
+    checkpoint, max_scn, pending = parse_stream_headers(headers, relay)
+    found = check_relay_answer(position, body, checkpoint, relay=relay, limit=max_bytes)
+    return Batch(body, checkpoint, max_scn, relay, names, pending, found)
 
 
 class _OpenStream:
     """One open streaming response and its framer."""
 
     def __init__(self, puller: RelayPuller, relay: str, resp: aiohttp.ClientResponse,
-                 position: Checkpoint, names: dict[int, str], max_scn: int | None) -> None:
+                 position: Checkpoint, names: dict[int, str], max_scn: int | None,
+                 limit: int, silence: float) -> None:
         self.puller = puller
         self.relay = relay
         self.resp = resp
         self.position = position  # where the consumer is after the last batch handed out
         self.names = names
         self.max_scn = max_scn
-        self.framer = StreamFramer()
+        self.limit = limit
+        self.framer = StreamFramer(limit)
         self.frames: list[StreamFrame] = []
         self.frames_seen = 0
+        self.bytes_seen = 0
+        # A whole frame (write, heartbeat) is due within ``silence`` of the previous one
+        # (or of the response's start): bytes that never make one do not keep it alive.
+        self.silence = silence
+        self.frame_due = time.monotonic() + silence
 
     async def next(self) -> Batch:
         while True:
@@ -335,6 +371,8 @@ class _OpenStream:
                         self.names = await self.puller._load_catalog(self.relay)
                     return Batch(b"", self.position, self.max_scn, self.relay, self.names, None)
                 assert frame.checkpoint is not None
+                found = check_relay_answer(self.position, frame.body, frame.checkpoint,
+                                           relay=self.relay, limit=self.limit)
                 if frame.checkpoint.window_scn > (self.max_scn or -1):
                     self.max_scn = frame.checkpoint.window_scn
                 if self.puller.pending_sources:
@@ -342,15 +380,35 @@ class _OpenStream:
                     # it (a table created meanwhile may have got its id just now).
                     self.names = await self.puller._load_catalog(self.relay)
                 return Batch(frame.body, frame.checkpoint, self.max_scn, self.relay,
-                             self.names, None)
-            chunk = await self.resp.content.readany()
+                             self.names, None, found)
+            chunk = await self._read()
             if not chunk:
                 if self.framer.pending_bytes:
                     raise bad_answer(f"relay {self.relay} ended the stream inside an event")
                 raise ConnectionResetError(f"relay {self.relay} ended the stream")
+            self.bytes_seen += len(chunk)
             frames = self.framer.feed(chunk)
+            if frames:
+                self.frame_due = time.monotonic() + self.silence
             self.frames_seen += len(frames)
             self.frames.extend(frames)
+
+    async def _read(self) -> bytes:
+        """The next bytes, or ``StreamStalledError`` when the next whole frame is not
+        complete by its due time (docs/client.md, "Streaming subscriptions")."""
+        left = self.frame_due - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            return await asyncio.wait_for(self.resp.content.readany(), left)
+        except TimeoutError:
+            if not self.bytes_seen:
+                raise  # nothing at all: the caller's buffering-proxy rule decides
+            raise StreamStalledError(
+                f"relay {self.relay} sent no whole heartbeat or write in {self.silence:.1f} "
+                f"s ({STREAM_MISSED_HEARTBEATS} missed heartbeats), "
+                f"{self.framer.pending_bytes} bytes of an unfinished one: reconnecting"
+            ) from None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

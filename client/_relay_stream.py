@@ -11,22 +11,32 @@ The framer checks each event's header (magic, version, lengths, header CRC) to f
 where it ends; body CRCs are checked by the decoder as for a polled body, and the
 control events' here. Anything else than a cut-off last event is damage: an
 ``EventFormatError`` (retriable), after which the client reconnects from its checkpoint.
+
+What it holds is bounded by the write size the stream was opened with (``limit``, the
+request's ``max_bytes``): a write may pass it by its last event only (a single event
+larger than the limit is written alone), so a data event that begins at or past the
+limit is refused as soon as its header arrives, before its bytes are held
+(``databus.client._answers``, "oversize answer").
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from databus.batch import scan
 from databus.checkpoint import Checkpoint
+from databus.client._answers import OVERSIZE, refused
 from databus.client._headers import bad_answer
-from databus.errors import CheckpointError
+from databus.errors import CheckpointError, EventFormatError
 from databus.event import (
     CHECKPOINT_SOURCE_ID,
     ERROR_SOURCE_ID,
+    HEADER_SIZE,
     HEARTBEAT_SOURCE_ID,
     decode_event,
+    decode_header,
 )
 
 __all__ = ["StreamFrame", "StreamFramer"]
@@ -54,10 +64,11 @@ class StreamFrame:
 class StreamFramer:
     """Cuts a stream's bytes into ``StreamFrame``s. Feed bytes; take frames."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._buf = bytearray()
         self._scanned = 0  # end of the last whole event seen
         self.ended = False  # an error frame was seen: nothing may follow it
+        self.limit = limit  # bytes of a write (module docstring)
 
     @property
     def pending_bytes(self) -> int:
@@ -87,11 +98,40 @@ class StreamFramer:
                     raise bad_answer("the relay sent bytes after an in-band error event")
                 break
         self._scanned = found.end
+        if self.limit is not None and not self.ended:
+            self._check_size(found.offset, found.source_id, found.count, cut, found.end)
         if cut:
             # Frames taken: keep only the bytes after the last one.
             del self._buf[:cut]
             self._scanned -= cut
         return frames
+
+    def _check_size(self, offsets: Sequence[int], sids: Sequence[int], count: int,
+                    cut: int, end: int) -> None:
+        """Refuse a write whose events go on past ``limit`` (module docstring)."""
+        limit = self.limit
+        assert limit is not None
+        if end - cut < limit and len(self._buf) - cut <= limit + HEADER_SIZE:
+            return
+        for i in range(count - 1, -1, -1):
+            if offsets[i] - cut < limit:
+                break  # this one and every earlier one began within the limit
+            if sids[i] not in _STREAM_CONTROLS:
+                raise self._oversize()
+        if end - cut >= limit and len(self._buf) - end >= HEADER_SIZE:
+            # The event being received begins past the limit: its header says what it is.
+            try:
+                header = decode_header(self._buf, end)
+            except EventFormatError:
+                return  # damage: the next feed's scan reports it
+            if header.source_id not in _STREAM_CONTROLS:
+                raise self._oversize()
+            if header.total_length > HEADER_SIZE + _MAX_CONTROL_VALUE:
+                raise bad_answer(f"stream control event of {header.total_length} bytes")
+
+    def _oversize(self) -> EventFormatError:
+        return refused(f"a streaming write goes on past the {self.limit} bytes asked for "
+                       "(max_bytes) with more than its one last event", OVERSIZE)
 
     def _control(self, raw: bytes, body: bytes) -> StreamFrame:
         event = decode_event(raw)  # checks its body CRC

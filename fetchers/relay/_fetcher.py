@@ -268,14 +268,9 @@ class _Chain:
         if batch.pending_event_size is not None and not batch.body:
             # The next event is larger than a response: ask for more next time.
             self.max_bytes = max(self.max_bytes, int(batch.pending_event_size))
-        windows = self.assembler.feed(batch.body)
-        open_scn = self.assembler.open_scn
-        if open_scn is None and checkpoint.window_offset >= 0:
-            raise bad_answer(f"upstream {batch.relay} returned a checkpoint inside window "
-                             f"{checkpoint.window_scn} after a body that ended no window")
-        if open_scn is not None and checkpoint.window_scn != open_scn:
-            raise bad_answer(f"upstream {batch.relay} returned checkpoint "
-                             f"{checkpoint.dumps()} inside window {open_scn}")
+        # The puller checked the answer (databus.client._answers): its windows go
+        # forward from the position, and its checkpoint stands where its body ends.
+        windows = self.assembler.feed(batch.body, batch.scan)
         if windows:
             await self._ensure_schemas(batch.relay, session, windows, batch.source_names)
         for window in windows:
@@ -285,10 +280,9 @@ class _Chain:
 
     def _store(self, window: UpstreamWindow, upstream: str, names: dict[int, str]) -> None:
         if self.committed is not None and window.scn <= self.committed:
-            log.warning("buffer %s: upstream %s served window %d again (this buffer holds "
-                        "up to %d); skipped", self.context.buffer_name, upstream, window.scn,
-                        self.committed)
-            return
+            # Never skipped: storing nothing here and moving on could leave a gap.
+            raise bad_answer(f"upstream {upstream} served window {window.scn}, not after "
+                             f"the newest window stored ({self.committed}); refused")
         if (self.chain.filter_json is None and window.complete
                 and window.checksum != window.eow_checksum):
             raise bad_answer(f"upstream {upstream}: window {window.scn} does not match its "

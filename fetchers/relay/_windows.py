@@ -90,11 +90,13 @@ class WindowAssembler:
         self._open = None
         self._check = WindowChecksum()
 
-    def feed(self, body: bytes) -> list[UpstreamWindow]:
-        """The windows ``body`` ends; a bad body raises and leaves the state unchanged."""
+    def feed(self, body: bytes, found: batch.Scan | None = None) -> list[UpstreamWindow]:
+        """The windows ``body`` ends; a bad body raises and leaves the state unchanged.
+        ``found`` is the body's scan when the caller has one."""
         if not body:
             return []
-        found = batch.scan(body)
+        if found is None:
+            found = batch.scan(body)
         if found.error is not None:
             raise bad_answer(f"upstream body: {found.error}")
         done: list[UpstreamWindow] = []

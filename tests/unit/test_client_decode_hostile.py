@@ -13,7 +13,6 @@ import json
 import pytest
 
 from databus._hashing import stable_key_hash
-from databus.checkpoint import Checkpoint, Mode
 from databus.client._decode import MISSING_EOW, WINDOW_CHECK, ResponseDecoder
 from databus.client._events import DataEvent, EndOfWindow
 from databus.client._headers import parse_stream_headers
@@ -68,8 +67,8 @@ def decoder() -> ResponseDecoder:
     return out
 
 
-def decode(body: bytes, checkpoint: Checkpoint | None = None) -> list[object]:
-    return list(decoder().decode(body, NAMES, checkpoint))
+def decode(body: bytes) -> list[object]:
+    return list(decoder().decode(body, NAMES))
 
 
 def test_valid_window_decodes() -> None:
@@ -179,21 +178,6 @@ def test_a_new_window_before_the_eow_is_a_window_failure() -> None:
     with pytest.raises(EventFormatError) as info:
         decode(data_event(1, scn=10) + data_event(2, scn=11))
     assert info.value.reason == MISSING_EOW
-
-
-def test_checkpoint_must_stand_where_the_body_ends() -> None:
-    body = window([data_event(1)])
-    assert decode(body, checkpoint=Checkpoint(10))
-    for wrong in (Checkpoint(12), Checkpoint(10, 0), Checkpoint(9),
-                  Checkpoint(10, mode=Mode.BOOTSTRAP_CATCHUP, bootstrap_start_scn=1,
-                             bootstrap_source_index=0, bootstrap_target_scn=20)):
-        with pytest.raises(EventFormatError):
-            decode(body, checkpoint=wrong)
-    part = data_event(1) + data_event(2)
-    assert decode(part, checkpoint=Checkpoint(10, 2)) == []
-    for wrong in (Checkpoint(10), Checkpoint(11, 1)):
-        with pytest.raises(EventFormatError):
-            decode(part, checkpoint=wrong)
 
 
 @pytest.mark.parametrize("headers", [
