@@ -1,0 +1,67 @@
+"""A chained relay (``relay+http://``) under a hostile upstream (issue 27 items 1-3, 12,
+14): windows swapped, a checkpoint header 1,000 SCNs ahead or 50 behind, a stream that
+dribbles a byte at a time with no heartbeat, 64 MiB more than asked for, by long polls
+and by streaming. Whatever the attack, the chained relay refuses the answer whole, asks
+again, and ends byte-identical to the honest upstream; it never skips a window.
+
+The hostile relay is ``tests/hostile_upstream.py`` in front of a real relay fed by the
+synthetic source; the chained relay runs in this process (``running_relay``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from databus.fetchers.relay import RelayChainFetcher  # noqa: F401  (the scheme's module)
+from tests.hostile_upstream import OVERSEND_BYTES, hostile_upstream
+from tests.integration.test_relay_chaining import chained, config, synthetic, windows_of
+from tests.relay_harness import running_relay, stream_body
+
+WINDOWS = 120
+
+CASES = [
+    ("reorder", "false"), ("reorder", "true"),
+    ("ahead", "false"), ("ahead", "true"),
+    ("behind", "false"), ("behind", "true"),
+    ("dribble", "true"),
+    ("oversend", "false"), ("oversend", "true"),
+]
+
+
+@pytest.mark.parametrize(("attack", "follow"), CASES)
+def test_a_hostile_upstream_leaves_no_gap(tmp_path: Path, attack: str, follow: str,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+
+    async def main() -> None:
+        async with running_relay(config(tmp_path, "up", {"src": synthetic(WINDOWS)})) as up:
+            await up.wait_for_scn("src", WINDOWS)
+            async with hostile_upstream(up.url, up.session, attack, times=3) as hostile:
+                # Answers of a few windows each (3 events of 300 bytes a window), so that
+                # there are windows to swap; heartbeats every 100 ms, so a stream with no
+                # whole frame for 0.5 s is dead.
+                down_config = config(tmp_path, "down", {"copy": chained(
+                    hostile.url, follow=follow, max_bytes="4096", wait_ms="200",
+                    heartbeat_ms="100", backoff_max_s="0.2")})
+                async with running_relay(down_config) as down:
+                    await down.wait_for_scn("copy", WINDOWS, timeout=60)
+                    copy = await stream_body(down)
+                    assert windows_of(copy) == list(range(1, WINDOWS + 1))
+                    assert copy == await stream_body(up)
+                    status = (await down.json("/v1/status"))["buffers"]["copy"]
+                assert hostile.attacks >= 1, "the attack never happened"
+                if attack == "oversend":
+                    # Refused as it arrived: far less than the 64 MiB sent was read.
+                    assert hostile.oversent < OVERSEND_BYTES // 4
+        assert status["max_scn"] == WINDOWS
+        said = "\n".join(r.getMessage() for r in caplog.records)
+        expected = {"reorder": "its SCNs go back", "ahead": "does not stand where the body",
+                    "behind": "does not stand where the body",
+                    "dribble": "sent no whole heartbeat or write",
+                    "oversend": "asked for"}[attack]
+        assert expected in said
+
+    asyncio.run(main())
