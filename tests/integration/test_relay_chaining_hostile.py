@@ -11,14 +11,22 @@ synthetic source; the chained relay runs in this process (``running_relay``).
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
-from databus.fetchers.relay import RelayChainFetcher  # noqa: F401  (the scheme's module)
+from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent
 from tests.hostile_upstream import OVERSEND_BYTES, hostile_upstream
-from tests.integration.test_relay_chaining import chained, config, synthetic, windows_of
+from tests.integration.test_relay_chaining import (
+    SOURCES,
+    chained,
+    config,
+    synthetic,
+    windows_of,
+)
 from tests.relay_harness import running_relay, stream_body
+from tests.waiting import wait_until
 
 WINDOWS = 120
 
@@ -63,5 +71,67 @@ def test_a_hostile_upstream_leaves_no_gap(tmp_path: Path, attack: str, follow: s
                     "dribble": "sent no whole heartbeat or write",
                     "oversend": "asked for"}[attack]
         assert expected in said
+
+    asyncio.run(main())
+
+
+class _Windows(Consumer):
+    """Each window's SCN and data event count, in delivery order."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.windows: list[tuple[int, int]] = []
+        self.rollbacks = 0
+        self._events = 0
+
+    def on_data_event(self, event: DataEvent) -> CallbackResult:
+        self._events += 1
+        return CallbackResult.SUCCESS
+
+    def on_end_data_event_sequence(self, scn: int) -> CallbackResult:
+        with self.lock:
+            self.windows.append((scn, self._events))
+        self._events = 0
+        return CallbackResult.SUCCESS
+
+    def on_rollback(self, scn: int) -> CallbackResult:
+        self.rollbacks += 1
+        self._events = 0
+        return CallbackResult.SUCCESS
+
+
+@pytest.mark.parametrize(("attack", "streaming"), [
+    ("reorder", False), ("reorder", True), ("ahead", False), ("ahead", True),
+    ("dribble", True), ("oversend", False),
+])
+def test_a_client_of_a_hostile_relay_gets_every_window_once_in_order(
+        tmp_path: Path, attack: str, streaming: bool) -> None:
+    """The same check in DatabusClient (and so in the replicator and ``databus tail``)."""
+
+    async def main() -> None:
+        async with running_relay(config(tmp_path, "up", {"src": synthetic(WINDOWS)})) as up:
+            await up.wait_for_scn("src", WINDOWS)
+            async with hostile_upstream(up.url, up.session, attack, times=2) as hostile:
+                consumer = _Windows()
+                client = DatabusClient([hostile.url], sources=SOURCES.split(","),
+                                       poll_wait_ms=200, backoff_max=0.2,
+                                       max_request_bytes=4096, streaming=streaming)
+                client.register(consumer)
+                thread = threading.Thread(target=client.run, daemon=True)
+                thread.start()
+                try:
+                    def done() -> bool:
+                        assert thread.is_alive(), "the client stopped"
+                        with consumer.lock:
+                            return len(consumer.windows) >= WINDOWS
+
+                    await asyncio.to_thread(wait_until, done, f"{WINDOWS} windows", 60)
+                finally:
+                    client.stop()
+                    await asyncio.to_thread(thread.join, 10)
+                assert hostile.attacks >= 1
+        assert [scn for scn, _ in consumer.windows] == list(range(1, WINDOWS + 1))
+        assert all(count == 3 for _, count in consumer.windows)
+        assert consumer.rollbacks == 0
 
     asyncio.run(main())

@@ -13,6 +13,8 @@ from databus.client._answers import (
     OVERSIZE,
     check_relay_answer,
 )
+from databus.client._answers import refused as refused_error
+from databus.client._failover import describe_failure
 from databus.client._relay_stream import StreamFramer
 from databus.errors import EventFormatError
 from databus.event import (
@@ -187,3 +189,14 @@ def test_the_framer_refuses_an_event_that_begins_past_the_limit_from_its_header(
     with pytest.raises(EventFormatError) as info:
         framer.feed(data(12, 0, size=1_000_000)[:200])  # only its start has arrived
     assert info.value.reason == OVERSIZE
+
+
+def test_a_failover_log_line_says_what_failed() -> None:
+    # Long polls that recovered logged "failed ()": aiohttp's timeouts carry no message.
+    assert describe_failure(TimeoutError(), 30) == ("no answer within the request timeout "
+                                                    "(30 s)")
+    assert describe_failure(ConnectionResetError(), 30) == ("ConnectionResetError (no "
+                                                            "message)")
+    assert describe_failure(OSError("refused"), 30) == "OSError: refused"
+    error = refused_error("window 3 after window 4", OUT_OF_ORDER)
+    assert describe_failure(error, 30) == str(error)
