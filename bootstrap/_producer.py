@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -31,6 +30,7 @@ from databus.bootstrap._component import BackgroundComponent, ComponentStatus
 from databus.bootstrap._storage import BootstrapStorage, LogBatch
 from databus.checkpoint import Checkpoint
 from databus.client import FellOffRelay, RelayPuller
+from databus.client._headers import read_json
 from databus.errors import DatabusError, EventFormatError, SourceError
 from databus.event import EOW_SOURCE_ID
 
@@ -272,6 +272,6 @@ class LogProducer(BackgroundComponent):
         (buffer,) = buffers
         timeout = aiohttp.ClientTimeout(total=30)
         async with puller.session.get(f"{puller.relay}/v1/status", timeout=timeout) as resp:
-            doc = json.loads(await resp.read())
+            doc: Any = await read_json(resp, puller.relay)
         prev = doc["buffers"][buffer]["prev_scn"]
         return int(prev) if prev is not None and int(prev) >= 0 else 0

@@ -27,6 +27,7 @@ from typing import ClassVar, TypeVar
 import aiohttp
 
 from databus.checkpoint import Checkpoint
+from databus.client._headers import read_json
 from databus.errors import (
     ConnectionLostError,
     DatabusError,
@@ -226,7 +227,7 @@ class FailoverPuller:
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         async with self.session.get(url, timeout=timeout) as resp:
             await self._check(resp)
-            return await resp.json(content_type=None)
+            return await read_json(resp, url)
 
     async def _check(self, resp: aiohttp.ClientResponse) -> None:
         """Raise for anything but 200: 5xx is retriable (a server restarting, its

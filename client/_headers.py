@@ -1,13 +1,23 @@
-"""Stream response headers, parsed as answers that may come from a buggy or hostile
+"""Response headers and bodies, read as answers that may come from a buggy or hostile
 server: anything missing or garbage is a bad answer, failed over and asked again like a
-body that fails its CRC, never an exception that stops the client."""
+body that fails its CRC, never an exception that stops the client; a body is never read
+past what was asked for (a stream body: ``max_bytes``; a JSON document:
+``MAX_JSON_BYTES``), so a server cannot make a reader hold more than that."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
+import aiohttp
+
 from databus.checkpoint import Checkpoint
+from databus.client._answers import OVERSIZE, refused
 from databus.errors import CheckpointError, EventFormatError
+
+# The largest JSON document a server answers (source lists, schemas, status): far above
+# any real one (a schema history of thousands of versions), far below a memory problem.
+MAX_JSON_BYTES = 16 << 20
 
 
 def bad_answer(message: str) -> EventFormatError:
@@ -44,3 +54,31 @@ def header_int(headers: Mapping[str, str], name: str) -> int | None:
     if not -(1 << 63) <= value < (1 << 63):
         raise ValueError(f"{name} is not a 64-bit integer")
     return value
+
+
+async def read_body(resp: aiohttp.ClientResponse, limit: int, server: str) -> bytes:
+    """A response body of at most ``limit`` bytes (what was asked for); a longer one is
+    refused as it arrives, before more than ``limit`` bytes of it are held."""
+    length = resp.content_length
+    if length is not None and length > limit:
+        raise refused(f"{server} announced a body of {length} bytes in answer to "
+                      f"max_bytes={limit}", OVERSIZE)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise refused(f"{server} sent more than the {limit} bytes asked for "
+                          "(max_bytes)", OVERSIZE)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(resp: aiohttp.ClientResponse, server: str) -> object:
+    """A JSON document of at most ``MAX_JSON_BYTES`` (``ValueError`` when it is not
+    JSON, or too deeply nested to parse)."""
+    raw = await read_body(resp, MAX_JSON_BYTES, server)
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{server} answered a JSON document nested too deeply") from None

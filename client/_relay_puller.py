@@ -21,9 +21,9 @@ import aiohttp
 
 from databus.batch import Scan
 from databus.checkpoint import Checkpoint
-from databus.client._answers import OVERSIZE, check_relay_answer, refused
+from databus.client._answers import check_relay_answer
 from databus.client._failover import FailoverPuller
-from databus.client._headers import bad_answer, header_int, parse_stream_headers
+from databus.client._headers import bad_answer, header_int, parse_stream_headers, read_body
 from databus.client._relay_stream import StreamFrame, StreamFramer
 from databus.errors import ConnectionLostError, DatabusError, EventFormatError, ScnNotFoundError
 
@@ -302,24 +302,6 @@ class RelayPuller(FailoverPuller):
         except ValueError:
             max_scn = None
         return _OpenStream(self, relay, resp, position, names, max_scn, max_bytes, silence)
-
-
-async def read_body(resp: aiohttp.ClientResponse, limit: int, server: str) -> bytes:
-    """A response body of at most ``limit`` bytes (what was asked for); a longer one is
-    refused as it arrives, before more than ``limit`` bytes of it are held."""
-    length = resp.content_length
-    if length is not None and length > limit:
-        raise refused(f"{server} announced a body of {length} bytes in answer to "
-                      f"max_bytes={limit}", OVERSIZE)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise refused(f"{server} sent more than the {limit} bytes asked for "
-                          "(max_bytes)", OVERSIZE)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _answer(position: Checkpoint, body: bytes, headers: Mapping[str, str], relay: str,

@@ -33,6 +33,7 @@ from databus.client import (
     DatabusClient,
     DataEvent,
 )
+from databus.client._headers import read_json
 from databus.config import ReplicateConfig, ReplicatedTableConfig
 from databus.errors import DatabusError
 from databus.replicator._fold import Folder, TableFold
@@ -498,7 +499,7 @@ async def _schemas_from(session: Any, relay: str, sources: list[str]) -> dict[st
     for source in sources:
         async with session.get(f"{relay.rstrip('/')}/v1/schemas",
                                params={"source": source}) as resp:
-            doc: Any = await resp.json(content_type=None)
+            doc: Any = await read_json(resp, relay)
             if resp.status != 200:
                 detail = doc.get("message") if isinstance(doc, dict) else doc
                 raise DatabusError(f"relay answered {resp.status} for {source}: {detail}")

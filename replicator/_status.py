@@ -25,6 +25,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from databus.checkpoint import Checkpoint
+from databus.client._headers import read_json
+from databus.errors import DatabusError
 from databus.replicator._progress import CopyView, Start, start_kind, status_fields
 
 __all__ = ["ReplicationStats", "bootstrap_rows", "estimate_copies", "status_document"]
@@ -245,12 +247,12 @@ async def bootstrap_rows(urls: Sequence[str], *, timeout_s: float = 10.0
         for url in urls:
             try:
                 async with session.get(f"{url.rstrip('/')}/v1/status") as resp:
-                    doc: Any = await resp.json(content_type=None)
+                    doc: Any = await read_json(resp, url)
                 if resp.status != 200 or not isinstance(doc.get("snapshot_rows"), dict):
                     raise ValueError(f"answered {resp.status} without snapshot_rows")
                 return {str(k): int(v) for k, v in doc["snapshot_rows"].items()}
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError, TypeError,
-                    AttributeError) as exc:
+                    AttributeError, DatabusError) as exc:
                 log.debug("bootstrap service %s gave no row count: %s", redact_uri(url), exc)
     return None
 

@@ -46,6 +46,7 @@ import aiohttp
 
 from databus.checkpoint import Checkpoint
 from databus.client import FellOffRelay, RelayPuller
+from databus.client._headers import MAX_JSON_BYTES, read_json
 from databus.errors import (
     ConfigError,
     ConnectionLostError,
@@ -339,7 +340,7 @@ class _Chain:
         timeout = aiohttp.ClientTimeout(total=30)
         async with session.get(f"{upstream}/v1/sources", timeout=timeout) as resp:
             resp.raise_for_status()
-            doc = await resp.json(content_type=None)
+            doc: Any = await read_json(resp, upstream)
         current = {str(e["name"]): e.get("schema_fingerprint") for e in doc["sources"]}
         for name in self.chain.sources:
             async with session.get(f"{upstream}/v1/schemas", params={"source": name},
@@ -347,7 +348,7 @@ class _Chain:
                 if resp.status == 404:
                     continue  # not there yet (the puller reports unknown sources)
                 resp.raise_for_status()
-                versions = (await resp.json(content_type=None))["versions"]
+                versions = (await read_json(resp, upstream))["versions"]  # type: ignore[index]
             schemas: list[Schema] = []
             for item in versions:
                 schemas.append(_schema(upstream, item))
@@ -388,6 +389,6 @@ def _get_json(url: str) -> Any:
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=_STATUS_TIMEOUT_S) as resp:
-            return json.loads(resp.read())
+            return json.loads(resp.read(MAX_JSON_BYTES + 1))
     except urllib.error.HTTPError as exc:
         raise OSError(f"HTTP {exc.code}") from None
