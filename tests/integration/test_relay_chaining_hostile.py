@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from databus.bootstrap._producer import LogProducer
+from databus.bootstrap._storage import open_storage
 from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent
+from databus.filters import FilterSpec
 from tests.hostile_upstream import OVERSEND_BYTES, hostile_upstream
 from tests.integration.test_relay_chaining import (
     SOURCES,
@@ -26,7 +29,7 @@ from tests.integration.test_relay_chaining import (
     windows_of,
 )
 from tests.relay_harness import running_relay, stream_body
-from tests.waiting import wait_until
+from tests.waiting import async_wait_until, wait_until
 
 WINDOWS = 120
 
@@ -135,3 +138,37 @@ def test_a_client_of_a_hostile_relay_gets_every_window_once_in_order(
         assert consumer.rollbacks == 0
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("attack", ["reorder", "ahead"])
+def test_the_bootstrap_log_writer_of_a_hostile_relay_logs_every_window_once_in_order(
+        tmp_path: Path, attack: str) -> None:
+    """The same check in the bootstrap service's log writer (a SQLite store here)."""
+
+    async def main() -> list[int]:
+        storage = open_storage(f"sqlite:///{tmp_path / 'bootstrap.db'}")
+        try:
+            async with running_relay(config(tmp_path, "up", {"src": synthetic(WINDOWS)})) as up:
+                await up.wait_for_scn("src", WINDOWS)
+                async with hostile_upstream(up.url, up.session, attack, times=3) as hostile:
+                    producer = LogProducer(storage, [hostile.url], max_bytes=4096,
+                                           poll_wait_ms=200, backoff_max=0.2)
+                    producer.start()
+                    try:
+                        await async_wait_until(
+                            lambda: producer.status.scn == WINDOWS,
+                            f"the log at SCN {WINDOWS}", 60,
+                            diagnose=lambda: str(producer.status.to_json()))
+                    finally:
+                        await producer.close()
+                    assert hostile.attacks >= 1
+            rows = storage.log_batch(SOURCES.split(","), after_scn=-1, upto_scn=1 << 62,
+                                     limit=1 << 30, filter=FilterSpec())
+            return [row.scn for row in rows]
+        finally:
+            storage.close()
+
+    scns = asyncio.run(main())
+    assert scns == sorted(scns)
+    assert sorted(set(scns)) == list(range(1, WINDOWS + 1))
+    assert len(scns) == 3 * WINDOWS
