@@ -354,19 +354,40 @@ def test_fell_off_the_upstream(tmp_path: Path) -> None:
     """A chained relay stopped while its upstream went on and evicted the windows it
     needs next: restarted with that upstream alone, its fetcher fails with an error that
     names both SCNs; restarted with another upstream that still holds them listed
-    after it, it goes on from that one."""
+    after it, it goes on from that one.
+
+    The source is a SQLite table the test writes to, so that the eviction happens at
+    the test's pace (the relay that keeps everything is waited for after every batch),
+    not at a rate a busy machine may not keep up with."""
+    db = SqliteSource(tmp_path / "shop.db",
+                      "CREATE TABLE orders (id INTEGER PRIMARY KEY, tag TEXT NOT NULL)")
+    db.install("orders")
+    pad = "x" * 900  # ~1 KB windows in a 1 MB upstream buffer: it holds about 1000
+
+    def commit(start: int, n: int) -> None:
+        for i in range(start, start + n):
+            db.txn(f"INSERT INTO orders (id, tag) VALUES ({i}, '{pad}{i}')")
 
     async def main() -> None:
-        # ~1 KB windows in a 1 MB upstream buffer: it holds about 1000 of 3000.
-        source = synthetic(3000, rate=9000, event_bytes=330)
-        async with running_relay(config(tmp_path, "up", {"src": source}, capacity_mb=1)) as up:
-            keep_config = config(tmp_path, "keep", {"all": chained(up.url)}, capacity_mb=8)
+        up_config = config(tmp_path, "up", {"src": db.uri("orders")}, capacity_mb=1)
+        async with running_relay(up_config) as up:
+            name = (await up.json("/v1/sources"))["sources"][0]["name"]
+            keep_config = config(tmp_path, "keep", {"all": chained(up.url, sources=name)},
+                                 capacity_mb=8)
+            down_config = config(tmp_path, "down", {"copy": chained(up.url, sources=name)},
+                                 capacity_mb=8)
             async with running_relay(keep_config) as keep:
-                down_config = config(tmp_path, "down", {"copy": chained(up.url)}, capacity_mb=8)
                 async with running_relay(down_config) as down:
-                    await down.wait_for_scn("copy", 50)
-                await up.wait_for_scn("src", 3000, timeout=30)
-                await keep.wait_for_scn("all", 3000)
+                    commit(0, 50)
+                    await _max_scn_holding(down, "copy", 50)
+                held = 50
+                while True:
+                    commit(held, 100)
+                    held += 100
+                    await _max_scn_holding(keep, "all", held)
+                    status = (await up.json("/v1/status"))["buffers"]["src"]
+                    if status["windows"] < held - 200:
+                        break  # the windows right after the stopped copy are gone
                 up_min = (await up.json("/v1/status"))["buffers"]["src"]["min_scn"]
                 async with running_relay(down_config) as down:
                     doc = await wait_status(down, "copy",
@@ -379,13 +400,15 @@ def test_fell_off_the_upstream(tmp_path: Path) -> None:
                     assert f"SCN {up_min}" in error
                     assert doc["max_scn"] == down_max  # nothing stored after the error
                 # The same buffer, the relay that still holds everything listed second.
-                retry_config = config(tmp_path, "down", {"copy": chained(up.url, keep.url)},
-                                      capacity_mb=8)
+                retry_config = config(tmp_path, "down", {"copy": chained(
+                    up.url, keep.url, sources=name)}, capacity_mb=8)
+                keep_max = await _max_scn_holding(keep, "all", held)
                 async with running_relay(retry_config) as down:
-                    await down.wait_for_scn("copy", 3000)
+                    await down.wait_for_scn("copy", keep_max)
                     assert await stream_body(down) == await stream_body(keep)
 
     asyncio.run(main())
+    db.close()
 
 
 def test_a_window_cut_by_the_connection_is_read_again_whole(
