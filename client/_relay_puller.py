@@ -329,12 +329,14 @@ class _OpenStream:
         self.frames: list[StreamFrame] = []
         self.frames_seen = 0
         self.bytes_seen = 0
-        # A whole frame (write, heartbeat) is due within ``silence`` of the previous one
-        # (or of the response's start): bytes that never make one do not keep it alive.
+        # A whole frame (write, heartbeat) is due within ``silence`` of when the reader
+        # began waiting for it: bytes that never make one do not keep the stream alive.
         self.silence = silence
-        self.frame_due = time.monotonic() + silence
 
     async def next(self) -> Batch:
+        # Counted from now, not from the previous frame: a consumer that did not read for
+        # a while (its buffer full) finds the relay's writes waiting, not a dead stream.
+        due = time.monotonic() + self.silence
         while True:
             while self.frames:
                 frame = self.frames.pop(0)
@@ -363,7 +365,7 @@ class _OpenStream:
                     self.names = await self.puller._load_catalog(self.relay)
                 return Batch(frame.body, frame.checkpoint, self.max_scn, self.relay,
                              self.names, None, found)
-            chunk = await self._read()
+            chunk = await self._read(due)
             if not chunk:
                 if self.framer.pending_bytes:
                     raise bad_answer(f"relay {self.relay} ended the stream inside an event")
@@ -371,14 +373,14 @@ class _OpenStream:
             self.bytes_seen += len(chunk)
             frames = self.framer.feed(chunk)
             if frames:
-                self.frame_due = time.monotonic() + self.silence
+                due = time.monotonic() + self.silence
             self.frames_seen += len(frames)
             self.frames.extend(frames)
 
-    async def _read(self) -> bytes:
+    async def _read(self, due: float) -> bytes:
         """The next bytes, or ``StreamStalledError`` when the next whole frame is not
-        complete by its due time (docs/client.md, "Streaming subscriptions")."""
-        left = self.frame_due - time.monotonic()
+        complete by ``due`` (docs/client.md, "Streaming subscriptions")."""
+        left = due - time.monotonic()
         try:
             if left <= 0:
                 raise TimeoutError

@@ -18,7 +18,8 @@ import pytest
 
 from databus.bootstrap._producer import LogProducer
 from databus.bootstrap._storage import open_storage
-from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent
+from databus.checkpoint import Checkpoint
+from databus.client import CallbackResult, Consumer, DatabusClient, DataEvent, RelayPuller
 from databus.filters import FilterSpec
 from tests.hostile_upstream import OVERSEND_BYTES, hostile_upstream
 from tests.integration.test_relay_chaining import (
@@ -172,3 +173,30 @@ def test_the_bootstrap_log_writer_of_a_hostile_relay_logs_every_window_once_in_o
     assert scns == sorted(scns)
     assert sorted(set(scns)) == list(range(1, WINDOWS + 1))
     assert len(scns) == 3 * WINDOWS
+
+
+def test_a_reader_that_pauses_does_not_take_an_honest_stream_for_a_stalled_one(
+        tmp_path: Path) -> None:
+    """The per-frame deadline counts the time the reader waits for a frame, not the time
+    it spent elsewhere (a consumer whose buffer was full): after a pause of several
+    deadlines, the writes that came meanwhile are read from the same stream."""
+
+    async def main() -> None:
+        async with running_relay(config(tmp_path, "up", {"src": synthetic(WINDOWS,
+                                                                          rate=200)})) as up:
+            await up.wait_for_scn("src", 2)
+            puller = RelayPuller([up.url], SOURCES.split(","), up.session, heartbeat_ms=100,
+                                 backoff_max=0.2)
+            try:
+                position = Checkpoint.flexible()
+                batch = await puller.next_batch(position, max_bytes=4096, wait_ms=200)
+                position = batch.checkpoint
+                await asyncio.sleep(2.0)  # four deadlines of 0.5 s; windows go on landing
+                while position.window_scn < WINDOWS:
+                    batch = await puller.next_batch(position, max_bytes=4096, wait_ms=200)
+                    position = batch.checkpoint
+                assert puller.failovers == 0, puller.last_error
+            finally:
+                await puller.close_stream()
+
+    asyncio.run(main())
