@@ -25,6 +25,7 @@ import psycopg2
 import psycopg2.extensions
 from psycopg2 import sql
 
+from databus._ddl import serialized_ddl
 from databus._redact import redact
 from databus.errors import DumpSetupError, SourceError
 from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
@@ -92,7 +93,11 @@ class LogicalDumpSource:
             f"CREATE TABLE IF NOT EXISTS public.{WATERMARK_TABLE} (id text PRIMARY KEY, "
             "created_at timestamptz NOT NULL DEFAULT now())",
         ]
-        with self._cursor() as cur:
+        with self._cursor() as cur, (
+                contextlib.nullcontext() if dry_run
+                # Two setups at once: both would find the table missing from the
+                # publication and the second one's ADD TABLE would fail (databus/_ddl.py).
+                else serialized_ddl(cur, "postgresql", f"dump-setup:{WATERMARK_TABLE}")):
             cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND "
                         "schemaname = 'public' AND tablename = %s",
                         (self.source.publication, WATERMARK_TABLE))
