@@ -132,12 +132,15 @@ class DumpManager:
                     dump.state = "failed"
                     dump.error = f"buffer {dump.buffer!r} is no longer configured"
                     dump.finished_at = time.time()
+                    dump.settle_tables("failed", dump.error)
             self._save()
             for dump in self._dumps:
                 if dump.active:
                     log.info("dump %s on buffer %s resumes (%s)", dump.id, dump.buffer,
                              dump.state)
                     self._worker(dump.buffer)
+                elif dump.owes_ends and dump.buffer in ports:
+                    self._worker(dump.buffer)  # end markers a restart cut off
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -239,6 +242,7 @@ class DumpManager:
                     raise DumpConflictError(f"dump {dump_id} is {dump.state} already")
                 dump.state = "cancelled"
                 dump.finished_at = time.time()
+                dump.settle_tables("cancelled")
             else:
                 raise ValueError(action)
             self._save()
@@ -312,6 +316,13 @@ class DumpManager:
                     return dump
             return None
 
+    def _owing(self, buffer: str) -> list[Dump]:
+        """Finished dumps of ``buffer`` whose failed or cancelled tables still owe their
+        consumers an end marker."""
+        with self._lock:
+            return [d for d in self._dumps
+                    if d.buffer == buffer and not d.active and d.owes_ends]
+
     def _wait_for_work(self, buffer: str, timeout: float) -> None:
         with self._lock:
             if self._next(buffer) is None and not self._stop.is_set():
@@ -327,6 +338,8 @@ class _Worker:
         self.source: DumpSource | None = None
         self._run_started: float | None = None
         self._current: Dump | None = None
+        self._ends_retry_at = 0.0
+        self._ends_backoff = 0.5
         self.thread = threading.Thread(target=self.loop, name=f"databus-dump-{port.buffer}",
                                        daemon=True)
 
@@ -360,6 +373,12 @@ class _Worker:
         stop = manager._stop
         try:
             while not stop.is_set():
+                # Owed end markers first: a table cancelled and dumped again must end
+                # (cancelled) before its new start.
+                owing = manager._owing(self.port.buffer)
+                if owing and time.monotonic() >= self._ends_retry_at:
+                    self._write_owed_ends(owing)
+                    continue
                 dump = manager._next(self.port.buffer)
                 if dump is None:
                     manager._wait_for_work(self.port.buffer, 1.0)
@@ -367,6 +386,52 @@ class _Worker:
                 self.run(dump)
         finally:
             self.close_source()
+
+    def _write_owed_ends(self, dumps: list[Dump]) -> None:
+        """Write the end marker (outcome failed or cancelled) of every table of
+        ``dumps`` whose start marker consumers saw; on an error, again after a backoff
+        (the source or the fetcher down: the markers travel through the log)."""
+        try:
+            source = self._source()
+            for dump in dumps:
+                for table in dump.tables:
+                    if table.owes_end:
+                        self._write_end(dump, table, source)
+            self._ends_backoff = 0.5
+        except _Stopped:
+            return
+        except Exception as exc:
+            log.warning("dump end markers on buffer %s: %s; trying again in %.1f s",
+                        self.port.buffer, redact(str(exc)), self._ends_backoff)
+            self.close_source()
+            self._ends_retry_at = time.monotonic() + self._ends_backoff
+            self._ends_backoff = min(self._ends_backoff * 2, 30.0)
+
+    def _write_end(self, dump: Dump, table: TableProgress, source: DumpSource) -> None:
+        """An empty last chunk: its window carries only ``table``'s end marker, with the
+        outcome the table ended with."""
+        outcome = "failed" if table.state == "failed" else "cancelled"
+        sink = self.port.sink
+        chunk = Chunk(dump_id=dump.id, source=table.source, source_id=-1,
+                      low=uuid.uuid4().hex, high=uuid.uuid4().hex, first=False,
+                      rows_before=table.rows, outcome=outcome)
+        sink.offer(chunk)
+        try:
+            source.write_watermark(chunk.low)
+            self._wait(None, chunk, ("open",))
+            sink.set_rows(chunk, [], last=True)
+            source.write_watermark(chunk.high)
+            self._wait(None, chunk, ("emitted",))
+        except BaseException:
+            sink.withdraw(chunk)
+            if chunk.phase != "emitted":
+                raise
+        self.port.flush()
+        with self.manager._lock:
+            table.ended = True
+            self.manager._save()
+        log.info("dump %s: %s ended %s after %d rows", dump.id, table.source, outcome,
+                 table.rows)
 
     # -- one dump ---------------------------------------------------------------------
 
@@ -401,6 +466,15 @@ class _Worker:
                 return
             backoff = min(backoff * 2, 30.0)
 
+    def _fold_clock(self, dump: Dump) -> None:
+        """Add the running time so far to ``dump.run_seconds`` (under the manager's
+        lock, before a save): what the file records is rows and the time they took, so
+        that a restarted relay's rate is over the whole running time."""
+        if self._run_started is not None and self._current is dump:
+            now = time.monotonic()
+            dump.run_seconds += now - self._run_started
+            self._run_started = now
+
     def _stop_clock(self, dump: Dump) -> None:
         with self.manager._lock:
             if self._run_started is not None and self._current is dump:
@@ -415,6 +489,8 @@ class _Worker:
             dump.state = state  # type: ignore[assignment]
             dump.error = error
             dump.finished_at = time.time()
+            if state == "failed":
+                dump.settle_tables("failed", error)
             self.manager._save()
         if error:
             log.error("dump %s %s: %s", dump.id, state, error)
@@ -429,6 +505,9 @@ class _Worker:
             self._check_state(dump)
             if not dump.tables:  # every table of the buffer, fixed at the start
                 dump.tables = [TableProgress(s) for s in source.tables()]
+        self._estimate(dump, source)
+        with manager._lock:
+            self._check_state(dump)
             if dump.started_at is None:
                 dump.started_at = time.time()
             dump.state = "running"
@@ -446,6 +525,8 @@ class _Worker:
                     table.error = str(exc)
                     manager._save()
                 log.error("dump %s: table %s failed: %s", dump.id, table.source, exc)
+                if table.owes_end:
+                    self._write_end(dump, table, source)
         failed = [t.source for t in dump.tables if t.state == "failed"]
         if failed:
             self._finish(dump, "failed", f"tables failed: {', '.join(failed)}")
@@ -455,6 +536,28 @@ class _Worker:
             source.cleanup_watermarks(frozenset())
         except DatabusError as exc:
             log.debug("dump %s: cleaning up watermarks: %s", dump.id, exc)
+
+    def _estimate(self, dump: Dump, source: DumpSource) -> None:
+        """Every table's row estimate, read from the source's catalog when the dump
+        starts (and, after a restart, for tables that have none yet): percent and ETA
+        then cover the whole dump from its first poll."""
+        for table in dump.tables:
+            if table.estimated or table.state != "pending":
+                continue
+            with self.manager._lock:
+                self._check_state(dump)
+            try:
+                estimate = (len(dump.keys) if dump.keys is not None
+                            else source.estimate_rows(table.source))
+            except DumpSetupError as exc:
+                # The table fails when its turn comes (dropped, no key): it adds nothing.
+                log.debug("dump %s: no estimate for %s: %s", dump.id, table.source, exc)
+                estimate = 0
+            with self.manager._lock:
+                table.estimate = estimate
+                table.estimated = True
+        with self.manager._lock:
+            self.manager._save()
 
     def _check_state(self, dump: Dump) -> None:
         """Raise ``_Stopped`` when the relay stops or the dump was paused or cancelled."""
@@ -466,8 +569,6 @@ class _Worker:
         if table.state == "pending":
             with manager._lock:
                 table.state = "running"
-                table.estimate = (len(dump.keys) if dump.keys is not None
-                                  else source.estimate_rows(table.source))
                 manager._save()
         limit = dump.chunk_rows
         while True:
@@ -494,6 +595,8 @@ class _Worker:
                     table.cursor = result.cursor
                 if chunk.last:
                     table.state = "done"
+                    table.ended = True
+                self._fold_clock(dump)
                 manager._save()
             if chunk.last:
                 log.info("dump %s: %s done, %d rows in %d chunks (%d overtaken by the log)",
@@ -541,13 +644,18 @@ class _Worker:
         done = table.key_index + limit >= len(dump.keys)
         return DumpChunk(result.source, result.source_id, result.rows, None, done)
 
-    def _wait(self, dump: Dump, chunk: Chunk, phases: tuple[Any, ...]) -> None:
-        """Wait for the fetcher to carry ``chunk`` to one of ``phases``."""
+    def _wait(self, dump: Dump | None, chunk: Chunk, phases: tuple[Any, ...]) -> None:
+        """Wait for the fetcher to carry ``chunk`` to one of ``phases`` (``dump`` None:
+        an end marker of a finished dump, which only the relay's stop interrupts)."""
         sink = self.port.sink
         deadline = time.monotonic() + self.manager._chunk_timeout
         while True:
-            with self.manager._lock:
-                self._check_state(dump)
+            if dump is None:
+                if self.manager._stop.is_set():
+                    raise _Stopped
+            else:
+                with self.manager._lock:
+                    self._check_state(dump)
             if sink.wait(chunk, phases, 0.2):
                 return
             if chunk.phase == "abandoned":
