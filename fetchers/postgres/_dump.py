@@ -178,8 +178,13 @@ class LogicalDumpSource:
     def estimate_rows(self, source: str) -> int:
         schema, _, table = source.partition(".")
         with self._cursor() as cur:
-            cur.execute("SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c JOIN "
-                        "pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+            # reltuples is -1 until the table was first vacuumed or analyzed (a table
+            # loaded just before the dump): the statistics' live row count then, which
+            # every commit keeps up to date. Read for every table when a dump starts.
+            cur.execute("SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint "
+                        "ELSE coalesce(s.n_live_tup, 0) END FROM pg_class c JOIN "
+                        "pg_namespace n ON n.oid = c.relnamespace LEFT JOIN "
+                        "pg_stat_user_tables s ON s.relid = c.oid WHERE n.nspname = %s "
                         "AND c.relname = %s", (schema, table))
             row = cur.fetchone()
         return int(row[0]) if row else 0

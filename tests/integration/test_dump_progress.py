@@ -24,8 +24,8 @@ import pytest
 
 from databus.client import CallbackResult, Consumer, DatabusClient, MemoryCheckpointStore
 from databus.event import DUMP_END_SOURCE_ID, DUMP_START_SOURCE_ID
-from tests.fixtures.servers import MariaDBServer
-from tests.integration.binlog_support import Sql, binlog_relay
+from tests.fixtures.servers import MariaDBServer, PostgresServer
+from tests.integration.binlog_support import BUFFER, Sql, binlog_relay
 from tests.integration.test_dump_failures import (
     ROWS,
     RelayProc,
@@ -42,6 +42,7 @@ from tests.integration.test_dump_failures import (
     wait_dump,
     wait_finished,
 )
+from tests.relay_harness import relay_config, running_relay
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.integration
@@ -284,3 +285,64 @@ def test_owed_end_is_written_after_a_restart(mariadb_server: MariaDBServer,
     ends = stream.marker_docs(DUMP_END_SOURCE_ID)
     assert [(d["dump"], d["outcome"]) for d in ends] == [(dump_id, "cancelled")]
     sql.close()
+
+
+def test_postgres_txlog_percent_and_a_cancelled_table(postgres_server: PostgresServer,
+                                                      tmp_path: Path) -> None:
+    """The same promises on a PostgreSQL (TxLog) source: percent of a dump of three
+    tables from the first poll and never going back; a second dump cancelled during its
+    first table leaves both tables ``cancelled`` and ends the started one "cancelled"."""
+    from tests.integration.test_txlog_dump_postgres import (
+        ITEMS,
+        PAIRS,
+        TABLES,
+        TAGS,
+        _dump_setup,
+        _source,
+    )
+    from tests.integration.test_txlog_dump_postgres import read_stream as read_pg_stream
+
+    pg = _source(postgres_server, "dprog_txlog")
+    uri = pg.uri(TABLES)
+    assert _dump_setup(uri)[0] == 0
+    config = relay_config(tmp_path, {BUFFER: uri}, capacity_mb=64)
+    chunk_rows = max(20, ROWS // 15)
+
+    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
+        async with running_relay(config) as r:
+            s, url = r.session, r.url
+            dump = await start_dump(s, url, [ITEMS, TAGS, PAIRS], chunk_rows=chunk_rows,
+                                    delay_ms=20)
+            polls = [dump]
+            while polls[-1]["state"] not in FINISHED:
+                polls.append(await _get(s, f"{url}/v1/dumps/{dump['id']}"))
+                await asyncio.sleep(0.02)
+            second = await start_dump(s, url, [ITEMS, TAGS], chunk_rows=chunk_rows,
+                                      delay_ms=100)
+            await wait_dump(s, url, second["id"], lambda d: _chunks(d) >= 2, what="2 chunks")
+            status, _ = await _post(s, f"{url}/v1/admin/dumps/{second['id']}/cancel")
+            assert status == 200
+
+            async def ended() -> dict[str, Any] | None:
+                doc: dict[str, Any] = await _get(s, f"{url}/v1/dumps/{second['id']}")
+                return doc if all(t["ended"] or not t["started"] for t in doc["tables"]) \
+                    else None
+
+            cancelled = await async_wait_until(ended, "the cancelled table's end", 30)
+            return polls, cancelled, await read_pg_stream(s, url)
+
+    polls, cancelled, stream = asyncio.run(main())
+    assert polls[-1]["state"] == "done", polls[-1]
+    percents = [p["progress"]["percent"] for p in polls]
+    assert None not in percents and percents == sorted(percents), percents
+    assert percents[-1] == 100.0
+    running = [p for p in polls if p["progress"]["rows"] > 0 and p["state"] != "done"]
+    assert running and all(t["estimate"] > 0 for t in running[0]["tables"]), running[:1]
+    assert running[0]["progress"]["estimate"] == 2 * ROWS  # TxLog counts: exact
+    assert [(t["source"], t["state"]) for t in cancelled["tables"]] == [
+        (ITEMS, "cancelled"), (TAGS, "cancelled")]
+    (end,) = [d for d in stream.marker_docs(DUMP_END_SOURCE_ID)
+              if d["dump"] == cancelled["id"]]
+    assert end == {"dump": cancelled["id"], "source": ITEMS, "outcome": "cancelled",
+                   "rows": cancelled["tables"][0]["rows"]}
+    pg.conn.close()
