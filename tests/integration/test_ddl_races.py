@@ -139,6 +139,33 @@ def test_replicators_started_together_all_start(postgres_server: PostgresServer,
             _pg_run(postgres_server, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
+def test_replicators_on_mariadb_started_together_all_start(
+        mariadb_server: MariaDBServer) -> None:
+    for _ in range(max(2, ROUNDS // 2)):
+        database = "race_rt_" + uuid.uuid4().hex[:10]
+        admin = pymysql.connect(**mariadb_server.connect_kwargs(database=None))
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {database}")
+        targets: list[Any] = []
+        lock = threading.Lock()
+
+        def start(i: int, url: str = mariadb_server.url(database),
+                  targets: list[Any] = targets, lock: threading.Lock = lock) -> None:
+            target = open_target(url)
+            with lock:
+                targets.append(target)
+            target.ensure_state()
+
+        try:
+            race(start)
+        finally:
+            for target in targets:
+                target.close()
+            with admin.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS {database}")
+            admin.close()
+
+
 def test_txlog_installs_together_all_succeed(postgres_server: PostgresServer) -> None:
     """``databus txlog install`` twice at once on one table (TxLog tables, functions,
     triggers: CREATE OR REPLACE collides too)."""
