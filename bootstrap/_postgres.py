@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg2
 import psycopg2.extensions
 
+from databus._ddl import pg_xact_lock_sql
 from databus._redact import redact, register_uri, split_password
 from databus.bootstrap._sql import Cursor, SqlStorage, log_table
 from databus.bootstrap._storage import LogRows, StoredEvent
@@ -76,6 +77,9 @@ class PostgresStorage(SqlStorage):
         self._partitions: set[tuple[int, int]] = set()
         self._generation = 0
         with self._transaction(write=True) as cur:
+            # Two services starting on a fresh store: without the lock, one of them dies
+            # on CREATE SCHEMA's duplicate catalog row (databus/_ddl.py).
+            self._lock_ddl(cur)
             cur.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema_name}")
             cur.execute(f"SET LOCAL search_path TO {self.schema_name}")
             self._create_base_tables(cur)
@@ -159,6 +163,9 @@ class PostgresStorage(SqlStorage):
 
     # -- DDL ------------------------------------------------------------------------
 
+    def _lock_ddl(self, cur: Cursor) -> None:
+        cur.execute(pg_xact_lock_sql(f"bootstrap:{self.schema_name}"))
+
     def _create_log_table(self, cur: Cursor, source_id: int) -> None:
         cur.execute(
             f"CREATE TABLE IF NOT EXISTS {log_table(source_id)} (scn bigint NOT NULL,"
@@ -181,6 +188,7 @@ class PostgresStorage(SqlStorage):
                 # Its own transaction: CREATE ... PARTITION OF locks the parent, and a
                 # reader must wait for one short statement only, never for an append.
                 with self._transaction(write=True) as cur:
+                    self._lock_ddl(cur)
                     cur.execute(
                         f"CREATE TABLE IF NOT EXISTS {parent}_p{index} PARTITION OF {parent}"
                         f" FOR VALUES FROM ({index * span}) TO ({(index + 1) * span})"

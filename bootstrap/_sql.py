@@ -117,6 +117,11 @@ class SqlStorage(BootstrapStorage):
             rows,
         )
 
+    def _lock_ddl(self, cur: Cursor) -> None:
+        """Serialize schema changes with other processes sharing the store, as the
+        first statement of a write transaction (PostgreSQL: ``databus/_ddl.py``; SQLite
+        serializes writers itself)."""
+
     def _prepare_append(self, rows: dict[int, list[int]]) -> None:
         """Before the append transaction: ``rows`` maps source ids to the SCNs coming
         (PostgreSQL creates partitions here, each DDL in its own short transaction, so
@@ -204,6 +209,9 @@ class SqlStorage(BootstrapStorage):
         if not missing:
             return known
         with self._transaction(write=True) as cur:
+            # Two services adding the same source: each would pick the same id and
+            # create the same tables; the second one waits here and finds them.
+            self._lock_ddl(cur)
             known = self._source_ids(cur)
             for name in missing:
                 if name in known:

@@ -14,6 +14,7 @@ import psycopg2.errors
 from psycopg2 import sql
 from psycopg2.extensions import parse_dsn
 
+from databus._ddl import serialized_ddl
 from databus._redact import redact, register_secret, register_uri, split_password
 from databus.checkpoint import Checkpoint
 from databus.client._checkpoint_envelope import decode_envelope, encode_envelope
@@ -317,17 +318,16 @@ class PostgresCheckpointStore(CheckpointStore):
             row = cur.fetchone()
             if row is not None and row[0] is not None:
                 return
-            try:
+            # Two stores starting together on a fresh database: IF NOT EXISTS does not
+            # cover a concurrent CREATE (the second dies on its pg_type row), so the
+            # creations take turns (databus/_ddl.py; a session lock: autocommit).
+            with serialized_ddl(cur, "postgresql", f"checkpoints:{self.table}"):
                 cur.execute(sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} ("
                     "consumer text PRIMARY KEY, "
                     "checkpoint text NOT NULL, "
                     "updated_at timestamptz NOT NULL DEFAULT now())"
                 ).format(self._table))
-                log.info("created checkpoint table %s on %s", self.table, self.server)
-            except (psycopg2.errors.UniqueViolation, psycopg2.errors.DuplicateTable):
-                # Two stores racing to create the table: IF NOT EXISTS does not cover a
-                # concurrent CREATE, whose pg_type row collides. Theirs won, which is fine.
-                pass
+            log.info("checkpoint table %s ready on %s", self.table, self.server)
 
 

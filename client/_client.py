@@ -764,12 +764,14 @@ class _WindowCollector(Consumer):
     def on_dump_start(self, source: str) -> CallbackResult:
         return self._marker(source, start=True)
 
-    def on_dump_end(self, source: str) -> CallbackResult:
-        return self._marker(source, start=False)
+    def on_dump_end(self, source: str, outcome: str = "done") -> CallbackResult:
+        return self._marker(source, start=False, outcome=outcome)
 
-    def _marker(self, source: str, *, start: bool) -> CallbackResult:
+    def _marker(self, source: str, *, start: bool, outcome: str | None = None
+                ) -> CallbackResult:
         assert self._window is not None
-        self._window.markers.append(DumpMarker(self._window.scn, source, None, start))
+        self._window.markers.append(DumpMarker(self._window.scn, source, None, start,
+                                               outcome=outcome))
         return CallbackResult.SUCCESS
 
     def on_end_data_event_sequence(self, scn: int) -> CallbackResult:

@@ -70,9 +70,12 @@ class Consumer:
         after a rollback or a restart (at-least-once, like every callback)."""
         return None
 
-    def on_dump_end(self, source: str) -> CallbackResult | None:
-        """The dump of ``source`` is complete: with the changes before and after it, the
-        consumer has every row of the table."""
+    def on_dump_end(self, source: str, outcome: str = "done") -> CallbackResult | None:
+        """The dump of ``source`` ended. ``outcome`` ``"done"``: it is complete, and with
+        the changes before and after it the consumer has every row of the table;
+        ``"failed"`` or ``"cancelled"``: it stopped part-way, the rows it delivered are
+        true but the table may lack others until a new dump completes. An override
+        that takes ``source`` alone (written before outcomes) is called as before."""
         return None
 
     def on_start_bootstrap(self) -> CallbackResult | None:

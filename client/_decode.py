@@ -320,7 +320,7 @@ class ResponseDecoder:
         if marker.source not in source_names.values():
             return None
         return DumpMarker(header.scn, marker.source, marker.dump_id, marker.kind == "start",
-                          marker.rows)
+                          marker.rows, marker.outcome)
 
     def _data_event(self, body: bytes, offset: int, header: EventHeader, source: str,
                     reader: Schema | None, bootstrap: bool) -> DataEvent:

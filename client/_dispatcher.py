@@ -80,6 +80,7 @@ class Call:
     # the consumer (the runner answers SUCCESS for it without calling anyone).
     quiet: bool = False
     checkpoint: Checkpoint | None = None
+    outcome: str | None = None  # DUMP_END: "done", "failed" or "cancelled"
 
 
 class Step(Enum):
@@ -161,7 +162,7 @@ class Dispatcher:
             elif item.scn != self._window and not self._loose:
                 raise ValueError(f"marker of window {item.scn} inside window {self._window}")
             kind = CallKind.DUMP_START if item.start else CallKind.DUMP_END
-            calls.append(Call(kind, item.scn, item.source))
+            calls.append(Call(kind, item.scn, item.source, outcome=item.outcome))
             return calls
         if isinstance(item, EndOfWindow):
             if self._window is None:

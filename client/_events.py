@@ -66,15 +66,17 @@ class StartOfWindow:
 @dataclass(slots=True)
 class DumpMarker:
     """A table's dump starts (``start`` True) or ends in window ``scn`` (docs/dumps.md);
-    an end marker says how many rows the dump emitted for the table. In
-    ``Window.markers`` (``DatabusClient.windows``) the dump id and row count are None:
-    they reach consumers only as ``on_dump_start(source)`` / ``on_dump_end(source)``."""
+    an end marker says how many rows the dump emitted for the table and how it ended
+    (``outcome``: ``done``, ``failed`` or ``cancelled``). In ``Window.markers``
+    (``DatabusClient.windows``) the dump id and row count are None: they reach
+    consumers only as ``on_dump_start(source)`` / ``on_dump_end(source, outcome)``."""
 
     scn: int
     source: str
     dump_id: str | None
     start: bool
     rows: int | None = None
+    outcome: str | None = None  # end markers only
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ window, checkpoint) waits until the workers have finished the events before it.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue
 import threading
@@ -23,6 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
+from typing import Any
 
 from databus.checkpoint import Checkpoint
 from databus.client._consumer import CallbackResult, Consumer
@@ -94,11 +96,32 @@ def _args(call: Call) -> tuple[object, ...]:
         return (call.event,)
     if call.kind is CallKind.START_SOURCE:
         return (call.source, call.schema)
-    if call.kind in (CallKind.END_SOURCE, CallKind.DUMP_START, CallKind.DUMP_END):
+    if call.kind is CallKind.DUMP_END:
+        return (call.source, call.outcome or "done")
+    if call.kind in (CallKind.END_SOURCE, CallKind.DUMP_START):
         return (call.source,)
     if call.kind in _NO_ARGS:
         return ()
     return (call.scn,)
+
+
+def _with_outcome(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``on_dump_end`` as the runner calls it, ``(source, outcome)``: a consumer written
+    before outcomes existed (``on_dump_end(self, source)``) is called with the source
+    alone, as before."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return fn
+    positional = [p for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params):
+        return fn
+
+    def source_only(source: str, outcome: str) -> Any:
+        return fn(source)
+
+    return source_only
 
 
 def normalize(result: object, where: str) -> CallbackResult:
@@ -352,7 +375,8 @@ class Runner:
         targets = self._targets.get(method)
         if targets is None:
             targets = self._targets[method] = [
-                getattr(c, method) for c in self.consumers
+                _with_outcome(getattr(c, method)) if method == "on_dump_end"
+                else getattr(c, method) for c in self.consumers
                 if getattr(type(c), method) is not getattr(Consumer, method)
             ]
         if gen != self.generation:

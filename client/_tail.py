@@ -97,9 +97,13 @@ def event_line(event: DataEvent) -> str:
     )
 
 
-def marker_line(kind: str, source: str, scn: int) -> str:
-    """A dump marker as its own JSON line: ``{"marker": "dump_start", ...}``."""
-    return json.dumps({"marker": kind, "source": source, "scn": scn}, ensure_ascii=False)
+def marker_line(kind: str, source: str, scn: int, outcome: str | None = None) -> str:
+    """A dump marker as its own JSON line: ``{"marker": "dump_start", ...}`` (an end:
+    plus ``"outcome"``)."""
+    line: dict[str, object] = {"marker": kind, "source": source, "scn": scn}
+    if outcome is not None:
+        line["outcome"] = outcome
+    return json.dumps(line, ensure_ascii=False)
 
 
 class _Printer(Consumer):
@@ -131,9 +135,9 @@ class _Printer(Consumer):
             self.out.write(marker_line("dump_start", source, self.scn) + "\n")
         return CallbackResult.SUCCESS
 
-    def on_dump_end(self, source: str) -> CallbackResult:
+    def on_dump_end(self, source: str, outcome: str = "done") -> CallbackResult:
         if not self.done:
-            self.out.write(marker_line("dump_end", source, self.scn) + "\n")
+            self.out.write(marker_line("dump_end", source, self.scn, outcome) + "\n")
         return CallbackResult.SUCCESS
 
     def on_end_data_event_sequence(self, scn: int) -> CallbackResult:

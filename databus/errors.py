@@ -199,3 +199,12 @@ class DumpNotFoundError(DatabusError):
 
     code = "not_found"
     http_status = 404
+
+
+class DdlLockTimeoutError(DatabusError):
+    """Another process held the schema-setup lock (``databus/_ddl.py``) longer than the
+    wait allowed: a setup stopped half-way. Retriable: it is released when its
+    connection ends."""
+
+    code = "ddl_lock_timeout"
+    retriable = True

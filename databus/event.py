@@ -342,21 +342,33 @@ def encode_control(
     return _pack(Op.CONTROL, 0, scn, timestamp_ns, partition_id, source_id, 0, 0, b"", payload)
 
 
+# How a table's dump ended (the end marker's "outcome"; absent means "done").
+DUMP_OUTCOMES = ("done", "failed", "cancelled")
+
+
 def encode_dump_marker(
     *, scn: int, kind: Literal["start", "end"], source: str, dump_id: str,
     rows: int | None = None, timestamp_ns: int = 0, partition_id: int = 0,
+    outcome: str = "done",
 ) -> bytes:
     """A dump start or end marker of ``source`` in window ``scn``: a control event whose
-    value is canonical JSON ``{"dump": id, "source": name}`` (end: plus ``"rows"``)."""
+    value is canonical JSON ``{"dump": id, "source": name}`` (end: plus ``"rows"``, and
+    ``"outcome"`` when the table's dump failed or was cancelled; a completed table's end
+    is written without it, as before outcomes existed)."""
     if kind == "start":
-        if rows is not None:
-            raise EventFormatError("a dump start marker has no row count", reason="bad field")
+        if rows is not None or outcome != "done":
+            raise EventFormatError("a dump start marker has no row count or outcome",
+                                   reason="bad field")
         payload: dict[str, object] = {"dump": dump_id, "source": source}
         source_id = DUMP_START_SOURCE_ID
     elif kind == "end":
         if rows is None or rows < 0:
             raise EventFormatError("a dump end marker needs its row count", reason="bad field")
+        if outcome not in DUMP_OUTCOMES:
+            raise EventFormatError(f"unknown dump outcome {outcome!r}", reason="bad field")
         payload = {"dump": dump_id, "rows": rows, "source": source}
+        if outcome != "done":
+            payload["outcome"] = outcome
         source_id = DUMP_END_SOURCE_ID
     else:
         raise EventFormatError(f"unknown dump marker kind {kind!r}", reason="bad field")
@@ -374,6 +386,7 @@ class DumpMarker:
     dump_id: str
     rows: int | None
     scn: int
+    outcome: str | None = None  # end markers: "done", "failed" or "cancelled"
 
 
 def decode_dump_marker(header: EventHeader, payload: Buffer, offset: int = 0) -> DumpMarker:
@@ -394,18 +407,24 @@ def decode_dump_marker(header: EventHeader, payload: Buffer, offset: int = 0) ->
     except ValueError:
         raise EventFormatError("dump marker payload is not JSON", offset=offset,
                                reason="bad value") from None
-    if not isinstance(data, dict) or set(data) != fields:
+    if not isinstance(data, dict) or (set(data) != fields and not (
+            kind == "end" and set(data) == fields | {"outcome"})):
         raise EventFormatError("dump marker fields", offset=offset, reason="bad value")
     source, dump_id, rows = data["source"], data["dump"], data.get("rows")
+    outcome = data.get("outcome", "done") if kind == "end" else None
     if not isinstance(source, str) or not isinstance(dump_id, str) or not source or (
             kind == "end" and (not isinstance(rows, int) or isinstance(rows, bool)
                                or not 0 <= rows <= _INT64_MAX)):
         raise EventFormatError("dump marker field types", offset=offset, reason="bad value")
+    # "done" is never written (a completed table's end is the marker as it always was).
+    if "outcome" in data and outcome not in DUMP_OUTCOMES[1:]:
+        raise EventFormatError("dump marker outcome", offset=offset, reason="bad value")
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
     if canonical != bytes(payload):
         raise EventFormatError("dump marker is not canonical JSON", offset=offset,
                                reason="bad value")
-    return DumpMarker(kind, source, dump_id, rows if kind == "end" else None, header.scn)
+    return DumpMarker(kind, source, dump_id, rows if kind == "end" else None, header.scn,
+                      outcome)
 
 
 class WindowChecksum:

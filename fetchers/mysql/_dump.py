@@ -19,11 +19,13 @@ creates it): each travels through the binlog in a transaction of its own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import pymysql
 
+from databus._ddl import serialized_ddl
 from databus.errors import DumpSetupError, SourceError
 from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
 from databus.fetchers._cursor import cursor_from_json, cursor_to_json
@@ -103,11 +105,21 @@ class MysqlDumpSource:
                 log.debug("closing the dump connection: %s", exc)
 
     def _run(self, action: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return self._run_all(action, [sql], params)
+
+    def _run_all(self, action: str, statements: list[str], params: Any = None, *,
+                 ddl: bool = False) -> list[tuple[Any, ...]]:
+        """``statements`` on one cursor (``ddl``: under the schema-setup lock, so that
+        two setups at once take turns: ``databus/_ddl.py``); the last one's rows."""
         conn = self._connection()
         try:
-            with conn.cursor() as cur:
-                cur.execute(sql, params)
-                return list(cur.fetchall())
+            with conn.cursor() as cur, (serialized_ddl(cur, "mysql", "dump-setup") if ddl
+                                        else contextlib.nullcontext()):
+                rows: list[tuple[Any, ...]] = []
+                for sql in statements:
+                    cur.execute(sql, params)
+                    rows = list(cur.fetchall())
+                return rows
         except pymysql.MySQLError as exc:
             code = exc.args[0] if exc.args else None
             if code in _ER_DENIED:
@@ -124,8 +136,7 @@ class MysqlDumpSource:
     def setup(self, *, dry_run: bool = False) -> list[str]:
         statements = setup_statements(self.config)
         if not dry_run:
-            for sql in statements:
-                self._run("setting up dumps", sql)
+            self._run_all("setting up dumps", statements, ddl=True)
         return statements
 
     def check(self) -> None:

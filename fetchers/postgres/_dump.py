@@ -25,6 +25,7 @@ import psycopg2
 import psycopg2.extensions
 from psycopg2 import sql
 
+from databus._ddl import serialized_ddl
 from databus._redact import redact
 from databus.errors import DumpSetupError, SourceError
 from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
@@ -92,7 +93,11 @@ class LogicalDumpSource:
             f"CREATE TABLE IF NOT EXISTS public.{WATERMARK_TABLE} (id text PRIMARY KEY, "
             "created_at timestamptz NOT NULL DEFAULT now())",
         ]
-        with self._cursor() as cur:
+        with self._cursor() as cur, (
+                contextlib.nullcontext() if dry_run
+                # Two setups at once: both would find the table missing from the
+                # publication and the second one's ADD TABLE would fail (databus/_ddl.py).
+                else serialized_ddl(cur, "postgresql", f"dump-setup:{WATERMARK_TABLE}")):
             cur.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND "
                         "schemaname = 'public' AND tablename = %s",
                         (self.source.publication, WATERMARK_TABLE))
@@ -173,8 +178,13 @@ class LogicalDumpSource:
     def estimate_rows(self, source: str) -> int:
         schema, _, table = source.partition(".")
         with self._cursor() as cur:
-            cur.execute("SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c JOIN "
-                        "pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+            # reltuples is -1 until the table was first vacuumed or analyzed (a table
+            # loaded just before the dump): the statistics' live row count then, which
+            # every commit keeps up to date. Read for every table when a dump starts.
+            cur.execute("SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint "
+                        "ELSE coalesce(s.n_live_tup, 0) END FROM pg_class c JOIN "
+                        "pg_namespace n ON n.oid = c.relnamespace LEFT JOIN "
+                        "pg_stat_user_tables s ON s.relid = c.oid WHERE n.nspname = %s "
                         "AND c.relname = %s", (schema, table))
             row = cur.fetchone()
         return int(row[0]) if row else 0

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from databus._ddl import serialized_ddl
 from databus._redact import redact
 from databus.errors import SourceError, SourceMisconfiguredError
 from databus.fetchers.postgres._setup import (
@@ -209,13 +210,17 @@ def run_setup(source: LogicalSource, *, dry_run: bool = False,
     conn = connect(source)
     try:
         try:
-            plan = plan_setup(source, read_catalog(conn, source),
-                              replica_identity_full=replica_identity_full)
-            if dry_run or not plan.ok or not plan.statements:
-                return Outcome(plan, (), dry_run)
-            executed = _execute(conn, source, plan.statements)
-            after = plan_setup(source, read_catalog(conn, source),
-                               replica_identity_full=replica_identity_full)
+            # Two setups at once would plan the same statements and the second
+            # would fail on objects the first created: they take turns.
+            with conn.cursor() as cur, serialized_ddl(cur, "postgresql",
+                                                      "logical-setup"):
+                plan = plan_setup(source, read_catalog(conn, source),
+                                  replica_identity_full=replica_identity_full)
+                if dry_run or not plan.ok or not plan.statements:
+                    return Outcome(plan, (), dry_run)
+                executed = _execute(conn, source, plan.statements)
+                after = plan_setup(source, read_catalog(conn, source),
+                                   replica_identity_full=replica_identity_full)
         except psycopg2.Error as exc:
             raise SourceError(f"PostgreSQL {source.redacted}: {_one_line(exc)}",
                               retriable=False) from None
@@ -235,10 +240,14 @@ def run_teardown(source: LogicalSource, *, dry_run: bool = False) -> Outcome:
     conn = connect(source)
     try:
         try:
-            plan = plan_teardown(source, read_catalog(conn, source))
-            if dry_run or not plan.ok or not plan.statements:
-                return Outcome(plan, (), dry_run)
-            return Outcome(plan, _execute(conn, source, plan.statements), dry_run)
+            # Two setups at once would plan the same statements and the second
+            # would fail on objects the first created: they take turns.
+            with conn.cursor() as cur, serialized_ddl(cur, "postgresql",
+                                                      "logical-setup"):
+                plan = plan_teardown(source, read_catalog(conn, source))
+                if dry_run or not plan.ok or not plan.statements:
+                    return Outcome(plan, (), dry_run)
+                return Outcome(plan, _execute(conn, source, plan.statements), dry_run)
         except psycopg2.Error as exc:
             raise SourceError(f"PostgreSQL {source.redacted}: {_one_line(exc)}",
                               retriable=False) from None

@@ -29,6 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from databus._ddl import pg_xact_lock_sql
 from databus.fetchers.txlog._model import (
     STATE_TABLE,
     TXLOG_TABLE,
@@ -137,6 +138,11 @@ class SqlDialect(ABC):
         assert self.watermark_columns is not None
         ref = TableRef(self.txlog_schema or self.default_schema, WATERMARK_TABLE)
         return TableShape(ref, self.watermark_columns, ("id",))
+
+    def ddl_lock_sql(self) -> list[str]:
+        """What a transaction that installs or removes capture objects runs first, so
+        that two installs at once take turns (none where the database serializes DDL)."""
+        return []
 
     def watermark_create_sql(self) -> str:
         shape = self.watermark_shape()
@@ -476,6 +482,11 @@ class PostgresDialect(SqlDialect):
             f"UPDATE {self.state} SET pruned_before = GREATEST(pruned_before, {before}) "
             "WHERE id = 1",
         ]
+
+    def ddl_lock_sql(self) -> list[str]:
+        # CREATE ... IF NOT EXISTS and CREATE OR REPLACE FUNCTION/TRIGGER fail when
+        # another transaction creates the same object at the same time.
+        return [pg_xact_lock_sql(f"txlog:{self.txlog}")]
 
     def install_sql(self, shapes: Sequence[TableShape]) -> list[str]:
         setting = self.TXN_SETTING

@@ -165,8 +165,11 @@ class DbSession(ABC):
         return True
 
     def run_script(self, statements: Sequence[str], params: Params = None) -> None:
-        """``statements`` in one write transaction."""
+        """``statements`` in one write transaction, after the dialect's schema-setup lock
+        (two installs at once on PostgreSQL: ``databus/_ddl.py``)."""
         with self.transaction("write"):
+            for statement in self.dialect.ddl_lock_sql():
+                self.query(statement)
             for statement in statements:
                 self.query(statement, params)
 

@@ -2,8 +2,8 @@
 and interleaved with the change stream through watermarks.
 
 - ``_sink``: the watermark step between a fetcher and its buffer (pure, no I/O);
-- ``_engine``: the dump manager and one worker per buffer (threads, the source's
-  connection);
+- ``_engine``: the dump manager (requests, control, the state file's lock);
+- ``_worker``: one worker per buffer (its thread and source connection, the chunk loop);
 - ``_state``: dump records and the ``dumps.json`` file that makes them resumable;
 - ``_admin_client``: ``RelayAdmin``, a blocking client of a relay's dump endpoints.
 """

@@ -95,6 +95,7 @@ class Chunk:
     rows: list[DumpRow] | None = None  # set by the engine once the SELECT returned
     last: bool = False  # the table's last chunk: the end marker goes after its rows
     rows_before: int = 0  # rows of this table emitted by earlier chunks (the end marker)
+    outcome: str = "done"  # the end marker's: failed or cancelled for an empty last chunk
     touched: set[Identity] = field(default_factory=set)
     emitted_scn: int | None = None
     emitted_rows: int = 0
@@ -261,7 +262,7 @@ class DumpSink:
             target.append_control(encode_dump_marker(
                 scn=scn, kind="end", source=chunk.source, dump_id=chunk.dump_id,
                 rows=chunk.rows_before + emitted, timestamp_ns=timestamp_ns,
-                partition_id=partition))
+                partition_id=partition, outcome=chunk.outcome))
         chunk.dropped_rows = dropped
         return emitted
 

@@ -25,7 +25,9 @@ from databus.errors import ConfigError
 __all__ = ["Dump", "DumpState", "TableProgress", "TableState", "load_dumps", "save_dumps"]
 
 DumpState = Literal["queued", "running", "paused", "cancelled", "done", "failed"]
-TableState = Literal["pending", "running", "done", "failed"]
+TableState = Literal["pending", "running", "done", "failed", "cancelled"]
+# How a table's dump ended, as its end marker tells consumers (docs/dumps.md).
+Outcome = Literal["done", "failed", "cancelled"]
 ACTIVE: tuple[DumpState, ...] = ("queued", "running", "paused")
 _FORMAT = 1
 _KEEP_FINISHED = 50
@@ -42,8 +44,10 @@ class TableProgress:
     chunks: int = 0
     rows: int = 0  # rows emitted (not counting rows the log overtook)
     overtaken: int = 0  # chunk rows dropped because the log changed their key meanwhile
-    estimate: int = 0  # rows the source said it had when the table started
+    estimate: int = 0  # rows the source said it had when the dump started
+    estimated: bool = False  # ``estimate`` was read (0 is an estimate too: an empty table)
     started: bool = False  # its start marker is in the buffer
+    ended: bool = False  # its end marker (with the table's outcome) is in the buffer
     last_scn: int | None = None  # the SCN of its last chunk's window
     error: str | None = None
 
@@ -56,9 +60,25 @@ class TableProgress:
     def percent(self) -> float | None:
         if self.state == "done":
             return 100.0
+        if self.rows == 0:
+            return 0.0
         if self.estimate <= 0:
             return None
         return round(min(99.9, 100.0 * self.rows / self.estimate), 1)
+
+    @property
+    def expected_rows(self) -> int:
+        """Rows this table is expected to hold in all: its rows once it is done, else
+        its estimate (at least the rows emitted so far)."""
+        if self.state == "done":
+            return self.rows
+        return max(self.estimate, self.rows)
+
+    @property
+    def owes_end(self) -> bool:
+        """Consumers saw its start marker but no end: it failed or was cancelled, and
+        the end marker with that outcome is still to be written."""
+        return self.started and not self.ended and self.state in ("failed", "cancelled")
 
 
 @dataclass
@@ -77,7 +97,9 @@ class Dump:
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
-    # Rate: rows emitted while running, and seconds spent running (pauses excluded).
+    # Rate: rows emitted while running over seconds spent running (pauses and the time
+    # the relay was down excluded). Saved with every completed chunk, so that the rate
+    # after a restart is still rows over the whole running time.
     run_seconds: float = 0.0
 
     @property
@@ -92,10 +114,25 @@ class Dump:
         return sum(t.rows for t in self.tables)
 
     def estimate(self) -> int:
-        return sum(max(t.estimate, t.rows) for t in self.tables)
+        return sum(t.expected_rows for t in self.tables)
+
+    @property
+    def owes_ends(self) -> bool:
+        return any(t.owes_end for t in self.tables)
+
+    def settle_tables(self, state: TableState, error: str | None = None) -> None:
+        """The dump ended ``state`` (failed or cancelled): every table it had not
+        finished ends so too (none stays ``pending`` or ``running``)."""
+        for table in self.tables:
+            if table.state in ("pending", "running"):
+                table.state = state
+                if error is not None and table.error is None:
+                    table.error = error
 
     def progress(self, now_running: float = 0.0) -> dict[str, Any]:
-        """Rows, percent, rate (rows/s while running) and ETA (seconds) of the whole dump."""
+        """Rows, percent, rate (rows/s while running) and ETA (seconds) of the whole
+        dump; every table's estimate is read when the dump starts, so percent and ETA
+        cover the whole dump (0 % before the first row)."""
         rows = self.rows()
         seconds = self.run_seconds + now_running
         rate = rows / seconds if seconds > 0 else 0.0
@@ -103,13 +140,16 @@ class Dump:
         estimate = self.estimate()
         if done:
             percent: float | None = 100.0
-        elif estimate > 0 and all(t.estimate > 0 or t.state == "done" for t in self.tables):
+        elif rows == 0:
+            percent = 0.0
+        elif estimate > 0 and all(t.estimated or t.state != "pending" for t in self.tables):
             percent = round(min(99.9, 100.0 * rows / estimate), 1)
         else:
             percent = None
         eta = None
-        if not done and rate > 0 and estimate > rows:
-            eta = round((estimate - rows) / rate, 1)
+        if self.active and rate > 0:
+            # 0 once the rows reached the estimates (the last chunk still to come).
+            eta = round(max(0, estimate - rows) / rate, 1)
         current = next((t.source for t in self.tables if t.state == "running"), None)
         return {"rows": rows, "estimate": estimate, "percent": percent,
                 "rows_per_second": round(rate, 1), "eta_seconds": eta, "table": current,

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from databus._ddl import serialized_ddl
 from databus._redact import redact, register_uri
 from databus.config import redact_uri
 from databus.errors import DatabusError
@@ -133,6 +134,12 @@ class SqlTarget(ABC):
     def _begin(self, cur: Any, *, write: bool) -> None:
         """Start a transaction (PostgreSQL and MySQL start one with the first statement)."""
         return None
+
+    def _serialized_ddl(self, cur: Any) -> contextlib.AbstractContextManager[None]:
+        """Schema changes take turns with other replicators writing to the same target
+        (two started together on a fresh database both create the schema and the
+        state table; ``databus/_ddl.py``)."""
+        return serialized_ddl(cur, self.dialect, "replicator")
 
     def _after_rollback(self) -> None:
         """Forget what a rolled back transaction created (PostgreSQL's staging tables)."""
@@ -267,7 +274,8 @@ class SqlTarget(ABC):
     def ensure_state(self) -> None:
         """Create ``databus_replication_state`` if it is missing (in the target's default
         schema: ``public`` or the URL's ``?schema=``, the URL's database, ``main``)."""
-        with self._lock, self._tx("creating the replication state table", write=True) as cur:
+        with (self._lock, self._tx("creating the replication state table", write=True) as cur,
+              self._serialized_ddl(cur)):
             self._ensure_schema(cur, self.default_schema)
             cur.execute(self.sql.create_state_table(self._state_qname,
                                                     suffix=self._table_suffix(cur)), ())
@@ -328,7 +336,8 @@ class SqlTarget(ABC):
     def create_table(self, t: TableMap) -> None:
         """The table with every column of ``t`` (its target type, NOT NULL where not
         nullable) and PRIMARY KEY (key); nothing if it exists already."""
-        with self._lock, self._tx(f"creating table {self._shown(t)}", write=True) as cur:
+        with (self._lock, self._tx(f"creating table {self._shown(t)}", write=True) as cur,
+              self._serialized_ddl(cur)):
             schema = self._schema_of(t)
             self._ensure_schema(cur, schema)
             cur.execute(self.sql.create_table(self.qualified_name(t), t,
@@ -342,7 +351,8 @@ class SqlTarget(ABC):
         a schema version may be replayed after a crash)."""
         with self._lock:
             try:
-                with self._tx(f"{what} on {self._shown(t)}", write=True) as cur:
+                with (self._tx(f"{what} on {self._shown(t)}", write=True) as cur,
+                      self._serialized_ddl(cur)):
                     columns = {name: (type_, nullable) for name, type_, nullable in
                                self._table_columns(cur, self._schema_of(t), t.table)}
                     sql = statement(columns)

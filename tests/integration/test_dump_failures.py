@@ -673,10 +673,14 @@ def test_a_cancelled_dump_started_again_finishes(mariadb_server: MariaDBServer,
     stream, first_id, second_id = asyncio.run(main())
     assert _values(stream.replica(source)) == _source_rows(sql)
     _assert_dump_windows_sound(stream, source)
-    # The cancelled dump started but never ended; the second one did both.
+    # The cancelled dump ended "cancelled" before the second one started; the second
+    # one ended done (its end marker as it always was: no outcome field).
     starts = [d["dump"] for d in stream.marker_docs(DUMP_START_SOURCE_ID)]
-    ends = [d["dump"] for d in stream.marker_docs(DUMP_END_SOURCE_ID)]
-    assert starts == [first_id, second_id] and ends == [second_id]
+    ends = [(d["dump"], d.get("outcome")) for d in stream.marker_docs(DUMP_END_SOURCE_ID)]
+    assert starts == [first_id, second_id]
+    assert ends == [(first_id, "cancelled"), (second_id, None)]
+    scns = {(sid, d["dump"]): scn for scn, sid, d in stream.markers}
+    assert scns[(DUMP_END_SOURCE_ID, first_id)] <= scns[(DUMP_START_SOURCE_ID, second_id)]
     sql.close()
 
 
@@ -912,10 +916,13 @@ def test_a_table_dropped_during_its_dump_fails_alone(mariadb_server: MariaDBServ
     assert tables[kept]["state"] == "done" and tables[kept]["rows"] == 300, tables
     assert tables[kept]["error"] is None
     assert _values(stream.replica(kept)) == _source_rows(sql, "kept")
-    # The dropped table's dump started and never ended; the other's did both.
+    # The dropped table's dump ended "failed" (with the rows it had emitted); the
+    # other's ended done.
     assert [d["source"] for d in stream.marker_docs(DUMP_START_SOURCE_ID)] == [gone, kept]
-    (end,) = stream.marker_docs(DUMP_END_SOURCE_ID)
-    assert end["source"] == kept and end["rows"] == 300
+    failed, done = stream.marker_docs(DUMP_END_SOURCE_ID)
+    assert failed == {"dump": doc["id"], "source": gone, "rows": tables[gone]["rows"],
+                      "outcome": "failed"}
+    assert done == {"dump": doc["id"], "source": kept, "rows": 300}
     sql.close()
 
 

@@ -159,4 +159,74 @@ def test_tail_prints_markers_and_the_dump_flag() -> None:
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert lines[0] == {"marker": "dump_start", "source": "shop.orders", "scn": 21}
     assert lines[1]["key"] == 4 and lines[1]["from_dump"] is True
-    assert lines[2] == {"marker": "dump_end", "source": "shop.orders", "scn": 21}
+    assert lines[2] == {"marker": "dump_end", "source": "shop.orders", "scn": 21,
+                        "outcome": "done"}
+
+
+# -- outcomes (issue 27 item 8) ------------------------------------------------------------
+
+
+def test_an_end_carries_the_outcome_only_when_not_done() -> None:
+    done = encode_dump_marker(scn=4, kind="end", source="a.b", dump_id="d", rows=2)
+    # A completed table's end is byte for byte what it was before outcomes.
+    assert done.endswith(b'{"dump":"d","rows":2,"source":"a.b"}')
+    assert decode_dump_marker(decode_header(done), done[56:]).outcome == "done"
+    for outcome in ("failed", "cancelled"):
+        event = encode_dump_marker(scn=4, kind="end", source="a.b", dump_id="d", rows=2,
+                                   outcome=outcome)
+        assert event.endswith(b'{"dump":"d","outcome":"' + outcome.encode()
+                              + b'","rows":2,"source":"a.b"}')
+        marker = decode_dump_marker(decode_header(event), event[56:])
+        assert (marker.kind, marker.rows, marker.outcome) == ("end", 2, outcome)
+    with pytest.raises(EventFormatError):
+        encode_dump_marker(scn=4, kind="end", source="a.b", dump_id="d", rows=2,
+                           outcome="maybe")
+    with pytest.raises(EventFormatError):
+        encode_dump_marker(scn=4, kind="start", source="a.b", dump_id="d", outcome="failed")
+
+
+@pytest.mark.parametrize("payload", [
+    b'{"dump":"d","outcome":"done","rows":1,"source":"a.b"}',  # done is never written
+    b'{"dump":"d","outcome":"maybe","rows":1,"source":"a.b"}',
+    b'{"dump":"d","outcome":1,"rows":1,"source":"a.b"}',
+])
+def test_hostile_outcomes_are_event_format_errors(payload: bytes) -> None:
+    event = encode_control(scn=5, source_id=DUMP_END_SOURCE_ID, payload=payload)
+    with pytest.raises(EventFormatError):
+        decode_dump_marker(decode_header(event), event[56:])
+    start_with_outcome = encode_control(
+        scn=5, source_id=DUMP_START_SOURCE_ID,
+        payload=b'{"dump":"d","outcome":"failed","source":"a.b"}')
+    with pytest.raises(EventFormatError):
+        decode_dump_marker(decode_header(start_with_outcome), start_with_outcome[56:])
+
+
+def test_the_dispatcher_passes_the_outcome_and_old_consumers_still_get_their_call() -> None:
+    from databus.client import Consumer
+    from databus.client._runner import _args, _with_outcome
+
+    failed = encode_dump_marker(scn=10, kind="end", source="shop.orders", dump_id="d1",
+                                rows=1, outcome="failed")
+    items = decode(window([start(), dumped(1), failed], scn=10))
+    dispatcher = Dispatcher()
+    calls = [call for item in items for call in dispatcher.feed(item)]  # type: ignore[arg-type]
+    (end_call,) = [c for c in calls if c.kind is CallKind.DUMP_END]
+    assert _args(end_call) == ("shop.orders", "failed")
+
+    seen: list[tuple[str, ...]] = []
+
+    class New(Consumer):
+        def on_dump_end(self, source: str, outcome: str = "done") -> None:
+            seen.append((source, outcome))
+
+    class Old(Consumer):
+        def on_dump_end(self, source: str) -> None:  # type: ignore[override]
+            seen.append((source,))
+
+    class Loose(Consumer):
+        def on_dump_end(self, *args: str) -> None:  # type: ignore[override]
+            seen.append(args)
+
+    for consumer in (New(), Old(), Loose()):
+        _with_outcome(consumer.on_dump_end)(*_args(end_call))
+    assert seen == [("shop.orders", "failed"), ("shop.orders",), ("shop.orders", "failed")]
