@@ -42,7 +42,7 @@ from urllib.parse import quote
 
 from databus.config import RelayClusterConfig
 from databus.coordination import Lease, LockContender, ZooKeeperMember
-from databus.errors import DatabusError
+from databus.errors import ConnectionLostError, DatabusError
 from databus.fetchers._api import WindowSink
 from databus.relay._buffer import EventBuffer
 from databus.relay.cluster._epochs import EpochEntry, EpochHistory
@@ -72,6 +72,9 @@ class Assignment:
     epoch: int
     wrap: Callable[[WindowSink], WindowSink] = lambda sink: sink
     prepare: Callable[[], None] = lambda: None
+    # Errors that end an attempt in this role's normal life, not failures: a leader
+    # fenced after a pause; a follower whose leader is gone (until the cluster elects).
+    expected: tuple[type[BaseException], ...] = ()
 
 
 class FencedSink:
@@ -150,7 +153,8 @@ class Seat:
             if not lease.valid():
                 return None  # suspended or ending: wait, commit nothing
             return Assignment("leader", self.source_uri, epoch,
-                              wrap=lambda sink: FencedSink(sink, lease, epoch))
+                              wrap=lambda sink: FencedSink(sink, lease, epoch),
+                              expected=(FencedError,))
         if leader is None:
             return None
         sources = self.chain_sources()
@@ -158,7 +162,8 @@ class Seat:
             return None
         uri = f"relay+{leader.rstrip('/')}/?sources={quote(','.join(sources), safe=',')}"
         return Assignment("follower", uri, self.history.current,
-                          prepare=lambda: self._adopt(leader))
+                          prepare=lambda: self._adopt(leader),
+                          expected=(OSError, ConnectionLostError))
 
     def _adopt(self, leader: str) -> None:
         """Take the leader's epochs for the windows about to be copied."""
