@@ -166,11 +166,34 @@ class Seat:
                           expected=(OSError, ConnectionLostError))
 
     def _adopt(self, leader: str) -> None:
-        """Take the leader's epochs for the windows about to be copied."""
-        doc = self.member.http_json(f"{leader.rstrip('/')}/v1/status")
-        entries = doc["buffers"][self.buffer].get("cluster", {}).get("epochs", [])
-        upstream = [EpochEntry(int(e), None if a is None else int(a)) for e, a in entries]
-        self.history.adopt(upstream, self.event_buffer.state().max_scn)
+        """Take the leader's epoch history, whole (``EpochHistory.follow``): before
+        each chaining attempt, and again every ``_WATCH_S`` while following (the
+        watcher), so that windows copied through a member that was not the leader (an
+        old leader restarted at the same URL, copying from the new one) end with the
+        epoch of the leader that wrote them."""
+        try:
+            doc = self.member.http_json(f"{leader.rstrip('/')}/v1/status")
+            entries = doc["buffers"][self.buffer].get("cluster", {}).get("epochs", [])
+            upstream = [EpochEntry(int(e), None if a is None else int(a))
+                        for e, a in entries]
+            held = self.event_buffer.state().max_scn
+            moved = self.history.follow(upstream, held)
+        except (KeyError, TypeError, ValueError, AttributeError, DatabusError) as exc:
+            raise ConnectionLostError(f"buffer {self.buffer}: the epoch history of "
+                                      f"{leader} cannot be read: {exc}") from None
+        if moved is not None:
+            log.warning("buffer %s: the windows after SCN %s up to %d were written again "
+                        "by the leader %s in a newer term; their epochs are now its own "
+                        "(epochs %s)", self.buffer, moved[0], moved[1], leader,
+                        self.history.to_json())
+
+    def _agree(self, leader: str) -> None:
+        """A follower's history, checked against its leader's (``_adopt``); a leader
+        out of reach is the fetcher's business, not the watcher's."""
+        try:
+            self._adopt(leader)
+        except (OSError, ConnectionLostError) as exc:
+            log.debug("buffer %s: the epochs of %s: %s", self.buffer, leader, exc)
 
     def role(self) -> str:
         with self.lock_guard:
@@ -258,6 +281,8 @@ class Seat:
     def _watch(self) -> None:
         member = self.member
         while not member.stopping.wait(_WATCH_S):
+            if self.term is None and self.leader_url is not None:
+                self._agree(self.leader_url)
             if self.term is not None or not member.connected.is_set():
                 continue
             try:
