@@ -6,8 +6,10 @@ election (``_member``). The buffer keeps its **epoch history**: the list of
 ``(epoch, after_scn)``, meaning "the windows after ``after_scn`` were written in
 ``epoch``" (``after_scn`` None: from the buffer's start), ordered by both. It answers
 "which term wrote the window at SCN s" and it travels with the windows: a follower
-copies its upstream's entries for the windows it copies, so every member agrees on
-the epoch of every SCN it holds (Kafka's leader-epoch cache is the same idea).
+takes its leader's history whole (``follow``), so every member agrees on the epoch of
+every SCN it holds, also for windows that reached it through a member that was not
+the leader, or that it wrote itself in an older term and the leader read again
+(Kafka's leader-epoch cache is the same idea).
 
 The file (``<data_dir>/<buffer>.epochs.json``) is written atomically (temp file,
 fsync, rename) before the term writes its first window: a crash between the two leaves

@@ -17,8 +17,11 @@ status`` read those. In leader-follower mode each buffer has a ``Seat``:
   gone. A renewal thread confirms the lease: a read of the epoch node that still says
   this term's epoch, on a connected session that still holds the lock;
 - otherwise the member follows: the fetcher chains (``relay+http://``) from the
-  leader, the first contender of the lock, after taking the leader's epoch history for
-  the windows it will copy. A new leader makes it chain from that one.
+  leader, the first contender of the lock, after taking the leader's epoch history
+  whole (``EpochHistory.follow``); the watcher takes it again every ``_WATCH_S`` while
+  it follows, so windows that reached it with a stale epoch end with the leader's. A
+  new leader makes it chain from that one (the fetcher host ends the attempt, or the
+  retry delay it waits out, at once).
 
 The session lost (expired: a pause, a partition) ends the term for good; kazoo opens a
 new session, the member registers again and contends again. With the connection only
