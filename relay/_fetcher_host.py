@@ -235,7 +235,7 @@ class _Runner:
         self.attempt_stop = threading.Event()
         # Set by reassign (another thread), taken by the loop: start the delays over.
         self.role_changed = False
-        self.windows_landed = 0  # windows written since start (this thread's attempts)
+        self.windows_landed = 0  # windows the fetcher wrote (this thread's attempts)
         self.expected_streak = 0  # attempts in a row that ended in an expected condition
 
     def reassign(self) -> None:
@@ -266,7 +266,10 @@ class _Runner:
 
     def _window_landed(self) -> None:
         self.last_window_at = time.time()
-        self.windows_landed += 1
+        if threading.current_thread() is self.thread:
+            # The fetcher's own (a dump writes chunks through the same sink, from the
+            # dump engine's thread: no sign that the fetcher is healthy).
+            self.windows_landed += 1
 
     def get_state(self) -> FetcherState:
         with self.lock:
