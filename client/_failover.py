@@ -202,7 +202,12 @@ class FailoverPuller:
         rounds = self._failures // len(self.urls)
         if rounds:
             delay = min(self.backoff_max, self.backoff_initial * 2 ** (rounds - 1))
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            # A new list (discovery: a relay joined, or came back) cuts it short: the
+            # failures counted were the old list's.
+            self._urls_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._urls_changed.wait(),
+                                       delay * random.uniform(0.5, 1.0))
 
     async def _retrying(self, attempt: Callable[[str], Awaitable[T]]) -> T:
         """Run ``attempt(url)`` until one server answers; retriable failures move on to

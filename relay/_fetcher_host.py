@@ -10,8 +10,12 @@ that never started asks the fetcher for ``initial_scn()`` and, if it names one, 
 When ``run`` raises, the host logs the error (the source URI redacted, the source's
 password and secret query values scrubbed from the message; a traceback only for
 exceptions that are not ``DatabusError``, which may be bugs), rolls back the window the fetcher
-left open and starts a fresh fetcher instance after a backoff: 0.1 s doubling to 30 s,
-back to 0.1 s after a run that stayed up for ``healthy_after`` seconds. A
+left open and starts a fresh fetcher instance after a retry delay (``Backoff``): 0.1 s
+doubling to 5 s, back to 0.1 s after an attempt that wrote a window or stayed up for
+``healthy_after`` seconds. In a cluster (relay/cluster) a role change ends the attempt
+or the delay being waited out at once and starts the delays over, and an attempt that
+ended in a condition of the role's normal life (a leader fenced after a pause, a leader
+to follow that is gone) is no failure: the member asks the cluster again shortly. A
 ``DatabusError`` that says it is not retriable (a config error, a window larger than
 the buffer, a fetcher writing SCNs backwards) cannot heal by retrying: the fetcher is
 then marked ``failed`` and left stopped. A ``run`` that returns although ``stop`` was
@@ -66,6 +70,11 @@ _DETAIL_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 # or its own lease as leader ran out: relay/cluster).
 FetcherState = Literal["starting", "running", "backoff", "standby", "stopped", "failed"]
 
+# How long a cluster member waits before asking its assignment again after an attempt
+# that ended in an expected condition (its lease ran out, its leader is gone); a role
+# change cuts it short.
+_EXPECTED_RETRY_S = 0.25
+
 
 
 # -- pure pieces ----------------------------------------------------------------------
@@ -97,10 +106,15 @@ def resume_point(state: BufferState) -> int | None:
 
 
 class Backoff:
-    """Exponential restart delays: ``initial`` doubling up to ``maximum``.
+    """Retry delays (pure): ``initial`` doubling up to ``maximum``, counted from the
+    last success.
 
-    ``failed(ran_for)`` returns the delay before the next attempt; a run that lasted at
-    least ``healthy_after`` seconds counts as recovered and starts over at ``initial``.
+    ``failed(ran_for, progressed)`` returns the delay before the next attempt. An
+    attempt that made progress (a window landed) or lasted ``healthy_after`` seconds
+    was a success: the delays start over at ``initial``, so a source that restarts
+    again and again is read again within ``initial`` after each restart instead of
+    within an ever longer delay. ``reset()`` starts over too: a role change in a
+    cluster, after which the previous role's failures say nothing.
     """
 
     def __init__(self, initial: float, maximum: float, healthy_after: float) -> None:
@@ -111,12 +125,22 @@ class Backoff:
         self.healthy_after = healthy_after
         self._next = initial
 
-    def failed(self, ran_for: float) -> float:
-        if ran_for >= self.healthy_after:
+    def reset(self) -> None:
+        self._next = self.initial
+
+    def failed(self, ran_for: float, progressed: bool = False) -> float:
+        if progressed or ran_for >= self.healthy_after:
             self._next = self.initial
         delay = self._next
         self._next = min(self._next * 2, self.maximum)
         return delay
+
+
+def _seat(assignment: Assignment) -> tuple[str, str, int]:
+    """What a role change changes: the role, what it reads, and a leader's term (a
+    follower's epoch moves with what it copies)."""
+    return (assignment.role, assignment.uri,
+            assignment.epoch if assignment.role == "leader" else 0)
 
 
 # -- status ---------------------------------------------------------------------------
@@ -209,9 +233,16 @@ class _Runner:
         self.assignments: Callable[[], Assignment | None] | None = None
         self.resolve: Callable[[str], type[Fetcher]] = fetcher_class
         self.attempt_stop = threading.Event()
+        # Set by reassign (another thread), taken by the loop: start the delays over.
+        self.role_changed = False
+        self.windows_landed = 0  # windows the fetcher wrote (this thread's attempts)
+        self.expected_streak = 0  # attempts in a row that ended in an expected condition
 
     def reassign(self) -> None:
-        """The assignment changed: end the current attempt; the loop asks again."""
+        """The assignment changed: end the current attempt, or the retry delay being
+        waited out (a promotion reads the source at once); the loop asks again, with
+        the delays started over."""
+        self.role_changed = True
         self.attempt_stop.set()
 
     def new_fetcher(self, uri: str | None = None, cls: type[Fetcher] | None = None) -> Fetcher:
@@ -235,6 +266,10 @@ class _Runner:
 
     def _window_landed(self) -> None:
         self.last_window_at = time.time()
+        if threading.current_thread() is self.thread:
+            # The fetcher's own (a dump writes chunks through the same sink, from the
+            # dump engine's thread: no sign that the fetcher is healthy).
+            self.windows_landed += 1
 
     def get_state(self) -> FetcherState:
         with self.lock:
@@ -256,7 +291,12 @@ class _Runner:
 
     def _loop(self) -> None:
         while not self.stop.is_set():
+            if self.role_changed:
+                self.role_changed = False
+                self.backoff.reset()
+                self.expected_streak = 0
             started = time.monotonic()
+            landed = self.windows_landed
             error: BaseException | None = None
             fetcher: Fetcher | None = None
             sink: WindowSink = self.sink
@@ -307,12 +347,40 @@ class _Runner:
             if (isinstance(error, SourceGapError) and self.on_source_gap is not None
                     and self.skip_gap(error)):
                 continue
-            if not self.failed(error, time.monotonic() - started):
+            progressed = self.windows_landed != landed
+            if assignment is not None and self.expected(error, assignment):
+                continue
+            self.expected_streak = 0
+            if not self.failed(error, time.monotonic() - started, progressed,
+                               None if assignment is None else assignment.uri):
                 return
         self.set_state("stopped")
 
-    def failed(self, error: BaseException, ran_for: float) -> bool:
-        """Record and log ``error``; wait out the backoff. False: give up for good."""
+    def expected(self, error: BaseException, assignment: Assignment) -> bool:
+        """A cluster member's attempt that ended in a condition of its role's normal
+        life (fenced after a pause, a leader that is gone), or whose assignment changed
+        meanwhile: not a failure. Wait a moment (cut short by a role change) and ask
+        the assignment again, the delays not grown."""
+        now = self.assignments() if self.assignments is not None else None
+        changed = now is None or _seat(now) != _seat(assignment)
+        if not changed and not isinstance(error, assignment.expected):
+            return False
+        message = redact(f"{type(error).__name__}: {error}")
+        with self.lock:
+            self.last_error = message
+            self.last_error_at = time.time()
+            self.state = "standby"
+        self.expected_streak += 1
+        (log.info if self.expected_streak == 1 else log.debug)(
+            "buffer %s: %s %s (%s); asking the cluster again", self.name,
+            assignment.role, "role changed" if changed else "waits", message)
+        self.attempt_stop.wait(_EXPECTED_RETRY_S)
+        return True
+
+    def failed(self, error: BaseException, ran_for: float, progressed: bool = False,
+               uri: str | None = None) -> bool:
+        """Record and log ``error``; wait out the backoff (cut short by a role change
+        or a stop). False: give up for good."""
         message = redact(f"{type(error).__name__}: {error}")
         expected = isinstance(error, DatabusError)
         retriable = error.retriable if isinstance(error, DatabusError) else True
@@ -324,16 +392,17 @@ class _Runner:
             self.last_error = message
             self.last_error_at = time.time()
             self.state = "backoff" if retriable else "failed"
-        source = redact_uri(self.uri)
+        source = redact_uri(uri or self.uri)
         if not retriable:
             log.error("fetcher of buffer %s (%s) failed and cannot recover by retrying; "
                       "fix the cause and restart the relay: %s", self.name, source, detail)
             return False
-        delay = self.backoff.failed(ran_for)
+        delay = self.backoff.failed(ran_for, progressed)
         log.error("fetcher of buffer %s (%s) failed, restarting in %.2f s: %s",
                   self.name, source, delay, detail)
-        if self.stop.wait(delay):
-            return True  # the loop sees stop and ends
+        # stop() sets attempt_stop too; so does a role change (reassign).
+        if self.attempt_stop.wait(delay):
+            return True  # the loop sees stop, or asks for its new assignment
         with self.lock:
             self.restarts += 1
             self.state = "starting"
@@ -427,7 +496,7 @@ class FetcherHost:
         catalog: RelayCatalog,
         *,
         backoff_initial: float = 0.1,
-        backoff_max: float = 30.0,
+        backoff_max: float = 5.0,
         healthy_after: float = 60.0,
         resolve: Callable[[str], type[Fetcher]] | None = None,
     ) -> None:

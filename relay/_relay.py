@@ -69,7 +69,7 @@ class RelayReader(Protocol):
 
 class Relay:
     def __init__(self, config: RelayConfig, *, backoff_initial: float = 0.1,
-                 backoff_max: float = 30.0) -> None:
+                 backoff_max: float = 5.0) -> None:
         self.config = config
         data_dir = config.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,10 @@ election (``_member``). The buffer keeps its **epoch history**: the list of
 ``(epoch, after_scn)``, meaning "the windows after ``after_scn`` were written in
 ``epoch``" (``after_scn`` None: from the buffer's start), ordered by both. It answers
 "which term wrote the window at SCN s" and it travels with the windows: a follower
-copies its upstream's entries for the windows it copies, so every member agrees on
-the epoch of every SCN it holds (Kafka's leader-epoch cache is the same idea).
+takes its leader's history whole (``follow``), so every member agrees on the epoch of
+every SCN it holds, also for windows that reached it through a member that was not
+the leader, or that it wrote itself in an older term and the leader read again
+(Kafka's leader-epoch cache is the same idea).
 
 The file (``<data_dir>/<buffer>.epochs.json``) is written atomically (temp file,
 fsync, rename) before the term writes its first window: a crash between the two leaves
@@ -20,8 +22,10 @@ in the same buffer.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +55,9 @@ class EpochHistory:
 
     def __init__(self, entries: Iterable[EpochEntry] = (), path: Path | None = None) -> None:
         self.path = path
+        # The leader's term starts in the contender thread, a follower takes its
+        # leader's history in the fetcher and the watcher threads.
+        self._lock = threading.Lock()
         self._entries: list[EpochEntry] = []
         for entry in entries:
             self._check(entry)
@@ -79,13 +86,7 @@ class EpochHistory:
 
     def epoch_of(self, scn: int) -> int:
         """The epoch that wrote the window at ``scn`` (0 before any entry)."""
-        found = 0
-        for entry in self._entries:
-            if entry.after_scn is None or scn > entry.after_scn:
-                found = entry.epoch
-            else:
-                break
-        return found
+        return _epoch_of(self._entries, scn)
 
     def _check(self, entry: EpochEntry) -> None:
         if not self._entries:
@@ -103,24 +104,45 @@ class EpochHistory:
     def append(self, epoch: int, after_scn: int | None) -> None:
         """A new term from the windows after ``after_scn`` on; saved before it returns.
         The same epoch again (a follower copying what it has) changes nothing."""
-        if self._entries and self._entries[-1].epoch == epoch:
-            return
-        entry = EpochEntry(epoch, after_scn)
-        self._check(entry)
-        self._entries.append(entry)
-        self._save()
+        with self._lock:
+            if self._entries and self._entries[-1].epoch == epoch:
+                return
+            entry = EpochEntry(epoch, after_scn)
+            self._check(entry)
+            # A new list, never changed in place: readers take the reference whole.
+            self._entries = [*self._entries, entry]
+            self._save()
 
-    def adopt(self, upstream: Sequence[EpochEntry], after_scn: int | None) -> None:
-        """A follower about to copy the windows after ``after_scn`` from an upstream
-        with history ``upstream``: take the upstream's epoch of the first window it
-        will copy and every newer entry."""
-        for entry in upstream:
-            if entry.epoch <= self.current:
-                continue
-            start = entry.after_scn
-            if after_scn is not None and (start is None or start < after_scn):
-                start = after_scn
-            self.append(entry.epoch, start)
+    def follow(self, upstream: Sequence[EpochEntry],
+               held: int | None) -> tuple[int | None, int] | None:
+        """A follower takes its leader's history whole: the leader's says which term
+        wrote each window, for the windows this member copied from it (through any
+        member in between) and for those it holds from a term of its own that the
+        leader read again from the source, with the same SCNs, in a newer term. So every
+        member agrees on the epoch of every window.
+
+        Refused (nothing changes, None) when ``upstream`` is empty or its newest epoch
+        is older than this history's (a member that is not, or not yet, the leader: a
+        history never goes back to an older epoch). Returns, when windows held here (up
+        to SCN ``held``) changed epoch, the range ``(after, up_to)`` of their SCNs."""
+        entries = list(upstream)
+        for before, after in itertools.pairwise(entries):
+            EpochHistory([before])._check(after)
+        with self._lock:
+            if not entries or entries[-1].epoch < self.current or entries == self._entries:
+                return None
+            mine = self._entries
+            self._entries = entries
+            self._save()
+        if held is None:
+            return None
+        moved = [s for s in _starts(mine, entries) if s is None or s < held]
+        changed = [s for s in moved
+                   if _epoch_in(mine, s) != _epoch_in(entries, s)]
+        if not changed:
+            return None
+        low = None if None in changed else min(s for s in changed if s is not None)
+        return low, held
 
     def _save(self) -> None:
         if self.path is None:
@@ -134,3 +156,25 @@ class EpochHistory:
 
     def to_json(self) -> list[list[int | None]]:
         return [e.to_json() for e in self._entries]
+
+
+def _epoch_of(entries: Sequence[EpochEntry], scn: int) -> int:
+    found = 0
+    for entry in entries:
+        if entry.after_scn is None or scn > entry.after_scn:
+            found = entry.epoch
+        else:
+            break
+    return found
+
+
+def _epoch_in(entries: Sequence[EpochEntry], after: int | None) -> int:
+    """The epoch of the windows just after ``after`` (None: the first window)."""
+    if after is None:
+        return entries[0].epoch if entries and entries[0].after_scn is None else 0
+    return _epoch_of(entries, after + 1)
+
+
+def _starts(*histories: Sequence[EpochEntry]) -> set[int | None]:
+    """Every SCN after which some history's epoch changes."""
+    return {e.after_scn for entries in histories for e in entries}

@@ -17,8 +17,11 @@ status`` read those. In leader-follower mode each buffer has a ``Seat``:
   gone. A renewal thread confirms the lease: a read of the epoch node that still says
   this term's epoch, on a connected session that still holds the lock;
 - otherwise the member follows: the fetcher chains (``relay+http://``) from the
-  leader, the first contender of the lock, after taking the leader's epoch history for
-  the windows it will copy. A new leader makes it chain from that one.
+  leader, the first contender of the lock, after taking the leader's epoch history
+  whole (``EpochHistory.follow``); the watcher takes it again every ``_WATCH_S`` while
+  it follows, so windows that reached it with a stale epoch end with the leader's. A
+  new leader makes it chain from that one (the fetcher host ends the attempt, or the
+  retry delay it waits out, at once).
 
 The session lost (expired: a pause, a partition) ends the term for good; kazoo opens a
 new session, the member registers again and contends again. With the connection only
@@ -42,7 +45,7 @@ from urllib.parse import quote
 
 from databus.config import RelayClusterConfig
 from databus.coordination import Lease, LockContender, ZooKeeperMember
-from databus.errors import DatabusError
+from databus.errors import ConnectionLostError, DatabusError
 from databus.fetchers._api import WindowSink
 from databus.relay._buffer import EventBuffer
 from databus.relay.cluster._epochs import EpochEntry, EpochHistory
@@ -72,6 +75,9 @@ class Assignment:
     epoch: int
     wrap: Callable[[WindowSink], WindowSink] = lambda sink: sink
     prepare: Callable[[], None] = lambda: None
+    # Errors that end an attempt in this role's normal life, not failures: a leader
+    # fenced after a pause; a follower whose leader is gone (until the cluster elects).
+    expected: tuple[type[BaseException], ...] = ()
 
 
 class FencedSink:
@@ -150,7 +156,8 @@ class Seat:
             if not lease.valid():
                 return None  # suspended or ending: wait, commit nothing
             return Assignment("leader", self.source_uri, epoch,
-                              wrap=lambda sink: FencedSink(sink, lease, epoch))
+                              wrap=lambda sink: FencedSink(sink, lease, epoch),
+                              expected=(FencedError,))
         if leader is None:
             return None
         sources = self.chain_sources()
@@ -158,14 +165,38 @@ class Seat:
             return None
         uri = f"relay+{leader.rstrip('/')}/?sources={quote(','.join(sources), safe=',')}"
         return Assignment("follower", uri, self.history.current,
-                          prepare=lambda: self._adopt(leader))
+                          prepare=lambda: self._adopt(leader),
+                          expected=(OSError, ConnectionLostError))
 
     def _adopt(self, leader: str) -> None:
-        """Take the leader's epochs for the windows about to be copied."""
-        doc = self.member.http_json(f"{leader.rstrip('/')}/v1/status")
-        entries = doc["buffers"][self.buffer].get("cluster", {}).get("epochs", [])
-        upstream = [EpochEntry(int(e), None if a is None else int(a)) for e, a in entries]
-        self.history.adopt(upstream, self.event_buffer.state().max_scn)
+        """Take the leader's epoch history, whole (``EpochHistory.follow``): before
+        each chaining attempt, and again every ``_WATCH_S`` while following (the
+        watcher), so that windows copied through a member that was not the leader (an
+        old leader restarted at the same URL, copying from the new one) end with the
+        epoch of the leader that wrote them."""
+        try:
+            doc = self.member.http_json(f"{leader.rstrip('/')}/v1/status")
+            entries = doc["buffers"][self.buffer].get("cluster", {}).get("epochs", [])
+            upstream = [EpochEntry(int(e), None if a is None else int(a))
+                        for e, a in entries]
+            held = self.event_buffer.state().max_scn
+            moved = self.history.follow(upstream, held)
+        except (KeyError, TypeError, ValueError, AttributeError, DatabusError) as exc:
+            raise ConnectionLostError(f"buffer {self.buffer}: the epoch history of "
+                                      f"{leader} cannot be read: {exc}") from None
+        if moved is not None:
+            log.warning("buffer %s: the windows after SCN %s up to %d were written again "
+                        "by the leader %s in a newer term; their epochs are now its own "
+                        "(epochs %s)", self.buffer, moved[0], moved[1], leader,
+                        self.history.to_json())
+
+    def _agree(self, leader: str) -> None:
+        """A follower's history, checked against its leader's (``_adopt``); a leader
+        out of reach is the fetcher's business, not the watcher's."""
+        try:
+            self._adopt(leader)
+        except (OSError, ConnectionLostError) as exc:
+            log.debug("buffer %s: the epochs of %s: %s", self.buffer, leader, exc)
 
     def role(self) -> str:
         with self.lock_guard:
@@ -253,6 +284,8 @@ class Seat:
     def _watch(self) -> None:
         member = self.member
         while not member.stopping.wait(_WATCH_S):
+            if self.term is None and self.leader_url is not None:
+                self._agree(self.leader_url)
             if self.term is not None or not member.connected.is_set():
                 continue
             try:

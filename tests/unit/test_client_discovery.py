@@ -152,6 +152,20 @@ def test_an_empty_list_waits_for_a_relay() -> None:
     asyncio.run(main())
 
 
+def test_a_new_list_cuts_the_backoff_short() -> None:
+    """Every relay failed and the puller backs off (20 s here); discovery brings a new
+    list meanwhile (a relay joined or came back): it tries it at once."""
+    async def main() -> None:
+        p = RelayPuller(["http://a"], [], None, rng=random.Random(1),  # type: ignore[arg-type]
+                        backoff_initial=20, backoff_max=20)
+        waiting = asyncio.create_task(p.failed(ConnectionResetError("gone")))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # backing off: its only relay failed
+        p.set_urls(["http://a", "http://b"])
+        await asyncio.wait_for(waiting, 1.0)
+    asyncio.run(main())
+
+
 def test_a_fixed_list_must_not_be_empty() -> None:
     with pytest.raises(ValueError, match="at least one relay"):
         puller([])

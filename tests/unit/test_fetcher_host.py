@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -174,11 +175,22 @@ def test_backoff_doubles_to_the_max_and_resets_after_a_healthy_run() -> None:
         Backoff(0, 1, 1)
 
 
+def test_backoff_counts_from_the_last_success_and_starts_over_on_reset() -> None:
+    backoff = Backoff(0.1, 5.0, healthy_after=60)
+    assert [backoff.failed(0.1) for _ in range(3)] == [0.1, 0.2, 0.4]
+    # An attempt that wrote a window was a success, however short: a source restarted
+    # again and again is retried after the first delay each time (not 3.2, then 6.4 s).
+    assert [backoff.failed(0.5, progressed=True) for _ in range(5)] == [0.1] * 5
+    assert [backoff.failed(0.1) for _ in range(8)] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+    backoff.reset()  # a role change: the previous role's failures say nothing
+    assert backoff.failed(0.1) == 0.1
+
+
 # -- the host -----------------------------------------------------------------------------
 
 
 def test_a_failing_fetcher_restarts_from_the_max_scn_without_gap_or_repeat(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     uri = f"flaky://?{LOAD}&limit=60"
     with Relay(tmp_path, {"load": uri}) as relay:
@@ -193,11 +205,13 @@ def test_a_failing_fetcher_restarts_from_the_max_scn_without_gap_or_repeat(
     assert starts == [None, *range(3, 58, 3)]
     assert status.restarts >= 19
     assert status.last_error == "SourceError: flaky failure: connection reset"
-    # Each restart waited its backoff: 0.01 s, then 0.02, then 0.04 s at most.
+    # Each restart waited its backoff, the first one every time: each run wrote
+    # windows before it failed (a success), so the delays never grew.
     times = [t for t, _ in FlakyFetcher.runs]
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert min(gaps[:2]) >= 0.009
-    assert min(gaps[2:]) >= 0.035
+    assert min(gaps) >= 0.009
+    delays = set(re.findall(r"restarting in ([0-9.]+) s", caplog.text))
+    assert delays == {"0.01"}, delays
 
 
 def test_status_reports_state_restarts_error_and_lag(tmp_path: Path) -> None:

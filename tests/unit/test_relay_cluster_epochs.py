@@ -32,17 +32,35 @@ def test_an_older_epoch_is_refused_fencing() -> None:
         history.append(4, 40)  # a term cannot start before the previous one did
 
 
-def test_a_follower_adopts_its_upstreams_epochs_for_what_it_copies() -> None:
+def test_a_follower_takes_its_leaders_history_whole() -> None:
     upstream = [EpochEntry(1, None), EpochEntry(2, 500), EpochEntry(3, 900)]
-    follower = EpochHistory([EpochEntry(1, None)])
-    follower.adopt(upstream, 700)  # it holds up to 700 and copies after it
-    assert follower.to_json() == [[1, None], [2, 700], [3, 900]]
+    # Behind its leader: the windows it will copy get the leader's epochs.
     behind = EpochHistory([EpochEntry(1, None)])
-    behind.adopt(upstream, 300)
+    assert behind.follow(upstream, 300) is None  # none of its windows changed epoch
     assert behind.to_json() == [[1, None], [2, 500], [3, 900]]
+    # It copied the windows up to 700 with a stale epoch (through a member that was not
+    # the leader), or held them from a term of its own that the leader read again:
+    # the leader's epoch of each window wins, and the change is reported.
+    ahead = EpochHistory([EpochEntry(1, None)])
+    assert ahead.follow(upstream, 700) == (500, 700)
+    assert ahead.to_json() == [[1, None], [2, 500], [3, 900]]
+    assert [ahead.epoch_of(s) for s in (500, 501, 900, 901)] == [1, 2, 2, 3]
     empty = EpochHistory()
-    empty.adopt(upstream, None)
+    assert empty.follow(upstream, None) is None
     assert empty.to_json() == [[1, None], [2, 500], [3, 900]]
+
+
+def test_a_follower_never_takes_an_older_history() -> None:
+    """A member that is not (yet) the leader, with an older newest epoch: refused, and
+    so is an empty history; a history out of order is an error."""
+    history = EpochHistory([EpochEntry(1, None), EpochEntry(4, 800)])
+    assert history.follow([EpochEntry(1, None), EpochEntry(3, 500)], 900) is None
+    assert history.follow([], 900) is None
+    assert history.to_json() == [[1, None], [4, 800]]
+    with pytest.raises(StaleEpochError):
+        history.follow([EpochEntry(5, None), EpochEntry(4, 900)], 900)
+    # The same newest epoch, another start: the leader's wins.
+    assert history.follow([EpochEntry(1, None), EpochEntry(4, 600)], 900) == (600, 900)
 
 
 def test_a_damaged_history_file_is_an_error(tmp_path: Path) -> None:
