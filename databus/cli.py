@@ -12,6 +12,7 @@ values name such modules.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
@@ -21,7 +22,7 @@ from importlib.metadata import entry_points
 
 from databus import __version__
 from databus._redact import install_log_redaction, redact
-from databus.errors import DatabusError
+from databus.errors import ConfigError, DatabusError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -46,6 +47,10 @@ def _check_config(args: argparse.Namespace) -> int:
     from databus.config import describe, load_config
 
     config = load_config(args.config)
+    if all(getattr(config, f.name) is None for f in dataclasses.fields(config)):
+        # Every daemon would refuse it ("no [relay] section"): so does the check.
+        names = ", ".join(f"[{f.name}]" for f in dataclasses.fields(config))
+        raise ConfigError(f"{args.config}: no section to run (expected one of {names})")
     print(json.dumps(describe(config), indent=2, sort_keys=True))
     return 0
 
