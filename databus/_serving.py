@@ -110,6 +110,12 @@ class Overloaded(DatabusError):
     retriable = True
 
 
+class ListenError(DatabusError):
+    """The configured address cannot be listened on (it does not resolve, is in use)."""
+
+    code = "cannot_listen"
+
+
 @dataclasses.dataclass(frozen=True)
 class ServingLimits:
     """The connection limits of one server (``[relay]`` or ``[bootstrap.server]``)."""
@@ -668,7 +674,11 @@ async def _serve(app: web.Application, host: str, port: int,
             for sock in sockets:
                 await web.SockSite(runner, sock).start()
         else:
-            await web.TCPSite(runner, host, port).start()
+            try:
+                await web.TCPSite(runner, host, port).start()
+            except OSError as exc:  # a host that does not resolve, a port in use
+                raise ListenError(f"cannot listen on {host}:{port}: "
+                                  f"{exc.strerror or exc}") from None
         if unix_path is not None:
             await web.UnixSite(runner, unix_path).start()
             # The same API as the TCP port, for this user only (admin still needs its token).

@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -53,6 +54,14 @@ def _check_config(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.config}: no section to run (expected one of {names})")
     print(json.dumps(describe(config), indent=2, sort_keys=True))
     return 0
+
+
+def _os_error(exc: OSError) -> str:
+    """``cannot create /x/y: No such file or directory``-like, on one line."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is not None:
+        return f"{os.fsdecode(exc.filename)}: {what}"
+    return what
 
 
 def _command_modules() -> list[str]:
@@ -104,6 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except DatabusError as exc:
         print(redact(f"databus {args.command}: error: {exc}"), file=sys.stderr)
+        return 1
+    except OSError as exc:
+        # A path of the config that cannot be created, a host that does not resolve: the
+        # operator's to fix, in one line (the daemon has opened nothing it keeps).
+        print(redact(f"databus {args.command}: error: {_os_error(exc)}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -219,3 +219,43 @@ def test_the_installed_command_answers_bad_configs_in_one_line(
     for (what, _args, path), proc in zip(runs, done, strict=True):
         assert proc.returncode not in (0, None), f"{what}: exit status {proc.returncode}"
         _check_one_line(proc.stderr, path, what)
+
+
+RELAY = """[relay]
+data_dir = "{data_dir}"
+host = "{host}"
+port = 0
+workers = {workers}
+[[relay.buffers]]
+name = "a"
+capacity_mb = 1
+source = "synthetic://?rate=1"
+"""
+
+
+UNSERVABLE = {
+    "relay, a host that does not resolve":
+        RELAY.format(data_dir="{tmp}/d", host="256.0.0.1", workers=1),
+    "relay with workers, a host that does not resolve":
+        RELAY.format(data_dir="{tmp}/d", host="256.0.0.1", workers=2),
+    "relay, a data_dir that cannot be created":
+        RELAY.format(data_dir="/proc/no/such/dir", host="127.0.0.1", workers=1),
+    "bootstrap, a host that does not resolve":
+        '[bootstrap]\nstorage = "sqlite:///{tmp}/b.db"\nrun = ["server"]\nhost = "256.0.0.1"\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSERVABLE))
+def test_a_config_the_machine_cannot_serve_is_one_line(name: str, tmp_path: Path) -> None:
+    """Valid TOML and valid values that this machine cannot serve: one line too."""
+    path = tmp_path / "config.toml"
+    path.write_text(UNSERVABLE[name].replace("{tmp}", str(tmp_path)))
+    command = "relay" if name.startswith("relay") else "bootstrap"
+    script = Path(sys.executable).with_name("databus")
+    proc = subprocess.run([str(script), command, "--config", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, f"{name}: exit status {proc.returncode}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"databus {command}: error: "), proc.stderr[-3000:]
+    assert "256.0.0.1" in last or "/proc/no" in last, last
