@@ -43,6 +43,14 @@ class Forbidden(DatabusError):
     http_status = 403
 
 
+class BodyTooLarge(DatabusError):
+    """A request body over ``MAX_BODY_BYTES`` (every body the servers take is a small
+    JSON object of an admin endpoint)."""
+
+    code = "body_too_large"
+    http_status = 413
+
+
 class HttpStats:
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, int]] = Counter()
@@ -179,21 +187,30 @@ def _short(text: str) -> str:
 MAX_BODY_BYTES = 64 * 1024
 
 
-async def admin_body(request: web.Request, fields: frozenset[str] = frozenset()
-                     ) -> dict[str, object]:
-    """The JSON object body of an admin request: empty means ``{}``; anything else
-    must be a JSON object (bounded as above) with only ``fields``; else 400."""
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, at most ``MAX_BODY_BYTES`` (else ``BodyTooLarge``, 413),
+    checked on the declared length first and while reading."""
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")
+        raise BodyTooLarge(f"request body over {MAX_BODY_BYTES} bytes "
+                           f"({request.content_length})")
     data = bytearray()
     async for chunk in request.content.iter_any():
         data += chunk
         if len(data) > MAX_BODY_BYTES:
-            raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")
+            raise BodyTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+    return bytes(data)
+
+
+async def admin_body(request: web.Request, fields: frozenset[str] = frozenset()
+                     ) -> dict[str, object]:
+    """The JSON object body of an admin request: empty means ``{}``; anything else
+    must be a JSON object (bounded as above) with only ``fields``; else 400 (413 when
+    over ``MAX_BODY_BYTES``)."""
+    data = await read_body(request)
     if not data.strip():
         return {}
     try:
-        body = loads_bounded(bytes(data), max_chars=MAX_BODY_BYTES)
+        body = loads_bounded(data, max_chars=MAX_BODY_BYTES)
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -269,6 +286,10 @@ def check_bearer(request: web.Request, token: Secret | None, setting: str) -> No
         raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin_token>'")
 
 
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
+               413: BodyTooLarge.code}
+
+
 @web.middleware
 async def json_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -281,7 +302,9 @@ async def json_errors(
     except DatabusError as exc:
         response = web.json_response(exc.to_json(), status=exc.http_status)
     except web.HTTPException as exc:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        # aiohttp's own refusals, each under a documented code (docs/relay.md).
+        code = _HTTP_CODES.get(exc.status) or (
+            "bad_request" if exc.status < 500 else "internal_error")
         response = web.json_response(
             {"error": code, "message": exc.reason}, status=exc.status
         )

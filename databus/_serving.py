@@ -71,6 +71,7 @@ from aiohttp.http_exceptions import (
 )
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
+from aiohttp.streams import StreamReader
 from aiohttp.web_server import Server
 
 from databus.config import ServingLimitsConfig
@@ -463,6 +464,10 @@ class LimitedRequestHandler(RequestHandler):
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._peer = "?"
+        # The body of the request handled last: until it is read to its end (by the
+        # handler, or by aiohttp's lingering read after an answer that did not read
+        # it), the bytes that arrive are that body, never the next request's head.
+        self._payload: StreamReader | None = None
 
     # connection lifecycle
 
@@ -504,10 +509,14 @@ class LimitedRequestHandler(RequestHandler):
         if not data or self._force_close or self._close:
             super().data_received(data)
             return
-        # Bytes that arrive while a request is being handled may be its body.
-        busy = self._request_in_progress or bool(self._messages) or self._upgraded
+        # Bytes that arrive while a request is being handled, or after an answer that
+        # left its body unread (a body refused as too large), are that body.
+        busy = (self._request_in_progress or bool(self._messages) or self._upgraded
+                or (self._payload is not None and not self._payload.is_eof()))
         count = self._request_count
         super().data_received(data)
+        if self._messages:
+            self._payload = self._messages[-1][1]  # the newest request's body
         if self._request_count != count:
             self._end_head()  # a head completed (or failed to parse: answered as 400)
         elif not busy and not self._force_close:

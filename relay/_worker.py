@@ -31,7 +31,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from databus._event_loop import choose as choose_event_loop
-from databus._http import STATS, HttpStats, json_errors
+from databus._http import STATS, HttpStats, json_errors, read_body
 from databus._serving import run_app
 from databus.checkpoint import Checkpoint
 from databus.config import RelayConfig
@@ -209,7 +209,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
                           if k.lower() not in _HOP_BY_HOP)
     if request.remote:
         headers["X-Forwarded-For"] = request.remote
-    body = await request.read() if request.body_exists else None
+    # Bounded as the main process bounds it (every forwarded body is an admin one).
+    body = await read_body(request) if request.body_exists else None
     try:
         async with session.request(request.method, URL("http://relay" + request.raw_path,
                                                        encoded=True),
