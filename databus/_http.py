@@ -7,14 +7,14 @@ import hmac
 import logging
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from databus._json import loads_bounded
+from databus._json import dumps, loads_bounded
 from databus.checkpoint import Checkpoint
 from databus.config import Secret
 from databus.errors import DatabusError
@@ -221,6 +221,13 @@ async def admin_body(request: web.Request, fields: frozenset[str] = frozenset()
     return body
 
 
+def json_response(data: object, *, status: int = 200,
+                  headers: Mapping[str, str] | None = None) -> web.Response:
+    """``web.json_response`` writing valid JSON only (floats that are not finite as
+    ``"NaN"``/``"Infinity"``/``"-Infinity"``, databus._json.dumps)."""
+    return web.json_response(data, status=status, headers=headers, dumps=dumps)
+
+
 def fp_text(fp: int | None) -> str | None:
     return None if fp is None else f"{fp:016x}"
 
@@ -300,17 +307,17 @@ async def json_errors(
     try:
         response = await handler(request)
     except DatabusError as exc:
-        response = web.json_response(exc.to_json(), status=exc.http_status)
+        response = json_response(exc.to_json(), status=exc.http_status)
     except web.HTTPException as exc:
         # aiohttp's own refusals, each under a documented code (docs/relay.md).
         code = _HTTP_CODES.get(exc.status) or (
             "bad_request" if exc.status < 500 else "internal_error")
-        response = web.json_response(
+        response = json_response(
             {"error": code, "message": exc.reason}, status=exc.status
         )
     except Exception:
         log.exception("unhandled error serving %s", request.path)
-        response = web.json_response(
+        response = json_response(
             {"error": "internal_error", "message": "internal error; see the server log"},
             status=500,
         )

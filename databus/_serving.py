@@ -69,9 +69,9 @@ from aiohttp.http_exceptions import (
     PayloadEncodingError,
     TransferEncodingError,
 )
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
-from aiohttp.streams import StreamReader
 from aiohttp.web_server import Server
 
 from databus.config import ServingLimitsConfig

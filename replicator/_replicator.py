@@ -316,6 +316,7 @@ class Replicator:
             return None
         from aiohttp import web
 
+        from databus._http import json_response
         from databus.config import redact_uri
         from databus.replicator._status import metrics_page, status_document
 
@@ -325,14 +326,14 @@ class Replicator:
                                    lag_ms=m.lag_ms, target=redact_uri(cfg.target))
 
         async def status(request: web.Request) -> web.Response:
-            return web.json_response(document())
+            return json_response(document())
 
         async def metrics(request: web.Request) -> web.Response:
             return web.Response(body=metrics_page(document),
                                 content_type="text/plain", charset="utf-8")
 
         async def healthz(request: web.Request) -> web.Response:
-            return web.json_response({"status": consumer.stats.state})
+            return json_response({"status": consumer.stats.state})
 
         app = web.Application()
         app.router.add_get("/v1/status", status)

@@ -27,6 +27,7 @@ environment).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import enum
@@ -333,10 +334,8 @@ class _Loader:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 number = float(value)  # ints are 64-bit (parse_toml): no overflow
             elif interpolated and isinstance(value, str):
-                try:
+                with contextlib.suppress(ValueError):
                     number = float(value.strip())
-                except ValueError:
-                    pass
             if number is not None:
                 if not math.isfinite(number):
                     raise self.error(path, f"expected a finite number, got {number}")
