@@ -26,6 +26,7 @@ from typing import ClassVar, TypeVar
 
 import aiohttp
 
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint
 from databus.errors import (
     ConnectionLostError,
@@ -178,7 +179,8 @@ class FailoverPuller:
         self.last_error = error
         self._failures += 1
         failed_url = self.url
-        log.warning("%s %s failed (%s); trying the next one", self.service, failed_url, error)
+        limited(log).warning("%s %s failed (%s); trying the next one", self.service,
+                             failed_url, error, kind=failed_url)
         self._catalogs.pop(failed_url, None)
         self.failovers += 1
         if self._leaving is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint
 from databus.client._failover import FailoverPuller
 from databus.client._headers import bad_answer, header_int, parse_stream_headers
@@ -241,9 +242,9 @@ class RelayPuller(FailoverPuller):
                     # A streaming relay sends a heartbeat within heartbeat_ms: nothing
                     # at all means something in between holds the response back (a
                     # proxy that buffers whole bodies). Long polls work through it.
-                    log.warning("relay %s: a streaming response delivered nothing in %.0f "
-                                "s (a buffering proxy?); long-polling it", self.url,
-                                self.heartbeat_ms * STREAM_MISSED_HEARTBEATS / 1000)
+                    limited(log).warning("relay %s: a streaming response delivered nothing in %.0f "
+                                         "s (a buffering proxy?); long-polling it", self.url,
+                                         self.heartbeat_ms * STREAM_MISSED_HEARTBEATS / 1000)
                     self._poll_for_a_while(self.url)
                 await self.close_stream()
                 await self.failed(exc)

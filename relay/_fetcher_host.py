@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from databus._limited_log import limited
 from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
 from databus.errors import ConfigError, DatabusError, SourceGapError
@@ -379,8 +380,8 @@ class _Runner:
         try:
             fetcher.close()
         except Exception as exc:
-            log.warning("closing the fetcher of buffer %s: %s", self.name,
-                        redact(f"{type(exc).__name__}: {exc}"))
+            limited(log).warning("closing the fetcher of buffer %s: %s", self.name,
+                                 redact(f"{type(exc).__name__}: {exc}"), kind=self.name)
 
     def status(self) -> FetcherStatus:
         buffer_state = self.buffer.state()

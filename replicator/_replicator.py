@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint, Mode
 from databus.client import (
     CallbackResult,
@@ -221,7 +222,7 @@ class ApplyConsumer(Consumer):
                 if self._stop.is_set() and self.fatal is None:
                     # Shutting down with the target away: the windows will be read again.
                     return True
-                log.warning("target unavailable (%s); retrying in %.1f s", exc, delay)
+                limited(log).warning("target unavailable (%s); retrying in %.1f s", exc, delay)
                 time.sleep(delay * random.uniform(0.8, 1.0))
                 delay = min(delay * 2, self.config.retry_max_s)
         self.folder.take()

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint
 from databus.client import FellOffRelay, RelayPuller
 from databus.errors import (
@@ -253,9 +254,9 @@ class _Chain:
         if self.fell_off >= set(puller.urls):
             raise UpstreamFellOffError(self.context.buffer_name, self.committed,
                                        self.fell_off_min, puller.urls)
-        log.warning("buffer %s: upstream %s no longer holds the windows after SCN %s (its "
-                    "oldest is %s); trying another upstream", self.context.buffer_name,
-                    puller.url, self.committed, exc.min_scn)
+        limited(log).warning("buffer %s: upstream %s no longer holds the windows after SCN %s (its "
+                             "oldest is %s); trying another upstream", self.context.buffer_name,
+                             puller.url, self.committed, exc.min_scn)
         await puller.close_stream()
         self.restart_window()
         await puller.failed(exc)
@@ -285,9 +286,9 @@ class _Chain:
 
     def _store(self, window: UpstreamWindow, upstream: str, names: dict[int, str]) -> None:
         if self.committed is not None and window.scn <= self.committed:
-            log.warning("buffer %s: upstream %s served window %d again (this buffer holds "
-                        "up to %d); skipped", self.context.buffer_name, upstream, window.scn,
-                        self.committed)
+            limited(log).warning("buffer %s: upstream %s served window %d again (this buffer "
+                                 "holds up to %d); skipped", self.context.buffer_name, upstream,
+                                 window.scn, self.committed)
             return
         if (self.chain.filter_json is None and window.complete
                 and window.checksum != window.eow_checksum):
