@@ -98,7 +98,9 @@ def parse_toml(raw: bytes, origin: str) -> dict[str, Any]:
         raise ConfigError(f"{origin}: invalid TOML: nested deeper than {MAX_DEPTH} "
                           "levels") from None
     except ValueError as exc:  # an integer beyond the interpreter's digit limit
-        raise ConfigError(f"{origin}: invalid TOML: {_first_line(exc)}") from None
+        reason = ("an integer of thousands of digits (TOML integers are signed 64-bit)"
+                  if "digits" in str(exc) else _first_line(exc))
+        raise ConfigError(f"{origin}: invalid TOML: {reason}") from None
     _check_shape(data, origin)
     return data
 

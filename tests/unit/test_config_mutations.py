@@ -182,6 +182,22 @@ def test_check_config_refuses_a_file_the_daemons_refuse(
         assert "no section to run" in err and str(path) in err
 
 
+def test_messages_say_what_is_wrong(tmp_path: Path) -> None:
+    path = tmp_path / "r.toml"
+    for text, message in [
+        ("[relay]\nport = " + "9" * 5000, "an integer of thousands of digits"),
+        ("[relay]\nport = 18446744073709551617", "relay.port: integer out of the signed 64"),
+        ("[relay]\nport = " + "[" * 2000 + "]" * 2000, "nested deeper than 32 levels"),
+        ("[relay]\ndata_dir = \"/tmp/x\"\nheader_timeout_s = nan\n[[relay.buffers]]\n"
+         'name = "a"\ncapacity_mb = 1\nsource = "synthetic://"\n',
+         "relay.header_timeout_s: expected a finite number, got nan"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=message) as info:
+            load_config(path)
+        assert "sys." not in info.value.message and "\n" not in info.value.message
+
+
 def test_a_bad_byte_is_located(tmp_path: Path) -> None:
     path = tmp_path / "r.toml"
     path.write_bytes(b'[relay]\nhost = "ab\xffc"\n')
