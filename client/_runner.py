@@ -107,7 +107,8 @@ def normalize(result: object, where: str) -> CallbackResult:
         return CallbackResult.SUCCESS
     if isinstance(result, CallbackResult):
         return result
-    log.error("%s returned %r, not a CallbackResult: treated as ERROR", where, result)
+    limited(log).error("%s returned %r, not a CallbackResult: treated as ERROR", where, result,
+                       kind=where)
     return CallbackResult.ERROR
 
 

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 from databus._json import dumps, loads_bounded
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint
 from databus.config import Secret
 from databus.errors import DatabusError
@@ -315,8 +316,11 @@ async def json_errors(
         response = json_response(
             {"error": code, "message": exc.reason}, status=exc.status
         )
-    except Exception:
-        log.exception("unhandled error serving %s", request.path)
+    except Exception as exc:
+        # One line with its traceback per route and interval: a bug hit by every
+        # request must not flood the log (databus._limited_log).
+        limited(log).error("unhandled error serving %s", request.path, exc_info=exc,
+                           kind=route_name)
         response = json_response(
             {"error": "internal_error", "message": "internal error; see the server log"},
             status=500,

@@ -331,8 +331,8 @@ class _Runner:
                       "fix the cause and restart the relay: %s", self.name, source, detail)
             return False
         delay = self.backoff.failed(ran_for)
-        log.error("fetcher of buffer %s (%s) failed, restarting in %.2f s: %s",
-                  self.name, source, delay, detail)
+        limited(log).error("fetcher of buffer %s (%s) failed, restarting in %.2f s: %s",
+                           self.name, source, delay, detail, kind=self.name)
         if self.stop.wait(delay):
             return True  # the loop sees stop and ends
         with self.lock:

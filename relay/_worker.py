@@ -32,6 +32,7 @@ from yarl import URL
 
 from databus._event_loop import choose as choose_event_loop
 from databus._http import STATS, HttpStats, json_errors, read_body
+from databus._limited_log import limited
 from databus._serving import run_app
 from databus.checkpoint import Checkpoint
 from databus.config import RelayConfig
@@ -288,8 +289,9 @@ async def _follow_main(view: WorkerRelay, reader: asyncio.StreamReader) -> None:
             return
         try:
             view.refresh()
-        except Exception:  # keep following (reads report damage to their clients themselves)
-            log.exception("relay worker %d: cannot catch up with the buffers", os.getpid())
+        except Exception as exc:  # keep following (reads report damage to their clients)
+            limited(log).error("relay worker %d: cannot catch up with the buffers",
+                               os.getpid(), exc_info=exc)
 
 
 async def _report(reporter: _Reporter, registry: ForwardingConsumers,

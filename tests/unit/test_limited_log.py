@@ -130,3 +130,36 @@ def test_threads_lose_no_count(logger: logging.Logger,
 def test_one_limiter_per_logger(logger: logging.Logger) -> None:
     assert limited(logger) is limited(logging.getLogger("test.limited"))
     assert limited(logger) is not limited(logging.getLogger("test.other"))
+
+
+def test_a_bug_hit_by_every_request_is_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """The relay's and the bootstrap server's JSON error middleware: 200 requests that
+    each hit the same bug answer 200 times 500 ``internal_error`` and log one line with
+    its traceback (the count follows with the next line after the interval)."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from databus._http import STATS, HttpStats, json_errors
+
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError("a bug")
+
+    async def main() -> list[int]:
+        app = web.Application(middlewares=[json_errors])
+        app[STATS] = HttpStats()
+        app.router.add_get("/broken", broken)
+        async with TestClient(TestServer(app)) as client:
+            statuses = []
+            for _ in range(200):
+                async with client.get("/broken") as resp:
+                    assert (await resp.json())["error"] == "internal_error"
+                    statuses.append(resp.status)
+            return statuses
+
+    caplog.set_level(logging.WARNING, logger="databus.http")
+    assert asyncio.run(main()) == [500] * 200
+    lines = [r for r in caplog.records if "unhandled error serving" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is not None
+    assert limited(logging.getLogger("databus.http")).suppressed == 199
