@@ -535,8 +535,9 @@ class _Capture:
         images = 2 if isinstance(event, UpdateRowsEvent) else 1
         names = [c.name for c in table.shape.columns]
         if "id" not in names:
-            log.warning("watermark table %s.%s has no id column: not a databus_watermark "
-                        "table (databus dump setup)", *self.config.watermark_table)
+            limited(log).warning("watermark table %s.%s has no id column: not a "
+                                 "databus_watermark table (databus dump setup)",
+                                 *self.config.watermark_table)
             return
         at = names.index("id")
         for images_of_row in table.decoder.read_rows(body, images):
