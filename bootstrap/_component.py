@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from databus._limited_log import limited
 from databus._redact import redact
 from databus.bootstrap._storage import BootstrapStorage, Fence, FencedError
 
@@ -96,4 +97,4 @@ class BackgroundComponent(ABC):
         self.status.errors += 1
         self.status.state = "retrying"
         self.status.last_error = redact(str(exc))
-        self.log.warning("%s: %s; retrying", self.task_name, exc)
+        limited(self.log).warning("%s: %s; retrying", self.task_name, exc, kind=self.task_name)

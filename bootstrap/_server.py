@@ -36,6 +36,7 @@ from databus._http import (
     http_requests_family,
     int_param,
     json_errors,
+    json_response,
     metrics_response,
     parse_fingerprint,
     sources_param,
@@ -113,7 +114,7 @@ async def sources(request: web.Request) -> web.Response:
         latest[source] = fingerprint
     out = [{"name": name, "id": sid, "schema_fingerprint": fp_text(latest.get(name))}
            for name, sid in sorted(ids.items(), key=lambda item: item[1])]
-    return web.json_response({"sources": out})
+    return json_response({"sources": out})
 
 
 async def schema_by_fingerprint(request: web.Request) -> web.Response:
@@ -123,7 +124,7 @@ async def schema_by_fingerprint(request: web.Request) -> web.Response:
     if text is None:
         raise NotFound(f"no schema with fingerprint {fp_text(fingerprint)}")
     schema = Schema(text)
-    return web.json_response({"fingerprint": fp_text(fingerprint), "name": schema.name,
+    return json_response({"fingerprint": fp_text(fingerprint), "name": schema.name,
                               "schema": json.loads(schema.to_json())})
 
 
@@ -151,11 +152,11 @@ async def status_doc(app: web.Application) -> dict[str, Any]:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(await status_doc(request.app))
+    return json_response(await status_doc(request.app))
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 class BootstrapCollector(Collector):
@@ -222,7 +223,7 @@ async def admin_retain(request: web.Request) -> web.Response:
     await admin_body(request)  # no fields; a body, if any, must be a JSON object
     if info.retain is None:
         raise BadRequest("retention runs with the applier, which this process does not run")
-    return web.json_response(await _blocking(info.retain))
+    return json_response(await _blocking(info.retain))
 
 
 COLLECTOR = web.AppKey("collector", BootstrapCollector)

@@ -15,6 +15,7 @@ from psycopg2 import sql
 from psycopg2.extensions import parse_dsn
 
 from databus._ddl import serialized_ddl
+from databus._limited_log import limited
 from databus._redact import redact, register_secret, register_uri, split_password
 from databus.checkpoint import Checkpoint
 from databus.client._checkpoint_envelope import decode_envelope, encode_envelope
@@ -268,8 +269,8 @@ class PostgresCheckpointStore(CheckpointStore):
                             f"{what} the checkpoint of {self.consumer!r}: "
                             f"{self._describe(exc)}"
                         ) from None
-                    log.warning("connection to %s lost (%s); reconnecting once", self.server,
-                                self._describe(exc))
+                    limited(log).warning("connection to %s lost (%s); reconnecting once",
+                                         self.server, self._describe(exc))
                 except psycopg2.Error as exc:
                     # A problem with the table itself (dropped, wrong columns, no
                     # privilege). Trying again will not help.

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import aiohttp
 
 from databus._http import MAX_CLIENT_ID
+from databus._limited_log import limited
 from databus._redact import register_uri
 from databus.checkpoint import FLEXIBLE_SCN, Checkpoint, Mode
 from databus.client._bootstrap_puller import BootstrapError, BootstrapPuller
@@ -418,8 +419,9 @@ class DatabusClient:
                     budget.reset()
                     position = replay_from or start
                     decoder.reset()
-                    log.warning("rolling back to %s after: %s (retry %d of %d)",
-                                position.dumps(), outcome.error, retries, self.retry_budget)
+                    limited(log).warning("rolling back to %s after: %s (retry %d of %d)",
+                                         position.dumps(), outcome.error, retries,
+                                         self.retry_budget)
                     await asyncio.sleep(min(self.backoff_max,
                                             self.backoff_initial * 2 ** max(0, retries - 1)))
                     gen = runner.start(rollback_to=replay_scn, announce_rollback=True)
@@ -533,8 +535,8 @@ class DatabusClient:
                 # A held window was never delivered: bootstrap from before it.
                 budget.release(decoder.held_bytes)
                 position = window_start
-                log.warning("fell off the relay at SCN %d (its oldest window is %s): "
-                            "bootstrapping", position.window_scn, exc.min_scn)
+                limited(log).warning("fell off the relay at SCN %d (its oldest window is %s): "
+                                     "bootstrapping", position.window_scn, exc.min_scn)
                 return position
             if batch.max_scn is not None:
                 metrics.relay_max_scn = batch.max_scn
@@ -563,7 +565,8 @@ class DatabusClient:
                         raise EventFormatError(str(exc), reason="unknown schema") from exc
                 items = decoder.decode(batch.body, batch.source_names, batch.scan)
             except EventFormatError as exc:
-                log.warning("relay %s sent a bad body (%s); asking again", batch.relay, exc)
+                limited(log).warning("relay %s sent a bad body (%s); asking again", batch.relay,
+                                     exc, kind=batch.relay)
                 await puller.failed(exc)
                 if exc.reason in WINDOW_FAILURES and decoder.verify_windows:
                     # The buffer may have gained a source since the checks were turned
@@ -635,8 +638,8 @@ class DatabusClient:
                             raise EventFormatError(str(exc), reason="unknown schema") from exc
                     items = decoder.decode(batch.body, batch.source_names)
             except EventFormatError as exc:
-                log.warning("bootstrap service %s sent a bad body (%s); asking again",
-                            batch.server, exc)
+                limited(log).warning("bootstrap service %s sent a bad body (%s); asking again",
+                                     batch.server, exc, kind=batch.server)
                 await puller.failed(exc)
                 continue
             if done and decoder.in_window:

@@ -26,6 +26,7 @@ from typing import ClassVar, TypeVar
 
 import aiohttp
 
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint
 from databus.client._headers import read_json
 from databus.errors import (
@@ -190,8 +191,9 @@ class FailoverPuller:
         self.last_error = error
         self._failures += 1
         failed_url = self.url
-        log.warning("%s %s failed (%s); trying the next one", self.service, failed_url,
-                    describe_failure(error, self.request_timeout))
+        limited(log).warning("%s %s failed (%s); trying the next one", self.service,
+                             failed_url, describe_failure(error, self.request_timeout),
+                             kind=failed_url)
         self._catalogs.pop(failed_url, None)
         self.failovers += 1
         if self._leaving is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from databus._limited_log import limited
 from databus.batch import Scan
 from databus.checkpoint import Checkpoint
 from databus.client._answers import check_relay_answer
@@ -245,9 +246,9 @@ class RelayPuller(FailoverPuller):
                     # A streaming relay sends a heartbeat within heartbeat_ms: nothing
                     # at all means something in between holds the response back (a
                     # proxy that buffers whole bodies). Long polls work through it.
-                    log.warning("relay %s: a streaming response delivered nothing in %.0f "
-                                "s (a buffering proxy?); long-polling it", self.url,
-                                self.heartbeat_ms * STREAM_MISSED_HEARTBEATS / 1000)
+                    limited(log).warning("relay %s: a streaming response delivered nothing in %.0f "
+                                         "s (a buffering proxy?); long-polling it", self.url,
+                                         self.heartbeat_ms * STREAM_MISSED_HEARTBEATS / 1000)
                     self._poll_for_a_while(self.url)
                 await self.close_stream()
                 await self.failed(exc)

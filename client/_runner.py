@@ -26,6 +26,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._dispatcher import Call, CallKind, Dispatcher, Step
@@ -129,7 +130,8 @@ def normalize(result: object, where: str) -> CallbackResult:
         return CallbackResult.SUCCESS
     if isinstance(result, CallbackResult):
         return result
-    log.error("%s returned %r, not a CallbackResult: treated as ERROR", where, result)
+    limited(log).error("%s returned %r, not a CallbackResult: treated as ERROR", where, result,
+                       kind=where)
     return CallbackResult.ERROR
 
 
@@ -396,7 +398,8 @@ class Runner:
                 if result >= CallbackResult.ERROR:
                     self.last_error = ConsumerError(f"{method} answered {result.name}")
             except Exception as exc:  # a consumer bug: roll back and replay
-                log.warning("%s raised %s: %s", method, type(exc).__name__, exc)
+                limited(log).warning("%s raised %s: %s", method, type(exc).__name__, exc,
+                                     kind=method)
                 self.last_error = exc
                 result = CallbackResult.ERROR
             finally:

@@ -15,7 +15,9 @@ follows. One line per row change::
     {"scn": 42, "source": "shop.orders", "op": "upsert", "key": 7, "value": {...},
      "timestamp": "2026-11-22T01:02:03.456789+00:00"}
 
-Bytes are printed as base64, decimals and dates as strings.
+Bytes are printed as base64, decimals and dates as strings, and floats that are not
+finite as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (JSON has no such
+numbers; databus._json.dumps).
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
 import sys
 from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any, TextIO
 from uuid import UUID
 
+from databus._json import dumps
 from databus.checkpoint import Checkpoint
 from databus.client._checkpoint_store import MemoryCheckpointStore
 from databus.client._client import DatabusClient
@@ -83,7 +85,7 @@ def to_jsonable(value: Any) -> Any:
 
 
 def event_line(event: DataEvent) -> str:
-    return json.dumps(
+    return dumps(
         {
             "scn": event.scn,
             "source": event.source,
@@ -103,7 +105,7 @@ def marker_line(kind: str, source: str, scn: int, outcome: str | None = None) ->
     line: dict[str, object] = {"marker": kind, "source": source, "scn": scn}
     if outcome is not None:
         line["outcome"] = outcome
-    return json.dumps(line, ensure_ascii=False)
+    return dumps(line, ensure_ascii=False)
 
 
 class _Printer(Consumer):

@@ -7,14 +7,15 @@ import hmac
 import logging
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from databus._json import loads_bounded
+from databus._json import dumps, loads_bounded
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint
 from databus.config import Secret
 from databus.errors import DatabusError
@@ -41,6 +42,14 @@ class Unauthorized(DatabusError):
 class Forbidden(DatabusError):
     code = "forbidden"
     http_status = 403
+
+
+class BodyTooLarge(DatabusError):
+    """A request body over ``MAX_BODY_BYTES`` (every body the servers take is a small
+    JSON object of an admin endpoint)."""
+
+    code = "body_too_large"
+    http_status = 413
 
 
 class HttpStats:
@@ -179,21 +188,30 @@ def _short(text: str) -> str:
 MAX_BODY_BYTES = 64 * 1024
 
 
-async def admin_body(request: web.Request, fields: frozenset[str] = frozenset()
-                     ) -> dict[str, object]:
-    """The JSON object body of an admin request: empty means ``{}``; anything else
-    must be a JSON object (bounded as above) with only ``fields``; else 400."""
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, at most ``MAX_BODY_BYTES`` (else ``BodyTooLarge``, 413),
+    checked on the declared length first and while reading."""
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")
+        raise BodyTooLarge(f"request body over {MAX_BODY_BYTES} bytes "
+                           f"({request.content_length})")
     data = bytearray()
     async for chunk in request.content.iter_any():
         data += chunk
         if len(data) > MAX_BODY_BYTES:
-            raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")
+            raise BodyTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+    return bytes(data)
+
+
+async def admin_body(request: web.Request, fields: frozenset[str] = frozenset()
+                     ) -> dict[str, object]:
+    """The JSON object body of an admin request: empty means ``{}``; anything else
+    must be a JSON object (bounded as above) with only ``fields``; else 400 (413 when
+    over ``MAX_BODY_BYTES``)."""
+    data = await read_body(request)
     if not data.strip():
         return {}
     try:
-        body = loads_bounded(bytes(data), max_chars=MAX_BODY_BYTES)
+        body = loads_bounded(data, max_chars=MAX_BODY_BYTES)
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -202,6 +220,13 @@ async def admin_body(request: web.Request, fields: frozenset[str] = frozenset()
     if unknown:
         raise BadRequest(f"unknown field(s) in request body: {_short(', '.join(unknown))}")
     return body
+
+
+def json_response(data: object, *, status: int = 200,
+                  headers: Mapping[str, str] | None = None) -> web.Response:
+    """``web.json_response`` writing valid JSON only (floats that are not finite as
+    ``"NaN"``/``"Infinity"``/``"-Infinity"``, databus._json.dumps)."""
+    return web.json_response(data, status=status, headers=headers, dumps=dumps)
 
 
 def fp_text(fp: int | None) -> str | None:
@@ -269,6 +294,10 @@ def check_bearer(request: web.Request, token: Secret | None, setting: str) -> No
         raise Unauthorized("admin endpoints need 'Authorization: Bearer <admin_token>'")
 
 
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
+               413: BodyTooLarge.code}
+
+
 @web.middleware
 async def json_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -279,15 +308,20 @@ async def json_errors(
     try:
         response = await handler(request)
     except DatabusError as exc:
-        response = web.json_response(exc.to_json(), status=exc.http_status)
+        response = json_response(exc.to_json(), status=exc.http_status)
     except web.HTTPException as exc:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-        response = web.json_response(
+        # aiohttp's own refusals, each under a documented code (docs/relay.md).
+        code = _HTTP_CODES.get(exc.status) or (
+            "bad_request" if exc.status < 500 else "internal_error")
+        response = json_response(
             {"error": code, "message": exc.reason}, status=exc.status
         )
-    except Exception:
-        log.exception("unhandled error serving %s", request.path)
-        response = web.json_response(
+    except Exception as exc:
+        # One line with its traceback per route and interval: a bug hit by every
+        # request must not flood the log (databus._limited_log).
+        limited(log).error("unhandled error serving %s", request.path, exc_info=exc,
+                           kind=route_name)
+        response = json_response(
             {"error": "internal_error", "message": "internal error; see the server log"},
             status=500,
         )

@@ -10,14 +10,24 @@ catch one exception type and turn it into their own ``bad_request`` error.
 Also refused, because they are never what a well-behaved client meant: duplicate keys
 in an object (``json.loads`` silently keeps the last one) and the non-standard
 constants ``NaN``, ``Infinity`` and ``-Infinity``.
+
+The writing side, ``dumps``, never writes those constants either (``json.dumps`` does
+by default, and jq or any strict parser rejects the line): a float that is not finite
+is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, as Jackson (and
+so Kafka Connect's JSON converter and Debezium) quotes them. Every JSON the project
+writes for others (HTTP answers, ``databus tail``, ``databus status --json``) goes
+through it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_TEXT_CHARS", "JsonLimitError", "loads_bounded"]
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_TEXT_CHARS", "JsonLimitError", "dumps",
+           "finite", "loads_bounded"]
 
 # A checkpoint or filter spec nests 4 levels deep at most; 32 leaves room for bodies.
 MAX_DEPTH = 32
@@ -94,3 +104,38 @@ def loads_bounded(
         # RecursionError cannot happen after the depth check; caught so it never
         # becomes a 500 if the limits change.
         raise JsonLimitError(str(exc)[:200]) from None
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+def finite(value: float) -> float | str:
+    """``value``, or its name when it is not finite: ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"`` (strings; JSON has no such numbers)."""
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def _finite_everywhere(value: Any) -> Any:
+    if isinstance(value, float):
+        return finite(value)
+    if isinstance(value, dict):
+        return {k: _finite_everywhere(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_everywhere(v) for v in value]
+    return value
+
+
+def dumps(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that writes valid JSON only: floats that are not finite become
+    their names as strings (``finite``). Costs nothing when there are none: the walk
+    happens only after ``json.dumps`` refused them."""
+    try:
+        return json.dumps(value, allow_nan=False, **kwargs)
+    except ValueError as exc:
+        if "Out of range float" not in str(exc):
+            raise
+    return json.dumps(_finite_everywhere(value), allow_nan=False, **kwargs)

@@ -69,6 +69,7 @@ from aiohttp.http_exceptions import (
     PayloadEncodingError,
     TransferEncodingError,
 )
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
@@ -108,6 +109,12 @@ class Overloaded(DatabusError):
     code = "overloaded"
     http_status = 503
     retriable = True
+
+
+class ListenError(DatabusError):
+    """The configured address cannot be listened on (it does not resolve, is in use)."""
+
+    code = "cannot_listen"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,6 +464,10 @@ class LimitedRequestHandler(RequestHandler):
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._peer = "?"
+        # The body of the request handled last: until it is read to its end (by the
+        # handler, or by aiohttp's lingering read after an answer that did not read
+        # it), the bytes that arrive are that body, never the next request's head.
+        self._payload: StreamReader | None = None
 
     # connection lifecycle
 
@@ -498,10 +509,14 @@ class LimitedRequestHandler(RequestHandler):
         if not data or self._force_close or self._close:
             super().data_received(data)
             return
-        # Bytes that arrive while a request is being handled may be its body.
-        busy = self._request_in_progress or bool(self._messages) or self._upgraded
+        # Bytes that arrive while a request is being handled, or after an answer that
+        # left its body unread (a body refused as too large), are that body.
+        busy = (self._request_in_progress or bool(self._messages) or self._upgraded
+                or (self._payload is not None and not self._payload.is_eof()))
         count = self._request_count
         super().data_received(data)
+        if self._messages:
+            self._payload = self._messages[-1][1]  # the newest request's body
         if self._request_count != count:
             self._end_head()  # a head completed (or failed to parse: answered as 400)
         elif not busy and not self._force_close:
@@ -668,7 +683,11 @@ async def _serve(app: web.Application, host: str, port: int,
             for sock in sockets:
                 await web.SockSite(runner, sock).start()
         else:
-            await web.TCPSite(runner, host, port).start()
+            try:
+                await web.TCPSite(runner, host, port).start()
+            except OSError as exc:  # a host that does not resolve, a port in use
+                raise ListenError(f"cannot listen on {host}:{port}: "
+                                  f"{exc.strerror or exc}") from None
         if unix_path is not None:
             await web.UnixSite(runner, unix_path).start()
             # The same API as the TCP port, for this user only (admin still needs its token).

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from databus._json import dumps as dumps_json
 from databus._redact import redact, register_uri
 from databus.config import redact_uri
 from databus.errors import ConfigError
@@ -618,7 +619,7 @@ async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         if args.json:
             document = await collect(session, relays, bootstraps, args.timeout)
-            sys.stdout.write(json.dumps(document, indent=2) + "\n")
+            sys.stdout.write(dumps_json(document, indent=2) + "\n")
             return exit_status(document)
         console = Console()
         if args.watch is None:

@@ -12,16 +12,18 @@ values name such modules.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from databus import __version__
 from databus._redact import install_log_redaction, redact
-from databus.errors import DatabusError
+from databus.errors import ConfigError, DatabusError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -46,8 +48,20 @@ def _check_config(args: argparse.Namespace) -> int:
     from databus.config import describe, load_config
 
     config = load_config(args.config)
+    if all(getattr(config, f.name) is None for f in dataclasses.fields(config)):
+        # Every daemon would refuse it ("no [relay] section"): so does the check.
+        names = ", ".join(f"[{f.name}]" for f in dataclasses.fields(config))
+        raise ConfigError(f"{args.config}: no section to run (expected one of {names})")
     print(json.dumps(describe(config), indent=2, sort_keys=True))
     return 0
+
+
+def _os_error(exc: OSError) -> str:
+    """``cannot create /x/y: No such file or directory``-like, on one line."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is not None:
+        return f"{os.fsdecode(exc.filename)}: {what}"
+    return what
 
 
 def _command_modules() -> list[str]:
@@ -99,6 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except DatabusError as exc:
         print(redact(f"databus {args.command}: error: {exc}"), file=sys.stderr)
+        return 1
+    except OSError as exc:
+        # A path of the config that cannot be created, a host that does not resolve: the
+        # operator's to fix, in one line (the daemon has opened nothing it keeps).
+        print(redact(f"databus {args.command}: error: {_os_error(exc)}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

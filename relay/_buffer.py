@@ -89,6 +89,7 @@ from pathlib import Path
 
 from sortedcontainers import SortedDict
 
+from databus._limited_log import limited
 from databus.batch import (
     CompiledFilter,
     FilterPlan,
@@ -719,10 +720,10 @@ class EventBuffer:
                 raise _Overwritten
             if st.size:
                 break  # serve what precedes the damage; the next read reports it
-            log.error(
+            limited(log).error(
                 "buffer %s: no event and no pad marker at position %d; refusing "
                 "to skip bytes that may be damage (restart the relay to recover "
-                "the verified windows)", self.path, pos,
+                "the verified windows)", self.path, pos, kind=self.path,
             )
             raise BufferCorruptedError(f"buffer {self.path.stem} is damaged at position {pos}")
         cp_size = st.cp_size

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from databus._fileio import write_atomically
+from databus._limited_log import limited
 from databus.errors import ConfigError, DatabusError, SchemaError, UnknownSourceError
 from databus.schemas import MemorySchemaRegistry, Schema, SchemaLike, SchemaRegistry, as_schema
 
@@ -376,7 +377,8 @@ class FollowerCatalog:
             catalog = RelayCatalog(self.path)
         except CatalogError as exc:
             # The main process renames whole files into place; keep serving what we had.
-            log.warning("catalog %s: not reloaded (%s)", self.path, exc)
+            limited(log).warning("catalog %s: not reloaded (%s)", self.path, exc,
+                                 kind=self.path)
             return False
         self._catalog, self._stamp = catalog, stamp
         return True

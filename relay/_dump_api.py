@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from databus._http import BadRequest, admin_body, check_bearer
+from databus._http import BadRequest, admin_body, check_bearer, json_response
 from databus.errors import ConfigError, UnknownSourceError
 from databus.relay._relay import Relay
 from databus.relay.dumps import DumpRequest
@@ -115,13 +115,13 @@ def add_dump_routes(app: web.Application, relay_key: web.AppKey[Relay]) -> None:
         dump_request = parse_dump_request(body)
         dump = await asyncio.to_thread(relay.dumps.start_dump, dump_request,
                                        buffer_of=functools.partial(buffer_of, relay))
-        return web.json_response(relay.dumps.get(dump.id), status=201)
+        return json_response(relay.dumps.get(dump.id), status=201)
 
     async def listing(request: web.Request) -> web.Response:
-        return web.json_response({"dumps": relay_of(request).dumps.list_dumps()})
+        return json_response({"dumps": relay_of(request).dumps.list_dumps()})
 
     async def one(request: web.Request) -> web.Response:
-        return web.json_response(relay_of(request).dumps.get(dump_id(request)))
+        return json_response(relay_of(request).dumps.get(dump_id(request)))
 
     def control(action: str) -> Any:
         async def handler(request: web.Request) -> web.Response:
@@ -130,7 +130,7 @@ def add_dump_routes(app: web.Application, relay_key: web.AppKey[Relay]) -> None:
             await admin_body(request)
             ident = dump_id(request)
             await asyncio.to_thread(relay.dumps.control, ident, action)
-            return web.json_response(relay.dumps.get(ident))
+            return json_response(relay.dumps.get(ident))
         return handler
 
     app.router.add_post("/v1/admin/dumps", start)

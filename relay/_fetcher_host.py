@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from databus._limited_log import limited
 from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
 from databus.errors import ConfigError, DatabusError, SourceGapError
@@ -398,8 +399,8 @@ class _Runner:
                       "fix the cause and restart the relay: %s", self.name, source, detail)
             return False
         delay = self.backoff.failed(ran_for, progressed)
-        log.error("fetcher of buffer %s (%s) failed, restarting in %.2f s: %s",
-                  self.name, source, delay, detail)
+        limited(log).error("fetcher of buffer %s (%s) failed, restarting in %.2f s: %s",
+                           self.name, source, delay, detail, kind=self.name)
         # stop() sets attempt_stop too; so does a role change (reassign).
         if self.attempt_stop.wait(delay):
             return True  # the loop sees stop, or asks for its new assignment
@@ -448,8 +449,8 @@ class _Runner:
         try:
             fetcher.close()
         except Exception as exc:
-            log.warning("closing the fetcher of buffer %s: %s", self.name,
-                        redact(f"{type(exc).__name__}: {exc}"))
+            limited(log).warning("closing the fetcher of buffer %s: %s", self.name,
+                                 redact(f"{type(exc).__name__}: {exc}"), kind=self.name)
 
     def status(self) -> FetcherStatus:
         buffer_state = self.buffer.state()

@@ -41,6 +41,7 @@ from databus._http import (
     fp_text,
     int_param,
     json_errors,
+    json_response,
     metrics_response,
     parse_fingerprint,
     source_param,
@@ -472,7 +473,7 @@ async def sources(request: web.Request) -> web.Response:
         }
         for e in relay.catalog.sources()
     ]
-    return web.json_response({"sources": out})
+    return json_response({"sources": out})
 
 
 def _schema_json(schema: Schema) -> dict[str, Any]:
@@ -489,7 +490,7 @@ def _schema_json(schema: Schema) -> dict[str, Any]:
 async def schema_by_fingerprint(request: web.Request) -> web.Response:
     registry = request.app[READER].catalog.registry
     schema = registry.get(parse_fingerprint(request.match_info["fingerprint"]))
-    return web.json_response(_schema_json(schema))
+    return json_response(_schema_json(schema))
 
 
 async def schemas_of_source(request: web.Request) -> web.Response:
@@ -499,7 +500,7 @@ async def schemas_of_source(request: web.Request) -> web.Response:
         raise BadRequest("give ?source=NAME, or GET /v1/schemas/{fingerprint}")
     relay.catalog.source(name)  # 404 for an unknown source
     versions = relay.catalog.registry.versions(name)
-    return web.json_response(
+    return json_response(
         {"source": name, "versions": [_schema_json(s) for s in versions]}
     )
 
@@ -508,11 +509,11 @@ async def status(request: web.Request) -> web.Response:
     doc = request.app[RELAY].status()
     # The loop this server actually runs on (relay.event_loop, DATABUS_EVENT_LOOP).
     doc["event_loop"] = running_loop_name()
-    return web.json_response(doc)
+    return json_response(doc)
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -525,7 +526,7 @@ async def consumers(request: web.Request) -> web.Response:
     relay, registry = request.app[RELAY], request.app[CONSUMERS]
     max_scns = {name: b.state().max_scn for name, b in relay.buffers.items()}
     listed = registry.snapshot(max_scns)
-    return web.json_response({
+    return json_response({
         "consumers": listed,
         "tracked": len(listed),
         "max_tracked": registry.max_consumers,
@@ -540,7 +541,7 @@ async def admin_flush(request: web.Request) -> web.Response:
     relay = request.app[RELAY]
     for buffer in relay.buffers.values():
         await asyncio.to_thread(buffer.flush)
-    return web.json_response({"flushed": sorted(relay.buffers)})
+    return json_response({"flushed": sorted(relay.buffers)})
 
 
 # -- app ----------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from databus._event_loop import choose as choose_event_loop
-from databus._http import STATS, HttpStats, json_errors
+from databus._http import STATS, HttpStats, json_errors, read_body
+from databus._limited_log import limited
 from databus._serving import run_app
 from databus.checkpoint import Checkpoint
 from databus.config import RelayConfig
@@ -209,7 +210,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
                           if k.lower() not in _HOP_BY_HOP)
     if request.remote:
         headers["X-Forwarded-For"] = request.remote
-    body = await request.read() if request.body_exists else None
+    # Bounded as the main process bounds it (every forwarded body is an admin one).
+    body = await read_body(request) if request.body_exists else None
     try:
         async with session.request(request.method, URL("http://relay" + request.raw_path,
                                                        encoded=True),
@@ -287,8 +289,9 @@ async def _follow_main(view: WorkerRelay, reader: asyncio.StreamReader) -> None:
             return
         try:
             view.refresh()
-        except Exception:  # keep following (reads report damage to their clients themselves)
-            log.exception("relay worker %d: cannot catch up with the buffers", os.getpid())
+        except Exception as exc:  # keep following (reads report damage to their clients)
+            limited(log).error("relay worker %d: cannot catch up with the buffers",
+                               os.getpid(), exc_info=exc)
 
 
 async def _report(reporter: _Reporter, registry: ForwardingConsumers,

@@ -64,6 +64,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from databus._http import STATS, HttpStats
+from databus._serving import ListenError
 from databus.checkpoint import Checkpoint
 from databus.config._relay import x86_64
 from databus.errors import DatabusError
@@ -137,8 +138,11 @@ class Listeners:
                  retry_s: float = BIND_RETRY_S) -> None:
         self.reuse_port = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
         self.backlog = backlog
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
+        try:
+            infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        except OSError as exc:
+            raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         seen: set[tuple[int, Any]] = set()
         self._infos: list[tuple[int, int, int, Any]] = []
         for family, kind, proto, _, address in infos:

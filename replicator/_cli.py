@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import shutil
 import signal
@@ -18,6 +17,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from databus._json import dumps as dumps_json
 from databus.config import ReplicateConfig, load_config
 from databus.errors import ConfigError
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
         reports = asyncio.run(_assess(config))
         if args.json:
-            print(json.dumps({"replication": config.name,
+            print(dumps_json({"replication": config.name,
                               "blocking": any(r.blocking for r in reports),
                               "tables": [r.to_json() for r in reports]}, indent=2))
         else:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint, Mode
 from databus.client import (
     CallbackResult,
@@ -222,7 +223,7 @@ class ApplyConsumer(Consumer):
                 if self._stop.is_set() and self.fatal is None:
                     # Shutting down with the target away: the windows will be read again.
                     return True
-                log.warning("target unavailable (%s); retrying in %.1f s", exc, delay)
+                limited(log).warning("target unavailable (%s); retrying in %.1f s", exc, delay)
                 time.sleep(delay * random.uniform(0.8, 1.0))
                 delay = min(delay * 2, self.config.retry_max_s)
         self.folder.take()
@@ -317,6 +318,7 @@ class Replicator:
             return None
         from aiohttp import web
 
+        from databus._http import json_response
         from databus.config import redact_uri
         from databus.replicator._status import metrics_page, status_document
 
@@ -326,14 +328,14 @@ class Replicator:
                                    lag_ms=m.lag_ms, target=redact_uri(cfg.target))
 
         async def status(request: web.Request) -> web.Response:
-            return web.json_response(document())
+            return json_response(document())
 
         async def metrics(request: web.Request) -> web.Response:
             return web.Response(body=metrics_page(document),
                                 content_type="text/plain", charset="utf-8")
 
         async def healthz(request: web.Request) -> web.Response:
-            return web.json_response({"status": consumer.stats.state})
+            return json_response({"status": consumer.stats.state})
 
         app = web.Application()
         app.router.add_get("/v1/status", status)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from databus import _redact
+from databus import _limited_log, _redact
 
 # One Hypothesis profile for every run (CI or not): no per-example deadline and no
 # "too slow" health check, both of which measure the machine rather than the code (the
@@ -77,3 +77,11 @@ def _isolated_secret_registry() -> Iterator[None]:
     _redact.forget_all()
     yield
     _redact.forget_all()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_log_limits() -> Iterator[None]:
+    """Each test starts with no rate-limited log kind (databus._limited_log is
+    process-wide): a warning a test expects is never held back by an earlier test's."""
+    _limited_log.forget_all(flush=False)
+    yield

@@ -30,12 +30,13 @@ RELAY_ERRORS = {
     "bad_request": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404,
     "unknown_source": 404, "unknown_schema": 404, "method_not_allowed": 405,
     "conflict": 409, "scn_not_found": 410, "request_timeout": 408, "overloaded": 503,
+    "body_too_large": 413,
 }
 BOOTSTRAP_ERRORS = {
     "bad_request": 400, "filter_not_pushable": 400, "unauthorized": 401, "forbidden": 403,
     "not_found": 404, "unknown_source": 404, "method_not_allowed": 405,
     "bootstrap_too_old": 410, "request_timeout": 408, "overloaded": 503,
-    "storage_unavailable": 503,
+    "storage_unavailable": 503, "body_too_large": 413,
 }
 
 

@@ -44,6 +44,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
+from databus._json import dumps as dumps_json
 from databus._redact import redact, register_uri
 from databus.coordination import lock_order, read_only_session
 from databus.errors import ConfigError, DatabusError
@@ -153,7 +154,7 @@ def status(coordinator: str, group: str, *, as_json: bool = False, timeout: floa
     doc = summarize(snapshot)
     doc["coordinator"] = redact(hosts)
     if as_json:
-        out.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        out.write(dumps_json(doc, indent=2, sort_keys=True) + "\n")
     else:
         out.write(render(doc))
     out.flush()

@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from databus._limited_log import limited
 from databus.client._checkpoint_zookeeper import ZooKeeperCheckpointStore, _znode_name
 from databus.client.group._assignment import _check_partitions, assign
 from databus.coordination import Lease, LockContender, ZooKeeperMember
@@ -285,7 +286,8 @@ class GroupCoordinator:
             except NoNodeError:
                 pass
             except KazooException as exc:
-                log.warning("group %s: release of partition %d failed: %s", self.group, p, exc)
+                limited(log).warning("group %s: release of partition %d failed: %s",
+                                     self.group, p, exc)
                 continue
             with self._lock:
                 self._running.discard(p)
@@ -415,7 +417,7 @@ class GroupCoordinator:
                     log.error("group %s: %s", self.group, exc)
                 self.error = exc
             except KazooException as exc:
-                log.warning("group %s: %s", self.group, exc)
+                limited(log).warning("group %s: %s", self.group, exc)
 
     def _fence(self) -> None:
         """The session is gone, and our owner nodes with it: stop everything."""
@@ -493,7 +495,7 @@ class GroupCoordinator:
             except ConfigError as exc:
                 log.error("group %s: leader writes no assignment: %s", self.group, exc)
             except KazooException as exc:
-                log.warning("group %s: leader: %s", self.group, exc)
+                limited(log).warning("group %s: leader: %s", self.group, exc)
                 last_nodes = None
             self._members_changed.wait(self.poll_s)
             self._members_changed.clear()

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from databus._limited_log import limited
 from databus.client._checkpoint_postgres import PostgresCheckpointStore
 from databus.client._checkpoint_store import CheckpointStore
 from databus.client._events import EndOfWindow, Item
@@ -211,8 +212,8 @@ class GroupRun:
             except (KazooException, ConnectionLostError) as exc:
                 # ZooKeeper (or the PostgreSQL store) unreachable for now (quorum lost,
                 # connection loss): the session may well survive it; try again.
-                log.warning("group %s: cannot read the partition checkpoints (%s); "
-                            "retrying", client.group, exc)
+                limited(log).warning("group %s: cannot read the partition checkpoints (%s); "
+                                     "retrying", client.group, exc)
                 await asyncio.sleep(0.5)
                 continue
             if self._change_pending:

@@ -27,9 +27,11 @@ environment).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import enum
+import math
 import os
 import re
 import tomllib
@@ -57,12 +59,73 @@ def load_toml(
     origin = os.fspath(path)
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{origin}: cannot read: {exc.strerror or exc}") from None
+    data = parse_toml(raw, origin)
+    try:
+        return from_mapping(cls, data, origin=origin, env=env)
+    except RecursionError:
+        raise ConfigError(f"{origin}: nested too deeply") from None
+
+
+# A config file is a few KiB; anything this big is not one (and is not read whole).
+MAX_FILE_BYTES = 4 << 20
+# Tables and arrays inside each other: a real config nests 3 or 4 levels.
+MAX_DEPTH = 32
+# TOML integers are signed 64-bit (the spec); tomllib alone takes any length.
+_INT64 = 1 << 63
+
+
+def parse_toml(raw: bytes, origin: str) -> dict[str, Any]:
+    """The TOML document in ``raw``, or a one-line ``ConfigError`` naming ``origin`` and
+    what is wrong: not UTF-8 (with the line and column of the first bad byte), not TOML,
+    nested deeper than ``MAX_DEPTH``, an integer outside 64 bits, over ``MAX_FILE_BYTES``."""
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"{origin}: over {MAX_FILE_BYTES} bytes; not a config file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(f"{origin}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at line "
+                          f"{line}, column {column}") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{origin}: invalid TOML: {exc}") from None
-    return from_mapping(cls, data, origin=origin, env=env)
+    except RecursionError:
+        raise ConfigError(f"{origin}: invalid TOML: nested deeper than {MAX_DEPTH} "
+                          "levels") from None
+    except ValueError as exc:  # an integer beyond the interpreter's digit limit
+        reason = ("an integer of thousands of digits (TOML integers are signed 64-bit)"
+                  if "digits" in str(exc) else _first_line(exc))
+        raise ConfigError(f"{origin}: invalid TOML: {reason}") from None
+    _check_shape(data, origin)
+    return data
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _check_shape(data: dict[str, Any], origin: str) -> None:
+    """Depth and integer range of decoded TOML, walked without recursion."""
+    stack: list[tuple[object, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, dict):
+            items: list[tuple[str, object]] = [(_join(path, k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            if isinstance(value, int) and not isinstance(value, bool) and not (
+                    -_INT64 <= value < _INT64):
+                raise ConfigError(f"{origin}: {path}: integer out of the signed 64-bit range")
+            continue
+        if depth >= MAX_DEPTH:
+            raise ConfigError(f"{origin}: {path}: nested deeper than {MAX_DEPTH} levels")
+        stack.extend((v, p, depth + 1) for p, v in items)
 
 
 def from_mapping(
@@ -260,17 +323,25 @@ class _Loader:
                 return value
             if interpolated and isinstance(value, str):
                 try:
-                    return int(value.strip())
+                    whole = int(value.strip())
                 except ValueError:
                     pass
+                else:
+                    if -_INT64 <= whole < _INT64:
+                        return whole
+                    raise self.error(path, "integer out of the signed 64-bit range "
+                                     "(after ${...} interpolation)")
         elif tp is float:
+            number: float | None = None
             if isinstance(value, int | float) and not isinstance(value, bool):
-                return float(value)
-            if interpolated and isinstance(value, str):
-                try:
-                    return float(value.strip())
-                except ValueError:
-                    pass
+                number = float(value)  # ints are 64-bit (parse_toml): no overflow
+            elif interpolated and isinstance(value, str):
+                with contextlib.suppress(ValueError):
+                    number = float(value.strip())
+            if number is not None:
+                if not math.isfinite(number):
+                    raise self.error(path, f"expected a finite number, got {number}")
+                return number
         elif issubclass(tp, enum.Enum):
             for member in tp:
                 if type(member.value) is type(value) and member.value == value:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from databus._limited_log import limited
 from databus.coordination._member import ZooKeeperMember
 from databus.errors import DatabusError
 
@@ -73,7 +74,7 @@ class LockContender:
             except CancelledError:
                 continue
             except (KazooException, DatabusError, OSError, TimeoutError) as exc:
-                log.warning("%s: lock round failed: %s", self.name, exc)
+                limited(log).warning("%s: lock round failed: %s", self.name, exc, kind=self.name)
                 time.sleep(0.5)
             finally:
                 self.on_end()

@@ -53,6 +53,7 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
+from databus._limited_log import limited
 from databus._redact import register_uri
 from databus.batch import encode_event
 from databus.errors import DatabusError, SourceError
@@ -316,8 +317,8 @@ class _Capture:
         except SourceError as exc:
             if not exc.retriable:
                 raise
-            log.warning("could not read information_schema of %s: %s", self.config.address,
-                        exc)
+            limited(log).warning("could not read information_schema of %s: %s", self.config.address,
+                                 exc)
             return
         for shape in shapes:
             self._source_id(shape.source_name)
@@ -338,8 +339,8 @@ class _Capture:
         except SourceError as exc:
             if not exc.retriable:
                 raise
-            log.warning("could not read information_schema of %s after DDL: %s",
-                        self.config.address, exc)
+            limited(log).warning("could not read information_schema of %s after DDL: %s",
+                                 self.config.address, exc)
             return
         for shape in shapes:
             if shape.source_name not in self.registered:
@@ -452,8 +453,8 @@ class _Capture:
         name = event.next_binlog
         if name != self.file:
             if self.txn is not None and self.txn.rows:
-                log.warning("binlog %s ended inside a transaction (server crash?): its "
-                            "%d rows were never committed", self.file, len(self.txn.rows))
+                limited(log).warning("binlog %s ended inside a transaction (server crash?): its "
+                                     "%d rows were never committed", self.file, len(self.txn.rows))
             self.txn = None
             self.file = name
             self.file_number = binlog_file_number(name)
@@ -476,9 +477,9 @@ class _Capture:
             self._commit(position, event.timestamp)
         elif kind is QueryKind.ROLLBACK:
             if self.txn is not None and self.txn.rows:
-                log.warning("transaction ending at %s:%d was rolled back: its %d rows "
-                            "(non-transactional tables) are not captured", self.file,
-                            position, len(self.txn.rows))
+                limited(log).warning("transaction ending at %s:%d was rolled back: its %d rows "
+                                     "(non-transactional tables) are not captured", self.file,
+                                     position, len(self.txn.rows))
             self.txn = None
         elif kind is QueryKind.XA:
             raise SourceMisconfiguredError(
@@ -499,8 +500,8 @@ class _Capture:
             event.schema, bytes) else str(event.schema)
         target = dml_target(event.query, default_db)
         if target is None:
-            log.warning("statement-format change at %s:%d not captured: %s", self.file,
-                        position, _shorten(event.query))
+            limited(log).warning("statement-format change at %s:%d not captured: %s", self.file,
+                                 position, _shorten(event.query))
         elif self.config.selector.matches(*target):
             raise SourceMisconfiguredError(
                 f"a change to {target[0]}.{target[1]} was logged as a statement at "
@@ -534,8 +535,9 @@ class _Capture:
         images = 2 if isinstance(event, UpdateRowsEvent) else 1
         names = [c.name for c in table.shape.columns]
         if "id" not in names:
-            log.warning("watermark table %s.%s has no id column: not a databus_watermark "
-                        "table (databus dump setup)", *self.config.watermark_table)
+            limited(log).warning("watermark table %s.%s has no id column: not a "
+                                 "databus_watermark table (databus dump setup)",
+                                 *self.config.watermark_table)
             return
         at = names.index("id")
         for images_of_row in table.decoder.read_rows(body, images):
@@ -602,8 +604,9 @@ class _Capture:
         scn = make_scn(self.file_number, position)
         if txn is not None and txn.rows:
             if scn <= self.last_scn:
-                log.warning("skipping the transaction ending at %s:%d: SCN %d is not after "
-                            "%d, already written", self.file, position, scn, self.last_scn)
+                limited(log).warning("skipping the transaction ending at %s:%d: SCN %d is not "
+                                     "after %d, already written", self.file, position, scn,
+                                     self.last_scn)
             else:
                 self._write(scn, timestamp * 1_000_000_000, txn.rows)
                 self.last_scn = scn

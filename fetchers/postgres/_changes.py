@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from databus._limited_log import limited
 from databus.batch import encode_event
 from databus.errors import DatabusError, SchemaError
 from databus.event import Key, Op
@@ -423,9 +424,9 @@ class ChangeStream:
         source_id = self.catalog.source_id(codec.source_name)
         self.catalog.register_schema(codec.source_name, new.schema)
         self._set_codec(oid, (new, source_id))
-        log.warning("%s: column(s) %s NULL in the log although NOT NULL in the catalog now "
-                    "(SET NOT NULL after the change): a schema version with them nullable",
-                    codec.source_name, ", ".join(sorted(nulls)))
+        limited(log).warning("%s: column(s) %s NULL in the log although NOT NULL in the "
+                             "catalog now (SET NOT NULL after the change): a schema version "
+                             "with them nullable", codec.source_name, ", ".join(sorted(nulls)))
         return new, source_id
 
     @staticmethod

@@ -26,10 +26,10 @@ included).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TextIO
 
+from databus._json import dumps as dumps_json
 from databus._redact import redact, register_secret, register_uri
 from databus.errors import ConfigError, DatabusError
 from databus.fetchers.postgres._setup_run import Outcome, run_setup, run_teardown
@@ -91,7 +91,7 @@ def _run(args: argparse.Namespace, action: str) -> int:
         print(redact(f"{where}: error: {exc}"), file=sys.stderr)
         return 1
     if args.json:
-        print(redact(json.dumps(outcome_json(outcome, source), indent=2)))
+        print(redact(dumps_json(outcome_json(outcome, source), indent=2)))
     else:
         format_outcome(outcome, source, sys.stdout)
     return 0 if outcome.plan.ok else 1

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from databus._limited_log import limited
 from databus.checkpoint import Checkpoint
 from databus.client import FellOffRelay, RelayPuller
 from databus.client._headers import MAX_JSON_BYTES, read_json
@@ -254,9 +255,9 @@ class _Chain:
         if self.fell_off >= set(puller.urls):
             raise UpstreamFellOffError(self.context.buffer_name, self.committed,
                                        self.fell_off_min, puller.urls)
-        log.warning("buffer %s: upstream %s no longer holds the windows after SCN %s (its "
-                    "oldest is %s); trying another upstream", self.context.buffer_name,
-                    puller.url, self.committed, exc.min_scn)
+        limited(log).warning("buffer %s: upstream %s no longer holds the windows after SCN %s (its "
+                             "oldest is %s); trying another upstream", self.context.buffer_name,
+                             puller.url, self.committed, exc.min_scn)
         await puller.close_stream()
         self.restart_window()
         await puller.failed(exc)

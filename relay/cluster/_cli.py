@@ -40,6 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from databus._json import dumps as dumps_json
 from databus.coordination import ReadOnlyZooKeeper, lock_order, read_only_session
 from databus.errors import ConfigError
 
@@ -91,7 +92,7 @@ def status(zookeeper: str, clusters: str | Sequence[str] | None, *, as_json: boo
     doc = summarize(snapshot, now=time.time())
     doc["zookeeper"] = zookeeper
     if as_json:
-        out.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        out.write(dumps_json(doc, indent=2, sort_keys=True) + "\n")
     else:
         out.write(render(doc))
     out.flush()

@@ -6,6 +6,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
+from databus._limited_log import limited
 from databus.relay.cluster._epochs import EpochHistory
 from databus.relay.cluster._member import ClusterMember, Seat, epochs_path
 
@@ -67,7 +68,8 @@ def _chain_sources(relay: Relay, member: ClusterMember, buffer: str) -> list[str
     try:
         doc = member.http_json(f"{leader}/v1/sources")
     except (OSError, ValueError) as exc:
-        log.warning("buffer %s: the leader's sources cannot be read: %s", buffer, exc)
+        limited(log).warning("buffer %s: the leader's sources cannot be read: %s", buffer,
+                             exc, kind=buffer)
         return []
     return sorted(s["name"] for s in doc["sources"] if s.get("buffer") == buffer
                   and (configured is None or configured.matches(s["name"])))

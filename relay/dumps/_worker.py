@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from databus._limited_log import limited
 from databus._redact import redact
 from databus.errors import DatabusError, DumpSetupError
 from databus.event import HEADER_SIZE
@@ -310,8 +311,9 @@ class _Worker:
                 self.port.flush()
             except _TooBig as big:
                 limit = big.rows
-                log.warning("dump %s: chunks of %s are too big for buffer %s; reading %d "
-                            "rows at a time", dump.id, table.source, self.port.buffer, limit)
+                limited(log).warning("dump %s: chunks of %s are too big for buffer %s; reading "
+                                     "%d rows at a time", dump.id, table.source,
+                                     self.port.buffer, limit, kind=dump.id)
                 continue
             with manager._lock:
                 table.chunks += 1

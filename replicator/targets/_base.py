@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from databus._ddl import serialized_ddl
+from databus._limited_log import limited
 from databus._redact import redact, register_uri
 from databus.config import redact_uri
 from databus.errors import DatabusError
@@ -486,8 +487,8 @@ class SqlTarget(ABC):
         except (DatabusError, ValueError, OverflowError) as exc:
             # The tables before did not apply again (another writer?): say what the
             # batch met, without a key.
-            log.warning("target %s: could not replay the batch to find the refused row: %s",
-                        self.where, exc)
+            limited(log).warning("target %s: could not replay the batch to find the refused "
+                                 "row: %s", self.where, exc)
         if found is not None:
             change, refusal = found
             return self._refused_error(item, change, self._describe(refusal))
