@@ -155,16 +155,21 @@ def _check_one_line(stderr: str, path: Path, what: str) -> None:
     assert len(lines[0]) < 500, f"{what}: a line of {len(lines[0])} characters"
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-@pytest.mark.parametrize("name", sorted(MUTATIONS))
+# Truncating the bootstrap example ends it after a complete line: still a valid config.
+STILL_VALID = frozenset({("cut in the middle", "bootstrap"),
+                         ("cut one byte short", "bootstrap")})
+
+
+@pytest.mark.parametrize(("name", "command"), [
+    (name, command) for name in sorted(MUTATIONS) for command in sorted(COMMANDS)
+    if (name, command) not in STILL_VALID])
 def test_every_command_answers_a_bad_config_in_one_line(
         command: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     _env(monkeypatch)
     args, example = COMMANDS[command]
     path = _mutated(tmp_path, example, name)
-    if _loads(path, _section(command)):
-        pytest.skip("the mutation left a valid config")
+    assert not _loads(path, _section(command)), "the mutation left a valid config"
     code = cli.main([*args, str(path)])
     captured = capsys.readouterr()
     assert code != 0, f"{name}: exit status 0"
