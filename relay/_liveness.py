@@ -48,6 +48,7 @@ from databus.errors import DatabusError
 
 __all__ = [
     "LIVE_FILENAME",
+    "MIN_STALE_S",
     "SESSION_LOST",
     "STALE_S",
     "STAMP_INTERVAL_S",
@@ -68,6 +69,8 @@ STAMP_INTERVAL_S = 0.25
 # missed stamps is a busy loop, not a stopped process; a consumer of a single-process
 # relay notices one stopped in 5 s (five missed 1 s heartbeats).
 STALE_S = 3.0
+# Four stamps: a shorter bound would take a busy loop for a stopped one.
+MIN_STALE_S = 4 * STAMP_INTERVAL_S
 
 _MAGIC = b"DBLIVE01"
 _LAYOUT = struct.Struct("<8sIIqqd")
@@ -109,12 +112,13 @@ def session_judge(disconnected_s: float, session_timeout_s: float) -> SessionLos
 
 def stale_after_s(session_timeout_s: float | None) -> float:
     """How old a stamp may be before a worker says the main process stopped answering:
-    ``STALE_S``, or half the ZooKeeper session timeout when that is shorter. Half the
-    session is a leader's lease (relay/cluster/_member.py): a main process silent that
-    long can no longer append, and another member is about to lead."""
+    ``STALE_S``, or half the ZooKeeper session timeout when that is shorter, but never
+    under ``MIN_STALE_S``. Half the session is a leader's lease
+    (relay/cluster/_member.py): a main process silent that long can no longer append,
+    and another member is about to lead."""
     if session_timeout_s is None:
         return STALE_S
-    return min(STALE_S, session_timeout_s / 2)
+    return max(MIN_STALE_S, min(STALE_S, session_timeout_s / 2))
 
 
 @dataclass(frozen=True, slots=True)

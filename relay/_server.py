@@ -67,6 +67,7 @@ from databus.relay._consumers import (
     record_served,
 )
 from databus.relay._dump_api import add_dump_routes
+from databus.relay._liveness import MainUnavailable
 from databus.relay._metrics import relay_metrics
 from databus.relay._readiness import components_of, readiness_response
 from databus.relay._relay import Relay, RelayReader
@@ -157,7 +158,8 @@ SHARED_READS = web.AppKey("shared_reads", dict[str, SharedReads])
 # polls answer, so that shutdown does not wait for them.
 CLOSING = web.AppKey("closing", asyncio.Event)
 # Can windows still come? None, or why not (a worker whose main process stopped
-# answering: relay/_liveness.py). Asked before telling a consumer that nothing is new.
+# answering, a cluster member out of its session: relay/_liveness.py). Asked before
+# telling a consumer that nothing is new.
 Liveness = Callable[[], DatabusError | None]
 LIVENESS: web.AppKey[Liveness] = web.AppKey("liveness")
 # A long poll waiting at the tail asks again this often.
@@ -529,9 +531,9 @@ async def status(request: web.Request) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: 200 while the relay runs. A worker whose main process stopped
     answering says 503: the relay on this port is not running, whichever process took
-    the connection."""
+    the connection. (Out of its ZooKeeper session, a relay still runs: /readyz says.)"""
     down = request.app[LIVENESS]()
-    if down is not None:
+    if isinstance(down, MainUnavailable):
         return web.json_response({"status": "unavailable", **down.to_json()},
                                  status=down.http_status)
     return web.json_response({"status": "ok"})

@@ -69,6 +69,8 @@ FORWARD_TIMEOUT_S = 30.0
 # The worker looks at the files this often even without a wake-up (a lost one costs
 # at most this much latency; none is lost by design).
 REFRESH_S = 1.0
+# How long a worker reuses its verdict on the main process's liveness stamp.
+VERDICT_NS = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class WorkerRelay:
         self.stamps = StampReader(config.data_dir)
         self.stale_after_s = stale_after_s(
             config.cluster.session_timeout_s if config.cluster is not None else None)
+        self._verdict: DatabusError | None = None
+        self._judged_at = -VERDICT_NS
         described = hello["buffers"]
         mine = {b.name: (b.capacity_bytes, i) for i, b in enumerate(config.buffers)}
         theirs = {n: (d["capacity"], d["partition_id"]) for n, d in described.items()}
@@ -132,9 +136,14 @@ class WorkerRelay:
     def main_down(self) -> DatabusError | None:
         """None while the main process answers (its liveness stamp is fresh,
         relay/_liveness.py) and is in its ZooKeeper session; else the error to answer
-        with."""
-        return judge(self.stamps.read(), now_ns=time.monotonic_ns(),
-                     main_pid=self.main_pid, stale_after_s=self.stale_after_s)
+        with. Judged at most every 20 ms (``VERDICT_NS``): thousands of idle streams
+        woken by one window ask together."""
+        now = time.monotonic_ns()
+        if now - self._judged_at >= VERDICT_NS:
+            self._verdict = judge(self.stamps.read(), now_ns=now, main_pid=self.main_pid,
+                                  stale_after_s=self.stale_after_s)
+            self._judged_at = now
+        return self._verdict
 
     def refresh(self) -> None:
         """Catch up with the main process: the catalog if it changed, each buffer's
@@ -211,7 +220,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     """Any request this worker does not serve itself: sent to the main process as it
     came (its bearer token, body and query), answered with what the main process said."""
     down = request.app[LIVENESS]()
-    if down is not None:
+    if isinstance(down, MainUnavailable):
         # It would not answer (within FORWARD_TIMEOUT_S): say so now.
         raise down
     session = request.app[MAIN]
@@ -240,7 +249,7 @@ async def readyz(request: web.Request) -> web.StreamResponse:
     """``GET /readyz``: not ready when the main process stopped answering (told here,
     at once); otherwise what the main process says."""
     down = request.app[LIVENESS]()
-    if down is not None:
+    if isinstance(down, MainUnavailable):
         return readiness_response([{
             "component": "main_process", "ready": False, "state": "unresponsive",
             "error": down.code, "message": down.message,
