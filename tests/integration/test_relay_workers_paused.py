@@ -41,11 +41,11 @@ pytestmark = pytest.mark.integration
 ATTEMPT_S = 1.0
 
 
-async def on_worker(url: str, worker_pid: str, path: str, attempt_s: float = ATTEMPT_S,
+async def on_worker(url: str, worker_pid: str, path: str,
                     **params: str) -> tuple[int, dict[str, Any]]:
     """``GET path`` answered by the worker: (status, JSON body)."""
     async def attempt() -> tuple[int, dict[str, Any]] | None:
-        timeout = aiohttp.ClientTimeout(total=attempt_s)
+        timeout = aiohttp.ClientTimeout(total=ATTEMPT_S)
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session, \
                     session.get(url + path, params=params) as resp:
@@ -57,6 +57,21 @@ async def on_worker(url: str, worker_pid: str, path: str, attempt_s: float = ATT
     answer: tuple[int, dict[str, Any]] = await async_wait_until(
         attempt, f"the worker answering {path}", timeout=60, max_interval=0.05)
     return answer
+
+
+async def worker_session(url: str, worker_pid: str) -> aiohttp.ClientSession:
+    """A session whose one kept-alive connection the worker serves."""
+    async def attempt() -> aiohttp.ClientSession | None:
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+        async with session.get(f"{url}/v1/sources") as resp:
+            await resp.read()
+            if resp.headers.get(WORKER_HEADER) == worker_pid:
+                return session
+        await session.close()
+        return None
+    session: aiohttp.ClientSession = await async_wait_until(
+        attempt, "a connection served by the worker", timeout=60, max_interval=0.05)
+    return session
 
 
 async def open_worker_stream(session: aiohttp.ClientSession, url: str, worker_pid: str,
@@ -105,16 +120,17 @@ def test_a_stopped_main_process_makes_its_worker_say_not_ready(tmp_path: Path) -
                 resp = await open_worker_stream(session, relay.url, worker, Checkpoint(top))
                 framer, seen = StreamFramer(), []
                 await frames_until(resp, framer, "write", seen)
+                polling = await worker_session(relay.url, worker)
                 os.kill(main_pid, signal.SIGSTOP)
                 stopped = time.monotonic()
                 try:
-                    # A long poll at the tail while the main process is stopped: it
-                    # waits (no window comes) until the stamp is stale, then 503. One
-                    # the kernel gave the stopped process is asked again.
+                    # A long poll at the tail while the main process is stopped, on a
+                    # connection the worker serves: it waits (no window comes) until
+                    # the stamp is stale, then 503.
                     latest = Checkpoint.latest().dumps()
-                    waiting = asyncio.create_task(on_worker(
-                        relay.url, worker, "/v1/stream", attempt_s=STALE_S + 5,
-                        checkpoint=latest, wait_ms="50000"))
+                    waiting = asyncio.create_task(polling.get(
+                        f"{relay.url}/v1/stream",
+                        params={"checkpoint": latest, "wait_ms": "50000"}))
                     # The stream: windows until the stop, then no heartbeat promising
                     # more, but the error, and the end.
                     async with asyncio.timeout(60):
@@ -125,9 +141,12 @@ def test_a_stopped_main_process_makes_its_worker_say_not_ready(tmp_path: Path) -
                     assert await resp.content.read() == b""
                     assert ended > STALE_S - 0.5  # not before the bound (minus a stamp)
                     resp.close()
-                    status, body = await waiting
-                    assert status == 503 and body["error"] == "unavailable", body
+                    async with await waiting as answer:
+                        assert answer.headers[WORKER_HEADER] == worker
+                        body = await answer.json()
+                        assert answer.status == 503 and body["error"] == "unavailable", body
                     assert time.monotonic() - stopped < 50  # answered, not timed out
+                    await polling.close()
                     status, body = await on_worker(relay.url, worker, "/v1/stream",
                                                    checkpoint=latest, wait_ms="10000")
                     assert status == 503 and body["error"] == "unavailable"
