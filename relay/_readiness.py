@@ -16,12 +16,20 @@ itself, the main process (not ready when it stopped answering: relay/_liveness.p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-__all__ = ["components_of", "readiness_response"]
+__all__ = ["STATES", "component_families", "components_of", "readiness_response"]
+
+# Every state of each kind of component, for the one-hot ``databus_component_state``.
+STATES = {
+    "fetcher": ("starting", "running", "backoff", "standby", "stopped", "failed"),
+    "zookeeper": ("connected", "disconnected"),
+    "worker": ("starting", "running", "restarting", "stopped"),
+}
 
 _FETCHER_FIX = {
     "starting": "wait: the fetcher is connecting to its source",
@@ -69,6 +77,26 @@ def components_of(status: Mapping[str, Any]) -> list[dict[str, Any]]:
             message=f"relay worker {i} is {state}",
             fix="wait: the relay starts its workers again by itself; see its log"))
     return out
+
+
+def component_families(components: list[dict[str, Any]]) -> Iterator[Metric]:
+    """``databus_component_up{daemon,component,buffer}`` (1/0) and the one-hot
+    ``databus_component_state{daemon,component,buffer,state}`` of a relay's components
+    (DESIGN 17). A worker is ``worker_<index>`` (no buffer), so that each has series of
+    its own."""
+    up = GaugeMetricFamily("databus_component_up", "1 when the component does its job",
+                           labels=["daemon", "component", "buffer"])
+    state = GaugeMetricFamily("databus_component_state", "The component's state (one-hot)",
+                              labels=["daemon", "component", "buffer", "state"])
+    for c in components:
+        name = c["component"] + (f"_{c['index']}" if "index" in c else "")
+        buffer = str(c.get("buffer", ""))
+        up.add_metric(["relay", name, buffer], 1.0 if c["ready"] else 0.0)
+        known = STATES.get(c["component"], ())
+        for each in (*known, *(() if c["state"] in known else (c["state"],))):
+            state.add_metric(["relay", name, buffer, each], float(each == c["state"]))
+    yield up
+    yield state
 
 
 def readiness_response(components: list[dict[str, Any]]) -> web.Response:

@@ -26,7 +26,7 @@ from databus.relay._liveness import (
     session_judge,
     stale_after_s,
 )
-from databus.relay._readiness import components_of, readiness_response
+from databus.relay._readiness import component_families, components_of, readiness_response
 from tests.relay_harness import relay_config, running_relay
 from tests.unit.test_relay_streaming import LIMIT, LOAD, frames_until, open_stream
 
@@ -208,5 +208,35 @@ def test_out_of_session_a_relay_serves_what_it_holds_and_promises_nothing(
                                         lambda fs: any(f.kind == "heartbeat" for f in fs))
             assert not [f for f in frames if f.kind == "error"]
             stream.close()
+
+    asyncio.run(main())
+
+
+def test_components_in_prometheus_up_and_one_hot_state() -> None:
+    families = {f.name: f for f in component_families(components_of(
+        _status("backoff", worker="restarting")))}
+    up = {(s.labels["component"], s.labels["buffer"]): s.value
+          for s in families["databus_component_up"].samples}
+    assert up == {("fetcher", "src"): 0.0, ("zookeeper", ""): 1.0, ("worker_0", ""): 0.0}
+    states = [s for s in families["databus_component_state"].samples
+              if s.labels["component"] == "fetcher"]
+    assert {s.labels["state"] for s in states} == {
+        "starting", "running", "backoff", "standby", "stopped", "failed"}
+    assert [s.labels["state"] for s in states if s.value == 1.0] == ["backoff"]
+    assert all(s.labels["daemon"] == "relay" for s in states)
+
+
+def test_the_relay_metrics_page_shows_its_components(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": LOAD})) as r:
+            await r.wait_for_scn("load", LIMIT)
+            async with await r.get("/metrics") as resp:
+                text = await resp.text()
+            assert ('databus_component_up{buffer="load",component="fetcher",daemon="relay"} '
+                    '1.0') in text
+            assert ('databus_component_state{buffer="load",component="fetcher",'
+                    'daemon="relay",state="running"} 1.0') in text
+            async with await r.get("/readyz") as resp:
+                assert resp.status == 200 and (await resp.json())["ready"] is True
 
     asyncio.run(main())
