@@ -300,7 +300,10 @@ async def stream(request: web.Request) -> web.StreamResponse:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or closing.is_set():
                     break
-                await notifier.wait(min(remaining, IDLE_CHECK_S))
+                token = notifier.token  # taken with no await since the read: no miss
+                await notifier.wait(min(remaining, IDLE_CHECK_S), token)
+                if not token.done():
+                    continue  # no window landed: nothing to read again
                 # An empty result's checkpoint is the concrete point to wait after
                 # (a "latest" checkpoint is fixed at the first read).
                 result = read(result.checkpoint, max_bytes=first)
