@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from databus._http import HttpStats, http_requests_family
 from databus.relay._consumers import ConsumerRegistry
+from databus.relay._readiness import component_families, components_of
 from databus.relay._relay import Relay
 
 _BUFFER_FIELDS = [
@@ -54,7 +55,9 @@ class RelayCollector(Collector):
         self.consumers = consumers
 
     def collect(self) -> Iterator[Metric]:
-        buffers: dict[str, dict[str, Any]] = self.relay.status()["buffers"]
+        status = self.relay.status()
+        buffers: dict[str, dict[str, Any]] = status["buffers"]
+        yield from component_families(components_of(status))
         for name, text in _BUFFER_FIELDS:
             gauge = GaugeMetricFamily(f"{P}buffer_{name}", text, labels=["buffer"])
             for buffer, doc in buffers.items():

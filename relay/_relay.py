@@ -16,6 +16,7 @@ from databus.config import RelayConfig
 from databus.relay._buffer import EventBuffer
 from databus.relay._catalog import RelayCatalog, SourceEntry
 from databus.relay._fetcher_host import FetcherHost
+from databus.relay._liveness import SessionLostError, session_judge
 from databus.relay.dumps import DumpManager, DumpRequest
 from databus.schemas import SchemaRegistry
 
@@ -132,6 +133,13 @@ class Relay:
                                     delay_ms=buffer_config.dump_delay_ms,
                                     reason="initial_dump"),
                         buffer_of=self.fetchers.configured_buffer)
+
+    def session_down(self) -> SessionLostError | None:
+        """None unless this relay is a cluster member out of its ZooKeeper session for
+        longer than its session timeout (relay/_liveness.py)."""
+        if self.cluster is None:
+            return None
+        return session_judge(self.cluster.disconnected_for(), self.cluster.session_timeout_s)
 
     def _dump_after_gap(self, buffer: str) -> None:
         """The fetcher of ``buffer`` skipped a source gap: dump every table (unless a

@@ -5,7 +5,8 @@ Endpoints (all JSON except ``/v1/stream`` and ``/metrics``; errors are always
 
 - ``GET /v1/sources``; ``GET /v1/schemas/{fingerprint}``; ``GET /v1/schemas?source=NAME``
 - ``GET /v1/stream?checkpoint=JSON&sources=a,b&filter=JSON&max_bytes=N&wait_ms=M``
-- ``GET /v1/status``, ``GET /v1/consumers``, ``GET /metrics``, ``GET /healthz``
+- ``GET /v1/status``, ``GET /v1/consumers``, ``GET /metrics``, ``GET /healthz``,
+  ``GET /readyz``
 - ``POST /v1/admin/flush`` (bearer token)
 
 A stream response carries whole events in wire format and these headers:
@@ -57,7 +58,7 @@ from databus._serving import (
 )
 from databus.batch import CompiledFilter, FilterPlan, compile_filter
 from databus.checkpoint import WHOLE_WINDOW, Checkpoint, Mode, decide
-from databus.errors import ConfigError, ScnNotFoundError, UnknownSourceError
+from databus.errors import ConfigError, DatabusError, ScnNotFoundError, UnknownSourceError
 from databus.filters import SourceFilter
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
 from databus.relay._consumers import (
@@ -67,7 +68,9 @@ from databus.relay._consumers import (
     record_served,
 )
 from databus.relay._dump_api import add_dump_routes
+from databus.relay._liveness import MainUnavailable
 from databus.relay._metrics import relay_metrics
+from databus.relay._readiness import components_of, readiness_response
 from databus.relay._relay import Relay, RelayReader
 from databus.relay._streaming import Follow, SharedRead, SharedReads
 from databus.schemas import Schema
@@ -155,6 +158,13 @@ SHARED_READS = web.AppKey("shared_reads", dict[str, SharedReads])
 # Set when the server shuts down: streams end (cleanly, at a write boundary) and long
 # polls answer, so that shutdown does not wait for them.
 CLOSING = web.AppKey("closing", asyncio.Event)
+# Can windows still come? None, or why not (a worker whose main process stopped
+# answering, a cluster member out of its session: relay/_liveness.py). Asked before
+# telling a consumer that nothing is new.
+Liveness = Callable[[], DatabusError | None]
+LIVENESS: web.AppKey[Liveness] = web.AppKey("liveness")
+# A long poll waiting at the tail asks again this often.
+IDLE_CHECK_S = 1.0
 MIN_HEARTBEAT_MS = 50
 MAX_HEARTBEAT_MS = 60_000
 
@@ -274,6 +284,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
         return shared.read(bound, filter_key, position, max_bytes)
 
     closing = request.app[CLOSING]
+    alive = request.app[LIVENESS]
     # The first slice at once (all a consumer that keeps up needs); the rest of a big
     # body in the bulk lane, one slice per loop turn (_read_rest).
     first = min(max_bytes, FIRST_SLICE)
@@ -282,10 +293,18 @@ async def stream(request: web.Request) -> web.StreamResponse:
         stats.long_polls += 1
         try:
             while result.wait_after_scn is not None:
+                # An empty answer after the wait would say "nothing new yet": not when
+                # nothing new can come (503 instead: the consumer fails over).
+                down = alive()
+                if down is not None:
+                    raise down
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or closing.is_set():
                     break
-                await notifier.wait(remaining)
+                token = notifier.token  # taken with no await since the read: no miss
+                await notifier.wait(min(remaining, IDLE_CHECK_S), token)
+                if not token.done():
+                    continue  # no window landed: nothing to read again
                 # An empty result's checkpoint is the concrete point to wait after
                 # (a "latest" checkpoint is fixed at the first read).
                 result = read(result.checkpoint, max_bytes=first)
@@ -361,7 +380,8 @@ async def _follow(
     stats.streams += 1
     try:
         await Follow(request, response, buffer, read, checkpoint, max_bytes,
-                     heartbeat_ms / 1000, on_write).run(notifier, app[CLOSING])
+                     heartbeat_ms / 1000, on_write, app[LIVENESS]).run(notifier,
+                                                                        app[CLOSING])
     finally:
         stats.streams -= 1
     with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
@@ -513,7 +533,19 @@ async def status(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness: 200 while the relay runs. A worker whose main process stopped
+    answering says 503: the relay on this port is not running, whichever process took
+    the connection. (Out of its ZooKeeper session, a relay still runs: /readyz says.)"""
+    down = request.app[LIVENESS]()
+    if isinstance(down, MainUnavailable):
+        return json_response({"status": "unavailable", **down.to_json()},
+                                 status=down.http_status)
     return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness (relay/_readiness.py): 200 when every component does its job."""
+    return readiness_response(components_of(request.app[RELAY].status()))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -564,6 +596,7 @@ def install_read_side(app: web.Application, reader: RelayReader) -> None:
     app[NOTIFIERS] = {}
     app[SHARED_READS] = {name: SharedReads(b) for name, b in reader.buffers.items()}
     app[CLOSING] = asyncio.Event()
+    app[LIVENESS] = _always_alive
 
     async def end_streams(app: web.Application) -> None:
         app[CLOSING].set()
@@ -578,12 +611,17 @@ def install_read_side(app: web.Application, reader: RelayReader) -> None:
     app.router.add_get("/healthz", healthz)
 
 
+def _always_alive() -> DatabusError | None:
+    return None
+
+
 def create_app(relay: Relay) -> web.Application:
     """The relay's aiohttp application. Starting it starts the relay's fetchers."""
     app = web.Application(middlewares=[json_errors])
     cfg = relay.config
     install_read_side(app, relay)
     app[RELAY] = relay
+    app[LIVENESS] = relay.session_down
     app[CONSUMERS] = ConsumerRegistry(cfg.max_tracked_consumers, cfg.consumer_expiry_s)
     app[METRICS] = relay_metrics(relay, app[STATS], app[CONSUMERS])
 
@@ -607,6 +645,7 @@ def create_app(relay: Relay) -> web.Application:
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/v1/status", status)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/consumers", consumers)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/admin/flush", admin_flush)

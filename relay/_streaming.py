@@ -209,7 +209,9 @@ class Follow:
 
     ``read(position, max_bytes)`` reads the buffer with the request's filter (through
     ``SharedReads.stream_read``); ``on_write(checkpoint, events, nbytes)`` is told of
-    each write."""
+    each write; ``alive()`` says whether windows can still come (None) or why not: a
+    stream with nothing to write then ends with that error in-band rather than wait
+    and send heartbeats (relay/_liveness.py)."""
 
     request: web.Request
     response: web.StreamResponse
@@ -219,6 +221,7 @@ class Follow:
     max_bytes: int
     heartbeat_s: float
     on_write: Callable[[Checkpoint, int, int], None]
+    alive: Callable[[], DatabusError | None] = lambda: None
 
     async def run(self, wakeups: Wakeups, closing: asyncio.Event) -> None:
         """Write until the consumer goes away, falls off the buffer or the server
@@ -270,6 +273,10 @@ class Follow:
                     await self._write([checkpoint_event(self.position,
                                                         partition_id=partition)], timeout)
                     continue
+                down = self.alive()
+                if down is not None:
+                    await self._write([error_event(down, partition_id=partition)], timeout)
+                    return
                 remaining = self.heartbeat_s - (time.monotonic() - idle_since)
                 if remaining <= 0:
                     state = buffer.state()

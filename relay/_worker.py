@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +43,10 @@ from databus.relay._catalog import CATALOG_FILENAME, FollowerCatalog
 from databus.relay._consumers import CONSUMERS, ConsumerRegistry
 from databus.relay._fetcher_host import configured_buffer
 from databus.relay._follower import FollowerBuffer
+from databus.relay._liveness import MainUnavailable, StampReader, judge, stale_after_s
+from databus.relay._readiness import readiness_response
 from databus.relay._relay import buffer_path
-from databus.relay._server import NOTIFIERS, WindowNotifier, install_read_side
+from databus.relay._server import LIVENESS, NOTIFIERS, WindowNotifier, install_read_side
 from databus.relay._workers import (
     CHANNEL_LINE_LIMIT,
     REPORT_CONSUMERS,
@@ -67,15 +70,8 @@ FORWARD_TIMEOUT_S = 30.0
 # The worker looks at the files this often even without a wake-up (a lost one costs
 # at most this much latency; none is lost by design).
 REFRESH_S = 1.0
-
-
-class MainUnavailable(DatabusError):
-    """A request this worker forwards to the main process found it unreachable (it is
-    restarting or stopping); retry, here or on another relay."""
-
-    code = "unavailable"
-    http_status = 503
-    retriable = True
+# How long a worker reuses its verdict on the main process's liveness stamp.
+VERDICT_NS = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -112,6 +108,12 @@ class WorkerRelay:
 
     def __init__(self, config: RelayConfig, hello: Mapping[str, Any]) -> None:
         self.config = config
+        self.main_pid = int(hello["main_pid"])
+        self.stamps = StampReader(config.data_dir)
+        self.stale_after_s = stale_after_s(
+            config.cluster.session_timeout_s if config.cluster is not None else None)
+        self._verdict: DatabusError | None = None
+        self._judged_at = -VERDICT_NS
         described = hello["buffers"]
         mine = {b.name: (b.capacity_bytes, i) for i, b in enumerate(config.buffers)}
         theirs = {n: (d["capacity"], d["partition_id"]) for n, d in described.items()}
@@ -132,6 +134,18 @@ class WorkerRelay:
             self.close()
             raise
 
+    def main_down(self) -> DatabusError | None:
+        """None while the main process answers (its liveness stamp is fresh,
+        relay/_liveness.py) and is in its ZooKeeper session; else the error to answer
+        with. Judged at most every 20 ms (``VERDICT_NS``): thousands of idle streams
+        woken by one window ask together."""
+        now = time.monotonic_ns()
+        if now - self._judged_at >= VERDICT_NS:
+            self._verdict = judge(self.stamps.read(), now_ns=now, main_pid=self.main_pid,
+                                  stale_after_s=self.stale_after_s)
+            self._judged_at = now
+        return self._verdict
+
     def refresh(self) -> None:
         """Catch up with the main process: the catalog if it changed, each buffer's
         index (its listeners wake the long polls and streams waiting on it)."""
@@ -143,6 +157,7 @@ class WorkerRelay:
         for buffer in self.buffers.values():
             buffer.close()
         self.buffers.clear()
+        self.stamps.close()
 
 
 class ForwardingConsumers(ConsumerRegistry):
@@ -205,6 +220,10 @@ CHANNEL = web.AppKey("channel", asyncio.StreamWriter)
 async def forward(request: web.Request) -> web.StreamResponse:
     """Any request this worker does not serve itself: sent to the main process as it
     came (its bearer token, body and query), answered with what the main process said."""
+    down = request.app[LIVENESS]()
+    if isinstance(down, MainUnavailable):
+        # It would not answer (within FORWARD_TIMEOUT_S): say so now.
+        raise down
     session = request.app[MAIN]
     headers = CIMultiDict((k, v) for k, v in request.headers.items()
                           if k.lower() not in _HOP_BY_HOP)
@@ -228,12 +247,32 @@ async def forward(request: web.Request) -> web.StreamResponse:
             f"this relay's main process did not answer ({type(exc).__name__}); retry") from None
 
 
+async def readyz(request: web.Request) -> web.StreamResponse:
+    """``GET /readyz``: not ready when the main process stopped answering (told here,
+    at once); otherwise what the main process says."""
+    down = request.app[LIVENESS]()
+    if isinstance(down, MainUnavailable):
+        return readiness_response([{
+            "component": "main_process", "ready": False, "state": "unresponsive",
+            "error": down.code, "message": down.message,
+            "fix": "resume or restart the relay's main process (pid "
+                   f"{request.app[WORKER_VIEW].main_pid}); its consumers fail over to "
+                   "other relays meanwhile"}])
+    return await forward(request)
+
+
+WORKER_VIEW = web.AppKey("worker_view", WorkerRelay)
+
+
 def create_worker_app(view: WorkerRelay, channel: socket.socket,
                       main_socket: str) -> web.Application:
     """The worker's app: the read side of the main process's app over ``view``, the
     rest forwarded; woken by, and reporting to, the main process over ``channel``."""
     app = web.Application(middlewares=[json_errors])
     install_read_side(app, view)
+    app[LIVENESS] = view.main_down
+    app[WORKER_VIEW] = view
+    app.router.add_get("/readyz", readyz)
     registry = ForwardingConsumers()
     app[CONSUMERS] = registry
     app.on_response_prepare.append(worker_header)

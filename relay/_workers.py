@@ -71,6 +71,12 @@ from databus.errors import DatabusError
 from databus.fetchers._api import ConfiguredSources
 from databus.relay._consumers import CONSUMERS
 from databus.relay._fetcher_host import Backoff
+from databus.relay._liveness import (
+    SESSION_LOST,
+    STAMP_INTERVAL_S,
+    StampWriter,
+    stale_after_s,
+)
 from databus.relay._relay import Relay
 
 __all__ = [
@@ -521,6 +527,9 @@ def enable_workers(app: web.Application, relay: Relay, *, count: int, config_pat
                     "only (docs/relay.md, \"Workers\")", count + 1, platform.machine())
     listeners = Listeners(host, port)
     unix_path, tmp_dir = main_socket_path(relay.config.data_dir)
+    cluster = relay.config.cluster
+    stamps = StampWriter(relay.config.data_dir, stale_after_s(
+        cluster.session_timeout_s if cluster is not None else None))
     pool = WorkerPool(relay, count=count, config_path=config_path, listeners=listeners,
                       main_socket=unix_path, log_level=log_level, stats=app[STATS], app=app)
     app[POOL] = pool
@@ -529,10 +538,22 @@ def enable_workers(app: web.Application, relay: Relay, *, count: int, config_pat
         buffer.add_listener(pool.on_window)
     app.on_response_prepare.append(worker_header)
 
+    async def stamp() -> None:
+        # From this loop: a main process that stops (or whose loop stops) stops
+        # stamping, and its workers stop promising windows (relay/_liveness.py).
+        while True:
+            stamps.stamp(SESSION_LOST if relay.session_down() is not None else 0)
+            await asyncio.sleep(STAMP_INTERVAL_S)
+
     async def workers(app: web.Application) -> AsyncIterator[None]:
+        stamping = asyncio.create_task(stamp())
         await pool.start()
         yield
         await pool.stop()
+        stamping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stamping
+        stamps.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(unix_path)
         if tmp_dir is not None:

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 from databus.errors import DatabusError
@@ -43,6 +44,8 @@ class ZooKeeperMember:
         self.stopping = threading.Event()
         self.connected = threading.Event()
         self.changed = threading.Event()  # rewrite the member node now
+        # time.monotonic() when the connection was last lost (None while connected).
+        self._disconnected_at: float | None = None
         self._session: int | None = None
         self._node: str | None = None
         self._register_needed = threading.Event()
@@ -56,6 +59,13 @@ class ZooKeeperMember:
 
     def session_id(self) -> int | None:
         return self._session
+
+    def disconnected_for(self, now: float | None = None) -> float:
+        """Seconds since the connection to ZooKeeper was lost; 0 while connected."""
+        since = self._disconnected_at
+        if since is None or self.connected.is_set():
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - since)
 
     def connect(self) -> None:
         """Blocking: open the session and register the member node."""
@@ -111,8 +121,11 @@ class ZooKeeperMember:
             if session != self._session:
                 self._session = session
                 self._register_needed.set()
+            self._disconnected_at = None
             self.connected.set()
         else:
+            if self._disconnected_at is None:
+                self._disconnected_at = time.monotonic()
             self.connected.clear()
             if state == KazooState.LOST:
                 self._session = None
