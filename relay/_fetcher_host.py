@@ -399,8 +399,10 @@ class _Runner:
                       "fix the cause and restart the relay: %s", self.name, source, detail)
             return False
         delay = self.backoff.failed(ran_for, progressed)
+        # One kind per buffer and what it reads: a role change (another source, another
+        # leader) is a new condition, whose first failure is logged at once.
         limited(log).error("fetcher of buffer %s (%s) failed, restarting in %.2f s: %s",
-                           self.name, source, delay, detail, kind=self.name)
+                           self.name, source, delay, detail, kind=f"{self.name} {source}")
         # stop() sets attempt_stop too; so does a role change (reassign).
         if self.attempt_stop.wait(delay):
             return True  # the loop sees stop, or asks for its new assignment
