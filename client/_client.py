@@ -465,7 +465,8 @@ class DatabusClient:
     ) -> Outcome:
         while True:
             try:
-                return await asyncio.wait_for(outcomes.get(), 0.2)
+                async with asyncio.timeout(0.2):  # not wait_for: it can lose a cancel
+                    return await outcomes.get()
             except TimeoutError:
                 if writer.error is not None:
                     return Outcome("writer", error=writer.error)

@@ -178,7 +178,8 @@ class FailoverPuller:
         while not self.urls and self._leaving is None:
             self._urls_changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._urls_changed.wait(), timeout=1.0)
+                async with asyncio.timeout(1.0):  # not wait_for: it can lose a cancel
+                    await self._urls_changed.wait()
             if time.monotonic() >= next_log and not self.urls:
                 next_log += 60
                 log.warning("%s (for %.0f s); still waiting for a %s", self.empty_reason,
@@ -208,8 +209,8 @@ class FailoverPuller:
             # failures counted were the old list's.
             self._urls_changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._urls_changed.wait(),
-                                       delay * random.uniform(0.5, 1.0))
+                async with asyncio.timeout(delay * random.uniform(0.5, 1.0)):
+                    await self._urls_changed.wait()
 
     async def _retrying(self, attempt: Callable[[str], Awaitable[T]]) -> T:
         """Run ``attempt(url)`` until one server answers; retriable failures move on to

@@ -385,7 +385,11 @@ class _OpenStream:
         try:
             if left <= 0:
                 raise TimeoutError
-            return await asyncio.wait_for(self.resp.content.readany(), left)
+            # Not asyncio.wait_for: on Python 3.11 it loses a cancellation that comes as
+            # the read completes, and the pull task of a group member whose stream was
+            # to end went on reading (a rebalance that never took effect).
+            async with asyncio.timeout(left):
+                return await self.resp.content.readany()
         except TimeoutError:
             if not self.bytes_seen:
                 raise  # nothing at all: the caller's buffering-proxy rule decides

@@ -317,7 +317,8 @@ async def _follow_main(view: WorkerRelay, reader: asyncio.StreamReader) -> None:
     with orphans)."""
     while True:
         try:
-            data = await asyncio.wait_for(reader.read(4096), REFRESH_S)
+            async with asyncio.timeout(REFRESH_S):  # not wait_for: it can lose a cancel
+                data = await reader.read(4096)
         except TimeoutError:
             data = None
         except ConnectionError:
