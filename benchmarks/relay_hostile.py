@@ -47,6 +47,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from _hostile_streams import hostile_streams, normal_streams
 from _relay_proc import RelayProcess, code_version, loadavg, machine_cpu
 
 CTX = mp.get_context("fork")
@@ -230,33 +231,61 @@ def _hostile(port: int, give_up_s: float, ready: Any, stop: Any, out: Any) -> No
 # -- the run ---------------------------------------------------------------------------
 
 
+def _stream_bound_mib(max_connections: int, stream_memory_mb: int) -> float:
+    """The anonymous memory HTTP serving may take (docs/relay.md, "Memory bound"):
+    the stream budget plus, per connection (the overflow allowance included), the 64 KiB
+    body floor, 64 KiB request head, 128 KiB write buffer and ~20 KiB of objects."""
+    connections = max_connections + max(16, max_connections // 8)
+    return stream_memory_mb + connections * (64 + 64 + 128 + 20) / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("poll", "streaming"), default="poll",
+                        help="poll: issue 12's long-poll run; streaming: issue 27's "
+                             "streaming consumers")
     parser.add_argument("--phase-seconds", type=float, default=12)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--write-timeout", type=float, default=5)
     parser.add_argument("--header-timeout", type=float, default=5)
     parser.add_argument("--stream-memory-mb", type=int, default=128)
     parser.add_argument("--non-reader-give-up", type=float, default=6,
-                        help="a non-reader not cut after this many seconds reconnects "
-                             "and asks again (0: never)")
+                        help="poll mode: a non-reader not cut after this many seconds "
+                             "reconnects and asks again (0: never)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="windows per second (one 2.5 KB event each); default 1000 "
+                             "(poll), 200 (streaming)")
+    parser.add_argument("--normal", type=int, default=50,
+                        help="streaming: normal consumers (in --normal-procs processes)")
+    parser.add_argument("--normal-procs", type=int, default=2)
+    parser.add_argument("--idle", type=int, default=2000, help="streaming: idle streams")
+    parser.add_argument("--never-reading", type=int, default=30)
+    parser.add_argument("--dribblers", type=int, default=20,
+                        help="streaming: streams reading one byte a second")
+    parser.add_argument("--max-connections", type=int, default=None,
+                        help="relay max_connections; default 1000 (poll), 2200 (streaming)")
     parser.add_argument("--latencies-out", metavar="FILE",
                         help="write each event's receipt time (unix ns) and latency (ns)")
     args = parser.parse_args()
+    streaming = args.mode == "streaming"
+    rate = args.rate if args.rate is not None else (200.0 if streaming else 1000.0)
+    max_connections = args.max_connections or (2200 if streaming else 1000)
 
-    uri = "synthetic://?rate=1000&keys=100000&event_bytes=2500&events_per_window=1"
+    uri = f"synthetic://?rate={rate:g}&keys=100000&event_bytes=2500&events_per_window=1"
     relay = RelayProcess(uri, 256)  # no lap during the run
     # The bench's own limits (RelayProcess writes max_bytes_cap = 64 MiB: back to 8).
     text = relay.config_path.read_text().replace(f"max_bytes_cap = {64 << 20}\n",
                                                  f"max_bytes_cap = {8 << 20}\n")
     text = text.replace("\n[[relay.buffers]]", (
         f"write_timeout_s = {args.write_timeout}\nheader_timeout_s = {args.header_timeout}\n"
-        f"max_stream_memory_mb = {args.stream_memory_mb}\n\n[[relay.buffers]]"), 1)
+        f"max_stream_memory_mb = {args.stream_memory_mb}\n"
+        f"max_connections = {max_connections}\n\n[[relay.buffers]]"), 1)
     # A second buffer that gets one window a minute: the hostile long polls park there.
     text += ('\n[[relay.buffers]]\nname = "idle"\ncapacity_mb = 1\nsource = '
              '"synthetic://?rate=0.016&events_per_window=1&source=idle.events"\n')
     relay.config_path.write_text(text)
-    print(f"# relay_hostile: {code_version()}; {os.cpu_count()} CPUs; {loadavg()}")
+    print(f"# relay_hostile --mode {args.mode}: {code_version()}; {os.cpu_count()} CPUs; "
+          f"{loadavg()}")
     with relay:
         while (relay.buffer_status()["used_bytes"] or 0) < 24 << 20:
             time.sleep(0.2)
@@ -270,10 +299,23 @@ def main() -> None:
 
         threading.Thread(target=sample, daemon=True).start()
         rss_before = rss_mib(relay.pid)
-        ready, stop, out = CTX.Event(), CTX.Event(), CTX.Queue()
-        consumer = CTX.Process(target=_normal_consumer, args=(relay.url, ready, stop, out))
-        consumer.start()
-        ready.wait(30)
+        stop, out = CTX.Event(), CTX.Queue()
+        consumers = []
+        if streaming:
+            per = [args.normal // args.normal_procs + (i < args.normal % args.normal_procs)
+                   for i in range(args.normal_procs)]
+            for n in per:
+                ready = CTX.Event()
+                consumers.append(CTX.Process(target=normal_streams, args=(
+                    relay.port, n, SOURCE, ready, stop, out)))
+                consumers[-1].start()
+                ready.wait(60)
+        else:
+            ready = CTX.Event()
+            consumers.append(CTX.Process(target=_normal_consumer,
+                                         args=(relay.url, ready, stop, out)))
+            consumers[-1].start()
+            ready.wait(30)
         time.sleep(1.0)
         phases: list[tuple[str, int, int, float, float]] = []  # kind, t0 ns, t1 ns, busy, steal
         mono_phases: list[tuple[str, float, float]] = []
@@ -283,11 +325,16 @@ def main() -> None:
                 hostile = None
                 if kind == "hostile":
                     h_ready, h_stop, h_out = CTX.Event(), CTX.Event(), CTX.Queue()
-                    hostile = CTX.Process(target=_hostile,
-                                          args=(relay.port, args.non_reader_give_up,
-                                                h_ready, h_stop, h_out))
+                    if streaming:
+                        hostile = CTX.Process(target=hostile_streams, args=(
+                            relay.port, args.idle, args.never_reading, args.dribblers,
+                            SOURCE, "idle.events", h_ready, h_stop, h_out))
+                    else:
+                        hostile = CTX.Process(target=_hostile,
+                                              args=(relay.port, args.non_reader_give_up,
+                                                    h_ready, h_stop, h_out))
                     hostile.start()
-                    h_ready.wait(30)
+                    h_ready.wait(120)
                 busy0, steal0, tot0 = machine_cpu()
                 t0, m0 = time.time_ns(), time.monotonic()
                 time.sleep(args.phase_seconds)
@@ -301,28 +348,40 @@ def main() -> None:
                     for k, v in h_out.get(timeout=60).items():
                         cuts[k] = cuts.get(k, 0) + v
                     hostile.join(30)
-                    time.sleep(1.0)  # let the relay drop what the hostile ones left
+                    time.sleep(2.0)  # let the relay drop what the hostile ones left
         stop.set()
-        times_b, lats_b, errors = out.get(timeout=60)
-        consumer.join(30)
+        times: array.array[int] = array.array("q")
+        lats: array.array[int] = array.array("q")
+        errors = 0
+        for _ in consumers:
+            got = out.get(timeout=60)
+            times.frombytes(got[0])
+            lats.frombytes(got[1])
+            errors += sum(got[2:])
+        for c in consumers:
+            c.join(30)
         sampling.set()
         rss_after = rss_mib(relay.pid)
-    times: array.array[int] = array.array("q")
-    lats: array.array[int] = array.array("q")
-    times.frombytes(times_b)
-    lats.frombytes(lats_b)
     if args.latencies_out:
         with open(args.latencies_out, "w") as f:
             f.writelines(f"{t} {lat}\n" for t, lat in zip(times, lats, strict=True))
             f.writelines(f"# {kind} {a} {b}\n" for kind, a, b, _, _ in phases)
-    print(f"relay: write_timeout_s={args.write_timeout} header_timeout_s="
+    who = (f"{args.normal} normal streams in {args.normal_procs} processes; hostile: "
+           f"{args.idle} idle, {args.never_reading} never reading, {args.dribblers} one "
+           "byte per second" if streaming else "one normal long-poller")
+    print(f"relay: {rate:g} windows/s; write_timeout_s={args.write_timeout} header_timeout_s="
           f"{args.header_timeout} max_stream_memory_mb={args.stream_memory_mb} "
-          f"max_bytes_cap=8 MiB max_connections=1000; phases of {args.phase_seconds:g} s, "
-          f"{args.rounds} rounds; normal consumer errors: {errors}")
+          f"max_bytes_cap=8 MiB max_connections={max_connections}; phases of "
+          f"{args.phase_seconds:g} s, {args.rounds} rounds; {who}; normal consumer "
+          f"errors/reconnects: {errors}")
     print("| phase | events | p50 ms | p99 ms | max ms | relay RssAnon peak MiB | "
           "machine busy | steal |")
     print("|---|---|---|---|---|---|---|---|")
     p99s = {}
+    per_round: dict[str, list[float]] = {"quiet": [], "hostile": []}
+    for kind, a, b, _, _ in phases:
+        sel = sorted(lat for t, lat in zip(times, lats, strict=True) if a <= t <= b)
+        per_round[kind].append(percentile(sel, 0.99) / 1e6)
     for kind in ("quiet", "hostile"):
         sel = sorted(lat for t, lat in zip(times, lats, strict=True)
                      if any(k == kind and a <= t <= b for k, a, b, _, _ in phases))
@@ -334,9 +393,13 @@ def main() -> None:
         print(f"| {kind} | {len(sel)} | {percentile(sel, 0.5) / 1e6:.1f} | "
               f"{p99s[kind]:.1f} | {(sel[-1] / 1e6 if sel else float('nan')):.1f} | "
               f"{peak:.0f} | {busy:.0%} | {steal:.0%} |")
-    print(f"p99 hostile / quiet = {p99s['hostile'] / p99s['quiet']:.2f}")
-    print(f"relay RssAnon: {rss_before:.0f} MiB before, {max(r for _, r in rss):.0f} MiB peak, "
-          f"{rss_after:.0f} MiB at the end")
+    print(f"p99 hostile / quiet = {p99s['hostile'] / p99s['quiet']:.2f}; per round: " + ", ".join(
+        f"{h / q:.2f}" for q, h in zip(per_round["quiet"], per_round["hostile"], strict=True)))
+    bound = _stream_bound_mib(max_connections, args.stream_memory_mb)
+    peak = max(r for _, r in rss)
+    print(f"relay RssAnon: {rss_before:.0f} MiB before, {peak:.0f} MiB peak "
+          f"(+{peak - rss_before:.0f} MiB of a {bound:.0f} MiB bound), {rss_after:.0f} MiB "
+          "at the end")
     print(f"hostile clients: {json.dumps(cuts)}; {loadavg()}")
 
 

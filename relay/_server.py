@@ -64,11 +64,19 @@ from databus.relay._consumers import (
     ConsumerRegistry,
     consumer_id,
     record_served,
+    served_recorder,
 )
 from databus.relay._dump_api import add_dump_routes
 from databus.relay._metrics import relay_metrics
 from databus.relay._relay import Relay, RelayReader
-from databus.relay._streaming import Follow, SharedRead, SharedReads
+from databus.relay._streaming import (
+    BULK_SLICE,
+    FIRST_SLICE,
+    SHORT_BODY,
+    Follow,
+    SharedRead,
+    SharedReads,
+)
 from databus.schemas import Schema
 
 log = logging.getLogger("databus.relay.http")
@@ -77,27 +85,29 @@ EVENTS_CONTENT_TYPE = "application/x-databus-events"
 DEFAULT_MAX_BYTES = 1 << 20
 ABSURD_MAX_BYTES = 1 << 31
 DEFAULT_WAIT_MS = 0
-# A stream body is read from the ring in slices: the first at once, the rest one slice
-# per event-loop turn in the server's bulk lane (databus/_serving.py). One read of 8 MiB
-# held the loop 5-8 ms; 20 clients asking for 8 MiB together stalled everyone 40-100 ms.
-FIRST_SLICE = 64 * 1024
-BULK_SLICE = 1024 * 1024
-# While another big body is being built, a request stops once it holds this much: a
-# storm of reconnecting 8 MiB clients costs a few MiB of copying each, not 8, and a
-# consumer catching up beside others still gets big responses (64 KiB ones halved the
-# 10-consumer throughput: benchmarks/README.md, relay_hostile).
-SHORT_BODY = 1 << 20
 
+# Waiters a notifier wakes per event-loop turn: 2,000 streams parked on one buffer, all
+# woken by its window in one turn, held the loop ~60 ms before anything else ran.
+WAKE_BATCH = 64
 
 
 class WindowNotifier:
-    """Wakes long-polls of one buffer when a window lands (called from the writer
-    thread; coalesces so a fast writer schedules at most one wake-up per loop turn)."""
+    """Wakes long-polls and streams of one buffer when a window lands (called from the
+    writer thread; coalesces so a fast writer schedules at most one wake-up per loop
+    turn).
+
+    Waiters wait on the current *token* (a future done once a window lands) but are
+    kept apart from it, in a set of their own: a waiter that times out leaves in O(1)
+    (removing a done-callback from a future is linear in its callbacks, and thousands
+    of idle streams each left one per heartbeat), and the waiters of a window are woken
+    ``WAKE_BATCH`` per loop turn, so that other connections run between the batches."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._future: asyncio.Future[None] = loop.create_future()
         self._scheduled = False
+        # Waiters on the current token, in arrival order (a dict as an ordered set).
+        self._waiters: dict[asyncio.Future[None], None] = {}
 
     def on_window(self, scn: int) -> None:
         if not self._scheduled:
@@ -109,6 +119,16 @@ class WindowNotifier:
         if not self._future.done():
             self._future.set_result(None)
         self._future = self._loop.create_future()
+        self._release(list(self._waiters), 0)
+        self._waiters = {}
+
+    def _release(self, waiters: list[asyncio.Future[None]], start: int) -> None:
+        end = start + WAKE_BATCH
+        for waiter in waiters[start:end]:
+            if not waiter.done():
+                waiter.set_result(None)
+        if end < len(waiters):
+            self._loop.call_soon(self._release, waiters, end)
 
     @property
     def token(self) -> asyncio.Future[None]:
@@ -116,31 +136,31 @@ class WindowNotifier:
         return self._future
 
     async def wait(self, timeout: float, token: asyncio.Future[None] | None = None) -> None:
-        """Until ``token`` (default: the current one) is done, or ``timeout`` seconds.
-
-        A private future woken by either: many waiters share one token, and a
-        waiter's timeout must not cancel it (``wait_for`` over a ``shield`` did that
-        too, at twice the cost per wait, which 100 streams pay per window)."""
+        """Until ``token`` (default: the current one) is done (and this waiter's batch
+        woken), or ``timeout`` seconds."""
         fut = self._future if token is None else token
         if fut.done():
             return
+        # A token not done is the current one: only _wake replaces it, once done.
         waiter: asyncio.Future[None] = self._loop.create_future()
-
-        def wake(_: object = None) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        fut.add_done_callback(wake)
-        timer = self._loop.call_later(timeout, wake)
+        self._waiters[waiter] = None
+        timer = self._loop.call_later(timeout, _set_once, waiter)
         try:
             await waiter
         finally:
             timer.cancel()
-            fut.remove_done_callback(wake)
+            self._waiters.pop(waiter, None)
 
     def close(self) -> None:
         if not self._future.done():
             self._future.set_result(None)
+        self._release(list(self._waiters), 0)
+        self._waiters = {}
+
+
+def _set_once(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 RELAY = web.AppKey("relay", Relay)
@@ -333,11 +353,12 @@ async def _follow(
     def read(position: Checkpoint, limit: int) -> SharedRead:
         return shared.stream_read(bound, filter_key, position, limit)
 
+    record = served_recorder(request, buffer_name=buffer_name, streaming=True)
+
     def on_write(end: Checkpoint, events: int, nbytes: int) -> None:
         stats.bytes_served += nbytes
         stats.events_served += events
-        record_served(request, buffer_name=buffer_name, checkpoint=end, events=events,
-                      nbytes=nbytes, streaming=True)
+        record(end, events, nbytes)
 
     response = web.StreamResponse(headers={
         "Content-Type": EVENTS_CONTENT_TYPE,
@@ -360,7 +381,8 @@ async def _follow(
     stats.streams += 1
     try:
         await Follow(request, response, buffer, read, checkpoint, max_bytes,
-                     heartbeat_ms / 1000, on_write).run(notifier, app[CLOSING])
+                     heartbeat_ms / 1000, on_write, shared.heartbeat).run(
+                         notifier, app[CLOSING])
     finally:
         stats.streams -= 1
     with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
