@@ -229,7 +229,7 @@ def hostile_streams(port: int, idle: int, non_readers: int, dribblers: int, sour
                   for _ in range(non_readers)]
         tasks += [asyncio.create_task(stalled("dribbler_cut", {"window_scn": -2}, 1.0))
                   for _ in range(dribblers)]
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(2.0)  # the connects done with (their accepts, their GC)
         ready.set()
         while not stop.is_set():
             await asyncio.sleep(0.1)

@@ -1,35 +1,53 @@
 """A normal consumer's latency next to hostile consumers, and the relay's memory (issue 12,
-defect 12).
+defect 12: long polls; issue 27, item 13: streaming subscriptions).
 
-    .venv/bin/python benchmarks/relay_hostile.py [--phase-seconds 12] [--rounds 2]
-        [--write-timeout 5] [--header-timeout 5] [--stream-memory-mb 128]
+    .venv/bin/python benchmarks/relay_hostile.py [--mode poll|streaming]
+        [--phase-seconds 12] [--rounds 2] [--write-timeout 5] [--header-timeout 5]
+        [--stream-memory-mb 128] [--rate R] [--max-connections N]
+        [--normal 50 --idle 2000 --never-reading 30 --dribblers 20]   (streaming)
 
-Setup: a ``databus relay --config`` child process whose synthetic fetcher writes 1000
-windows/s of one 2.5 KB event each into a 256 MiB buffer (it does not wrap during the
-run), filled with 24 MiB before the clock starts; its limits are the defaults except the
-write and header timeouts (``--write-timeout``/``--header-timeout``, 5 s here instead of
-30 s and 10 s so that the phases see several cuts) and ``max_stream_memory_mb``.
+Setup: a ``databus relay --config`` child process whose synthetic fetcher writes
+``--rate`` windows/s (1000 for polls, 200 for streams) of one 2.5 KB event each into a
+256 MiB buffer (it does not wrap during the run), filled with ``--prefill-mb`` MiB before
+the clock starts; its limits are the defaults except the write and header timeouts
+(``--write-timeout``/``--header-timeout``, 5 s here instead of 30 s and 10 s so that the
+phases see several cuts), ``max_stream_memory_mb`` and ``max_connections`` (2,200 for
+streams: 2,100 of them are open at once). A second buffer gets one window a minute: the
+idle clients park there.
 
-One **normal consumer** (its own process, one aiohttp session) long-polls from the
-newest window (``wait_ms=1000``, ``max_bytes`` 1 MiB) for the whole run; its latency per
-event = receipt time minus the event's ``timestamp_ns`` (same clock).
+``--mode poll``: one **normal consumer** (its own process, one aiohttp session)
+long-polls from the newest window (``wait_ms=1000``, ``max_bytes`` 1 MiB) for the whole
+run; its latency per event = receipt time minus the event's ``timestamp_ns`` (same
+clock, taken when the window is written: commit to receipt).
+
+``--mode streaming``: ``--normal`` **normal streaming consumers** (``follow=true`` from
+the newest window, default heartbeat; raw asyncio protocols in ``--normal-procs``
+processes, parsing the chunked body and each event's header only), each event's latency
+measured the same way, all of them pooled.
 
 The run alternates two phases, ``--rounds`` times each, ``--phase-seconds`` each, so
 both cases see the same relay and the same machine noise:
 
-- **quiet**: the normal consumer alone;
-- **hostile**: a second process adds 200 long polls parked on a second, nearly idle
-  buffer (one window a minute; ``wait_ms=30000``, re-issued when answered), 20 clients
-  that ask for 8 MiB from the oldest window with a 4 KiB receive buffer and never read
-  (reconnecting when the relay cuts them, or after ``--non-reader-give-up`` seconds if
-  it did not: a short body fits in the socket buffers and is never cut), and 10
-  slowloris clients sending one header byte per second (reconnecting when cut).
+- **quiet**: the normal consumer(s) alone;
+- **hostile**, polls: a second process adds 200 long polls parked on the idle buffer
+  (``wait_ms=30000``, re-issued when answered), 20 clients that ask for 8 MiB from the
+  oldest window with a 4 KiB receive buffer and never read (reconnecting when the relay
+  cuts them, or after ``--non-reader-give-up`` seconds if it did not: a short body fits
+  in the socket buffers and is never cut), and 10 slowloris clients sending one header
+  byte per second (reconnecting when cut);
+- **hostile**, streams: a second process adds ``--idle`` streams parked on the idle
+  buffer (default heartbeat, reading what comes), ``--never-reading`` streams from the
+  oldest window with ``max_bytes`` 8 MiB and a 4 KiB receive buffer that never read and
+  ``--dribblers`` streams from the newest window that read one byte a second (both
+  reconnecting when cut); it connects them all (64 connects at a time) before the
+  phase's clock starts.
 
-Figures: the normal consumer's p50/p99/max latency per phase kind (all rounds pooled)
-and their ratio; the relay's anonymous resident memory (``RssAnon`` in
-``/proc/<pid>/status``: the ring's mapped file pages left out) before, peak during each
-phase kind, and at the end; how often the hostile clients were cut; machine CPU busy and
-steal during each phase kind (the machine is shared: the ratio is what counts)."""
+Figures: the normal consumers' p50/p99/max latency per phase kind (all rounds pooled),
+their ratio, and the ratio per round; the relay's anonymous resident memory (``RssAnon``
+in ``/proc/<pid>/status``: the ring's mapped file pages left out) before, peak during
+each phase kind, and at the end, against the bound docs/relay.md gives for the limits;
+how often the hostile clients were cut; machine CPU busy and steal during each phase
+kind (the machine is shared: the ratio is what counts)."""
 
 from __future__ import annotations
 
@@ -48,7 +66,7 @@ import urllib.parse
 from typing import Any
 
 from _hostile_streams import hostile_streams, normal_streams
-from _relay_proc import RelayProcess, code_version, loadavg, machine_cpu
+from _relay_proc import RelayProcess, code_version, cpu_seconds, loadavg, machine_cpu
 
 CTX = mp.get_context("fork")
 _FIELDS = struct.Struct(">I8xq2xh")  # from offset 12: total_length, timestamp_ns, source_id
@@ -249,6 +267,9 @@ def main() -> None:
     parser.add_argument("--write-timeout", type=float, default=5)
     parser.add_argument("--header-timeout", type=float, default=5)
     parser.add_argument("--stream-memory-mb", type=int, default=128)
+    parser.add_argument("--prefill-mb", type=int, default=None,
+                        help="MiB in the buffer before the clock starts; default 24 (poll), "
+                             "8 (streaming: 16 s at 200 windows/s)")
     parser.add_argument("--non-reader-give-up", type=float, default=6,
                         help="poll mode: a non-reader not cut after this many seconds "
                              "reconnects and asks again (0: never)")
@@ -287,7 +308,8 @@ def main() -> None:
     print(f"# relay_hostile --mode {args.mode}: {code_version()}; {os.cpu_count()} CPUs; "
           f"{loadavg()}")
     with relay:
-        while (relay.buffer_status()["used_bytes"] or 0) < 24 << 20:
+        prefill = args.prefill_mb if args.prefill_mb is not None else (8 if streaming else 24)
+        while (relay.buffer_status()["used_bytes"] or 0) < prefill << 20:
             time.sleep(0.2)
         rss: list[tuple[float, float]] = []
         sampling = threading.Event()
@@ -317,7 +339,8 @@ def main() -> None:
             consumers[-1].start()
             ready.wait(30)
         time.sleep(1.0)
-        phases: list[tuple[str, int, int, float, float]] = []  # kind, t0 ns, t1 ns, busy, steal
+        # kind, t0 ns, t1 ns, machine busy, steal, relay cores
+        phases: list[tuple[str, int, int, float, float, float]] = []
         mono_phases: list[tuple[str, float, float]] = []
         cuts: dict[str, int] = {}
         for _ in range(args.rounds):
@@ -336,12 +359,15 @@ def main() -> None:
                     hostile.start()
                     h_ready.wait(120)
                 busy0, steal0, tot0 = machine_cpu()
+                relay0 = cpu_seconds(relay.pid)
                 t0, m0 = time.time_ns(), time.monotonic()
                 time.sleep(args.phase_seconds)
                 t1, m1 = time.time_ns(), time.monotonic()
                 busy1, steal1, tot1 = machine_cpu()
+                relay1 = cpu_seconds(relay.pid)
                 phases.append((kind, t0, t1, (busy1 - busy0) / (tot1 - tot0),
-                               (steal1 - steal0) / (tot1 - tot0)))
+                               (steal1 - steal0) / (tot1 - tot0),
+                               (relay1 - relay0) / ((m1 - m0) or 1)))
                 mono_phases.append((kind, m0, m1))
                 if hostile is not None:
                     h_stop.set()
@@ -365,7 +391,7 @@ def main() -> None:
     if args.latencies_out:
         with open(args.latencies_out, "w") as f:
             f.writelines(f"{t} {lat}\n" for t, lat in zip(times, lats, strict=True))
-            f.writelines(f"# {kind} {a} {b}\n" for kind, a, b, _, _ in phases)
+            f.writelines(f"# {kind} {a} {b}\n" for kind, a, b, *_ in phases)
     who = (f"{args.normal} normal streams in {args.normal_procs} processes; hostile: "
            f"{args.idle} idle, {args.never_reading} never reading, {args.dribblers} one "
            "byte per second" if streaming else "one normal long-poller")
@@ -375,24 +401,25 @@ def main() -> None:
           f"{args.phase_seconds:g} s, {args.rounds} rounds; {who}; normal consumer "
           f"errors/reconnects: {errors}")
     print("| phase | events | p50 ms | p99 ms | max ms | relay RssAnon peak MiB | "
-          "machine busy | steal |")
-    print("|---|---|---|---|---|---|---|---|")
+          "relay cores | machine busy | steal |")
+    print("|---|---|---|---|---|---|---|---|---|")
     p99s = {}
     per_round: dict[str, list[float]] = {"quiet": [], "hostile": []}
-    for kind, a, b, _, _ in phases:
+    for kind, a, b, *_ in phases:
         sel = sorted(lat for t, lat in zip(times, lats, strict=True) if a <= t <= b)
         per_round[kind].append(percentile(sel, 0.99) / 1e6)
     for kind in ("quiet", "hostile"):
         sel = sorted(lat for t, lat in zip(times, lats, strict=True)
-                     if any(k == kind and a <= t <= b for k, a, b, _, _ in phases))
+                     if any(k == kind and a <= t <= b for k, a, b, *_ in phases))
         peak = max((r for t, r in rss if any(k == kind and a <= t <= b
                                             for k, a, b in mono_phases)), default=0.0)
         busy = sum(p[3] for p in phases if p[0] == kind) / args.rounds
+        cores = sum(p[5] for p in phases if p[0] == kind) / args.rounds
         steal = sum(p[4] for p in phases if p[0] == kind) / args.rounds
         p99s[kind] = percentile(sel, 0.99) / 1e6
         print(f"| {kind} | {len(sel)} | {percentile(sel, 0.5) / 1e6:.1f} | "
               f"{p99s[kind]:.1f} | {(sel[-1] / 1e6 if sel else float('nan')):.1f} | "
-              f"{peak:.0f} | {busy:.0%} | {steal:.0%} |")
+              f"{peak:.0f} | {cores:.2f} | {busy:.0%} | {steal:.0%} |")
     print(f"p99 hostile / quiet = {p99s['hostile'] / p99s['quiet']:.2f}; per round: " + ", ".join(
         f"{h / q:.2f}" for q, h in zip(per_round["quiet"], per_round["hostile"], strict=True)))
     bound = _stream_bound_mib(max_connections, args.stream_memory_mb)

@@ -24,6 +24,7 @@ from databus.relay._server import WAKE_BATCH, WindowNotifier
 from databus.relay._streaming import BULK_SLICE, HEARTBEAT_SPREAD, heartbeat_delay
 from tests.relay_harness import relay_config, running_relay, stream_body
 from tests.unit.test_relay_streaming import at_scn, body_of, frames_until, open_stream
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.twin("databus.batch")
 
@@ -135,10 +136,8 @@ def test_a_stream_that_never_reads_holds_one_slice_of_the_budget(tmp_path: Path)
                     sock, f"GET /v1/stream?{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
                 # Reads nothing: the relay writes until the socket's buffers are full,
                 # then waits, and cuts it write_timeout_s later.
-                deadline = loop.time() + 120
-                while serving.rejects.total["write_timeout"] < 1:
-                    assert loop.time() < deadline, "never cut"
-                    await asyncio.sleep(0.05)
+                await async_wait_until(lambda: serving.rejects.total["write_timeout"] >= 1,
+                                       "the never-reading stream cut", 120)
                 # Cut: reading now ends in a reset within what the kernel held.
                 got = 0
                 with pytest.raises(ConnectionResetError):
