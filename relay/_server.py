@@ -77,6 +77,7 @@ from databus.relay._streaming import (
     SharedRead,
     SharedReads,
 )
+from databus.relay._streaming import WindowNotifier as WindowNotifier  # relay/_worker.py
 from databus.schemas import Schema
 
 log = logging.getLogger("databus.relay.http")
@@ -85,83 +86,6 @@ EVENTS_CONTENT_TYPE = "application/x-databus-events"
 DEFAULT_MAX_BYTES = 1 << 20
 ABSURD_MAX_BYTES = 1 << 31
 DEFAULT_WAIT_MS = 0
-
-# Waiters a notifier wakes per event-loop turn: 2,000 streams parked on one buffer, all
-# woken by its window in one turn, held the loop ~60 ms before anything else ran.
-WAKE_BATCH = 64
-
-
-class WindowNotifier:
-    """Wakes long-polls and streams of one buffer when a window lands (called from the
-    writer thread; coalesces so a fast writer schedules at most one wake-up per loop
-    turn).
-
-    Waiters wait on the current *token* (a future done once a window lands) but are
-    kept apart from it, in a set of their own: a waiter that times out leaves in O(1)
-    (removing a done-callback from a future is linear in its callbacks, and thousands
-    of idle streams each left one per heartbeat), and the waiters of a window are woken
-    ``WAKE_BATCH`` per loop turn, so that other connections run between the batches."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._future: asyncio.Future[None] = loop.create_future()
-        self._scheduled = False
-        # Waiters on the current token, in arrival order (a dict as an ordered set).
-        self._waiters: dict[asyncio.Future[None], None] = {}
-
-    def on_window(self, scn: int) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        self._scheduled = False
-        if not self._future.done():
-            self._future.set_result(None)
-        self._future = self._loop.create_future()
-        self._release(list(self._waiters), 0)
-        self._waiters = {}
-
-    def _release(self, waiters: list[asyncio.Future[None]], start: int) -> None:
-        end = start + WAKE_BATCH
-        for waiter in waiters[start:end]:
-            if not waiter.done():
-                waiter.set_result(None)
-        if end < len(waiters):
-            self._loop.call_soon(self._release, waiters, end)
-
-    @property
-    def token(self) -> asyncio.Future[None]:
-        """Done once a window lands after this call."""
-        return self._future
-
-    async def wait(self, timeout: float, token: asyncio.Future[None] | None = None) -> None:
-        """Until ``token`` (default: the current one) is done (and this waiter's batch
-        woken), or ``timeout`` seconds."""
-        fut = self._future if token is None else token
-        if fut.done():
-            return
-        # A token not done is the current one: only _wake replaces it, once done.
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._waiters[waiter] = None
-        timer = self._loop.call_later(timeout, _set_once, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiters.pop(waiter, None)
-
-    def close(self) -> None:
-        if not self._future.done():
-            self._future.set_result(None)
-        self._release(list(self._waiters), 0)
-        self._waiters = {}
-
-
-def _set_once(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
 
 RELAY = web.AppKey("relay", Relay)
 # What the read endpoints use: the relay itself, or a worker process's read-only view

@@ -34,8 +34,8 @@ streams made a normal one's p99 13 times longer): a timer and a heartbeat per in
 It reads the buffer only once its wake-up token says a window landed; its heartbeats
 come after a random 3/4 to all of its interval, so that streams that went idle together
 do not all write in the same loop turn; the heartbeat event is encoded once per buffer
-(``SharedReads.heartbeat``). The notifier (relay/_server.py) wakes a window's waiters in
-batches, other connections running between them.
+(``SharedReads.heartbeat``). The notifier (``WindowNotifier``) wakes a window's waiters
+in batches, other connections running between them.
 
 ``SharedReads``: consumers that wake at the same position with the same filter (the
 common case: many consumers keeping up with one buffer) get one ring read and one
@@ -74,11 +74,13 @@ from databus.event import (
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
 
 __all__ = [
+    "WAKE_BATCH",
     "Follow",
     "SharedRead",
     "SharedReads",
     "StreamEnd",
     "Wakeups",
+    "WindowNotifier",
     "checkpoint_event",
     "error_event",
     "heartbeat_event",
@@ -242,7 +244,7 @@ class SharedReads:
 
 
 class Wakeups(Protocol):
-    """When a buffer's next window lands (``relay._server.WindowNotifier``)."""
+    """When a buffer's next window lands (``WindowNotifier``)."""
 
     @property
     def token(self) -> asyncio.Future[None]:
@@ -250,6 +252,84 @@ class Wakeups(Protocol):
 
     async def wait(self, timeout: float, token: asyncio.Future[None] | None = None) -> None:
         """Until ``token`` (default: the current one) is done, or ``timeout`` seconds."""
+
+
+# Waiters a notifier wakes per event-loop turn: 2,000 streams parked on one buffer, all
+# woken by its window in one turn, held the loop for all of their writes (tens of ms)
+# before anything else ran.
+WAKE_BATCH = 64
+
+
+class WindowNotifier:
+    """Wakes long-polls and streams of one buffer when a window lands (called from the
+    writer thread; coalesces so a fast writer schedules at most one wake-up per loop
+    turn).
+
+    Waiters wait on the current *token* (a future done once a window lands) but are
+    kept apart from it, in a set of their own: a waiter that times out leaves in O(1)
+    (removing a done-callback from a future is linear in its callbacks, and thousands
+    of idle streams each left one per heartbeat), and the waiters of a window are woken
+    ``WAKE_BATCH`` per loop turn, so that other connections run between the batches."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[None] = loop.create_future()
+        self._scheduled = False
+        # Waiters on the current token, in arrival order (a dict as an ordered set).
+        self._waiters: dict[asyncio.Future[None], None] = {}
+
+    def on_window(self, scn: int) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._scheduled = False
+        if not self._future.done():
+            self._future.set_result(None)
+        self._future = self._loop.create_future()
+        self._release(list(self._waiters), 0)
+        self._waiters = {}
+
+    def _release(self, waiters: list[asyncio.Future[None]], start: int) -> None:
+        end = start + WAKE_BATCH
+        for waiter in waiters[start:end]:
+            if not waiter.done():
+                waiter.set_result(None)
+        if end < len(waiters):
+            self._loop.call_soon(self._release, waiters, end)
+
+    @property
+    def token(self) -> asyncio.Future[None]:
+        """Done once a window lands after this call."""
+        return self._future
+
+    async def wait(self, timeout: float, token: asyncio.Future[None] | None = None) -> None:
+        """Until ``token`` (default: the current one) is done (and this waiter's batch
+        woken), or ``timeout`` seconds."""
+        fut = self._future if token is None else token
+        if fut.done():
+            return
+        # A token not done is the current one: only _wake replaces it, once done.
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters[waiter] = None
+        timer = self._loop.call_later(timeout, _set_once, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiters.pop(waiter, None)
+
+    def close(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+        self._release(list(self._waiters), 0)
+        self._waiters = {}
+
+
+def _set_once(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class StreamEnd(Exception):
