@@ -26,7 +26,7 @@ bytes, which may be an ``Authorization`` header. Hostile clients also hold conne
   client got 64 KiB bodies).
 - ``ServingState.bulk`` is the one lane big stream bodies are built in: a handler reads
   the first 64 KiB at once and every further slice under this lock, one slice per turn
-  of the event loop; a request that holds ``SHORT_BODY`` (relay/_server.py) already
+  of the event loop; a request that holds ``SHORT_BODY`` (relay/_streaming.py) already
   stops when another holds it.
   Building an 8 MiB body in one go takes 5-8 ms of the loop (the ring scan and the
   copies, about half of it the final join); 20 clients that reconnect together stalled

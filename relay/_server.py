@@ -66,13 +66,22 @@ from databus.relay._consumers import (
     ConsumerRegistry,
     consumer_id,
     record_served,
+    served_recorder,
 )
 from databus.relay._dump_api import add_dump_routes
 from databus.relay._liveness import MainUnavailable
 from databus.relay._metrics import relay_metrics
 from databus.relay._readiness import components_of, readiness_response
 from databus.relay._relay import Relay, RelayReader
-from databus.relay._streaming import Follow, SharedRead, SharedReads
+from databus.relay._streaming import (
+    BULK_SLICE,
+    FIRST_SLICE,
+    SHORT_BODY,
+    Follow,
+    SharedRead,
+    SharedReads,
+)
+from databus.relay._streaming import WindowNotifier as WindowNotifier  # relay/_worker.py
 from databus.schemas import Schema
 
 log = logging.getLogger("databus.relay.http")
@@ -81,71 +90,6 @@ EVENTS_CONTENT_TYPE = "application/x-databus-events"
 DEFAULT_MAX_BYTES = 1 << 20
 ABSURD_MAX_BYTES = 1 << 31
 DEFAULT_WAIT_MS = 0
-# A stream body is read from the ring in slices: the first at once, the rest one slice
-# per event-loop turn in the server's bulk lane (databus/_serving.py). One read of 8 MiB
-# held the loop 5-8 ms; 20 clients asking for 8 MiB together stalled everyone 40-100 ms.
-FIRST_SLICE = 64 * 1024
-BULK_SLICE = 1024 * 1024
-# While another big body is being built, a request stops once it holds this much: a
-# storm of reconnecting 8 MiB clients costs a few MiB of copying each, not 8, and a
-# consumer catching up beside others still gets big responses (64 KiB ones halved the
-# 10-consumer throughput: benchmarks/README.md, relay_hostile).
-SHORT_BODY = 1 << 20
-
-
-
-class WindowNotifier:
-    """Wakes long-polls of one buffer when a window lands (called from the writer
-    thread; coalesces so a fast writer schedules at most one wake-up per loop turn)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._future: asyncio.Future[None] = loop.create_future()
-        self._scheduled = False
-
-    def on_window(self, scn: int) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        self._scheduled = False
-        if not self._future.done():
-            self._future.set_result(None)
-        self._future = self._loop.create_future()
-
-    @property
-    def token(self) -> asyncio.Future[None]:
-        """Done once a window lands after this call."""
-        return self._future
-
-    async def wait(self, timeout: float, token: asyncio.Future[None] | None = None) -> None:
-        """Until ``token`` (default: the current one) is done, or ``timeout`` seconds.
-
-        A private future woken by either: many waiters share one token, and a
-        waiter's timeout must not cancel it (``wait_for`` over a ``shield`` did that
-        too, at twice the cost per wait, which 100 streams pay per window)."""
-        fut = self._future if token is None else token
-        if fut.done():
-            return
-        waiter: asyncio.Future[None] = self._loop.create_future()
-
-        def wake(_: object = None) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        fut.add_done_callback(wake)
-        timer = self._loop.call_later(timeout, wake)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            fut.remove_done_callback(wake)
-
-    def close(self) -> None:
-        if not self._future.done():
-            self._future.set_result(None)
-
 
 RELAY = web.AppKey("relay", Relay)
 # What the read endpoints use: the relay itself, or a worker process's read-only view
@@ -353,11 +297,12 @@ async def _follow(
     def read(position: Checkpoint, limit: int) -> SharedRead:
         return shared.stream_read(bound, filter_key, position, limit)
 
+    record = served_recorder(request, buffer_name=buffer_name, streaming=True)
+
     def on_write(end: Checkpoint, events: int, nbytes: int) -> None:
         stats.bytes_served += nbytes
         stats.events_served += events
-        record_served(request, buffer_name=buffer_name, checkpoint=end, events=events,
-                      nbytes=nbytes, streaming=True)
+        record(end, events, nbytes)
 
     response = web.StreamResponse(headers={
         "Content-Type": EVENTS_CONTENT_TYPE,
@@ -380,8 +325,8 @@ async def _follow(
     stats.streams += 1
     try:
         await Follow(request, response, buffer, read, checkpoint, max_bytes,
-                     heartbeat_ms / 1000, on_write, app[LIVENESS]).run(notifier,
-                                                                        app[CLOSING])
+                     heartbeat_ms / 1000, on_write, shared.heartbeat,
+                     app[LIVENESS]).run(notifier, app[CLOSING])
     finally:
         stats.streams -= 1
     with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):

@@ -9,8 +9,8 @@ One chunked response per consumer stays open. Its body is events in wire format
                 [CHECKPOINT control event: source id -3, SCN = the checkpoint's window
                  SCN, timestamp = the last window's commit time, value = the checkpoint
                  JSON after the write]
-    idle:       [HEARTBEAT control event: source id -5, every heartbeat_ms with nothing
-                 new; value = {"min_scn": .., "max_scn": ..} of the buffer]
+    idle:       [HEARTBEAT control event: source id -5, at most heartbeat_ms apart with
+                 nothing new; value = {"min_scn": .., "max_scn": ..} of the buffer]
     at the end: [ERROR control event: source id -4, value = the JSON error body, e.g.
                  {"error": "scn_not_found", "message": .., "min_scn": ..}]; then the
                  response ends. A relay that shuts down ends it without one.
@@ -21,12 +21,21 @@ same ``EventBuffer.read``. A request that cannot start (bad parameters, a checkp
 already off the buffer) gets the usual JSON error with its HTTP status; errors met once
 the response has started travel in-band.
 
-Flow control is TCP's: each write goes out in ``WRITE_PIECE`` pieces, each awaiting the
-transport (whose buffer ``databus._serving`` keeps at 64 KiB); a consumer that stops
-reading stops being read for, and one that reads nothing for ``write_timeout_s`` is cut.
-What a stream holds is bounded: one write's bytes (at most ``STREAM_FLOOR`` unless the
-server-wide stream budget grants more, and given back after each write) plus its
-transport's buffer.
+Flow control is TCP's: a write's events are read in slices (``FIRST_SLICE``, then
+``BULK_SLICE`` ones in the server's bulk lane), each written as it is read, in
+``WRITE_PIECE`` pieces, each awaiting the transport (whose buffer ``databus._serving``
+keeps at 64 KiB); a consumer that stops reading stops being read for, and one that reads
+nothing for ``write_timeout_s`` is cut. What a stream holds is bounded: one slice (at
+most ``STREAM_FLOOR`` unless the server-wide stream budget grants more, given back once
+the slice is written) plus its transport's buffer.
+
+What a stream with nothing to read costs (issue 27: 2,000 of them beside 50 normal
+streams made a normal one's p99 13 times longer): a timer and a heartbeat per interval.
+It reads the buffer only once its wake-up token says a window landed; its heartbeats
+come after a random 3/4 to all of its interval, so that streams that went idle together
+do not all write in the same loop turn; the heartbeat event is encoded once per buffer
+(``SharedReads.heartbeat``). The notifier (``WindowNotifier``) wakes a window's waiters
+in batches, other connections running between them.
 
 ``SharedReads``: consumers that wake at the same position with the same filter (the
 common case: many consumers keeping up with one buffer) get one ring read and one
@@ -42,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +59,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from databus._serving import SERVING, WRITE_PIECE, reset
+from databus._serving import SERVING, WRITE_PIECE, ServingState, StreamBudget, reset
 from databus.checkpoint import WHOLE_WINDOW, Checkpoint
 from databus.errors import DatabusError, EventFormatError, ScnNotFoundError
 from databus.event import (
@@ -64,11 +74,13 @@ from databus.event import (
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
 
 __all__ = [
+    "WAKE_BATCH",
     "Follow",
     "SharedRead",
     "SharedReads",
     "StreamEnd",
     "Wakeups",
+    "WindowNotifier",
     "checkpoint_event",
     "error_event",
     "heartbeat_event",
@@ -78,6 +90,33 @@ __all__ = [
 # few hundred consumers keeping up, small beside the ring.
 SHARED_READ_BYTES = 16 << 20
 SHARED_READ_ENTRIES = 256
+# A body (a poll's, or a stream's write) is read from the ring in slices: the first at
+# once, the rest one slice per event-loop turn in the server's bulk lane
+# (databus/_serving.py). One read of 8 MiB held the loop 5-8 ms; 20 clients asking for
+# 8 MiB together stalled everyone 40-100 ms.
+FIRST_SLICE = 64 * 1024
+BULK_SLICE = 1024 * 1024
+# While another big body is being built, a request stops once it holds this much: a
+# storm of reconnecting 8 MiB clients costs a few MiB of copying each, not 8, and a
+# consumer catching up beside others still gets big responses (64 KiB ones halved the
+# 10-consumer throughput: benchmarks/README.md, relay_hostile).
+SHORT_BODY = 1 << 20
+# An idle stream's heartbeat comes after a random share of its interval between this
+# and 1: streams that went idle together (2,000 of them woken by one window) would
+# otherwise all write their heartbeats in the same loop turn, every interval.
+HEARTBEAT_SPREAD = 0.75
+# A heartbeat event is encoded once per buffer and reused for this long while the
+# buffer's range is unchanged (thousands of idle streams, one encoding).
+HEARTBEAT_REUSE_S = 0.05
+
+# What a stream's write did (Follow._write_new).
+_NOTHING, _WROTE, _MORE, _ENDED = "nothing", "wrote", "more", "ended"
+
+
+def heartbeat_delay(interval_s: float) -> float:
+    """How long an idle stream waits before its next heartbeat: at most ``interval_s``
+    (the promise), at least ``HEARTBEAT_SPREAD`` of it."""
+    return interval_s * random.uniform(HEARTBEAT_SPREAD, 1.0)
 
 
 def checkpoint_event(checkpoint: Checkpoint, *, timestamp_ns: int = 0,
@@ -136,6 +175,22 @@ class SharedReads:
         self._max_entries = max_entries
         self.hits = 0
         self.misses = 0
+        self._beat: tuple[float, int | None, int | None, bytes] | None = None
+
+    def heartbeat(self) -> bytes:
+        """The buffer's heartbeat event now: encoded once for all its idle streams, again
+        when its range moved or after ``HEARTBEAT_REUSE_S``."""
+        state = self._buffer.state()
+        min_scn = state.min_scn if state.min_scn is not None else state.prev_scn
+        max_scn = state.max_scn if state.max_scn is not None else state.prev_scn
+        now = time.monotonic()
+        beat = self._beat
+        if beat is None or beat[1] != min_scn or beat[2] != max_scn \
+                or now - beat[0] > HEARTBEAT_REUSE_S:
+            beat = (now, min_scn, max_scn, heartbeat_event(
+                min_scn=min_scn, max_scn=max_scn, partition_id=self._buffer.partition_id))
+            self._beat = beat
+        return beat[3]
 
     def read(self, read: Callable[..., ReadResult], filter_key: object,
              checkpoint: Checkpoint, max_bytes: int) -> ReadResult:
@@ -189,7 +244,7 @@ class SharedReads:
 
 
 class Wakeups(Protocol):
-    """When a buffer's next window lands (``relay._server.WindowNotifier``)."""
+    """When a buffer's next window lands (``WindowNotifier``)."""
 
     @property
     def token(self) -> asyncio.Future[None]:
@@ -197,6 +252,84 @@ class Wakeups(Protocol):
 
     async def wait(self, timeout: float, token: asyncio.Future[None] | None = None) -> None:
         """Until ``token`` (default: the current one) is done, or ``timeout`` seconds."""
+
+
+# Waiters a notifier wakes per event-loop turn: 2,000 streams parked on one buffer, all
+# woken by its window in one turn, held the loop for all of their writes (tens of ms)
+# before anything else ran.
+WAKE_BATCH = 64
+
+
+class WindowNotifier:
+    """Wakes long-polls and streams of one buffer when a window lands (called from the
+    writer thread; coalesces so a fast writer schedules at most one wake-up per loop
+    turn).
+
+    Waiters wait on the current *token* (a future done once a window lands) but are
+    kept apart from it, in a set of their own: a waiter that times out leaves in O(1)
+    (removing a done-callback from a future is linear in its callbacks, and thousands
+    of idle streams each left one per heartbeat), and the waiters of a window are woken
+    ``WAKE_BATCH`` per loop turn, so that other connections run between the batches."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[None] = loop.create_future()
+        self._scheduled = False
+        # Waiters on the current token, in arrival order (a dict as an ordered set).
+        self._waiters: dict[asyncio.Future[None], None] = {}
+
+    def on_window(self, scn: int) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._scheduled = False
+        if not self._future.done():
+            self._future.set_result(None)
+        self._future = self._loop.create_future()
+        self._release(list(self._waiters), 0)
+        self._waiters = {}
+
+    def _release(self, waiters: list[asyncio.Future[None]], start: int) -> None:
+        end = start + WAKE_BATCH
+        for waiter in waiters[start:end]:
+            if not waiter.done():
+                waiter.set_result(None)
+        if end < len(waiters):
+            self._loop.call_soon(self._release, waiters, end)
+
+    @property
+    def token(self) -> asyncio.Future[None]:
+        """Done once a window lands after this call."""
+        return self._future
+
+    async def wait(self, timeout: float, token: asyncio.Future[None] | None = None) -> None:
+        """Until ``token`` (default: the current one) is done (and this waiter's batch
+        woken), or ``timeout`` seconds."""
+        fut = self._future if token is None else token
+        if fut.done():
+            return
+        # A token not done is the current one: only _wake replaces it, once done.
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters[waiter] = None
+        timer = self._loop.call_later(timeout, _set_once, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiters.pop(waiter, None)
+
+    def close(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+        self._release(list(self._waiters), 0)
+        self._waiters = {}
+
+
+def _set_once(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class StreamEnd(Exception):
@@ -209,9 +342,10 @@ class Follow:
 
     ``read(position, max_bytes)`` reads the buffer with the request's filter (through
     ``SharedReads.stream_read``); ``on_write(checkpoint, events, nbytes)`` is told of
-    each write; ``alive()`` says whether windows can still come (None) or why not: a
-    stream with nothing to write then ends with that error in-band rather than wait
-    and send heartbeats (relay/_liveness.py)."""
+    each write; ``heartbeat()`` is the heartbeat event to write now (shared by the
+    buffer's streams, ``SharedReads.heartbeat``); ``alive()`` says whether windows can
+    still come (None) or why not: a stream with nothing to write then ends with that
+    error in-band rather than wait and send heartbeats (relay/_liveness.py)."""
 
     request: web.Request
     response: web.StreamResponse
@@ -221,77 +355,166 @@ class Follow:
     max_bytes: int
     heartbeat_s: float
     on_write: Callable[[Checkpoint, int, int], None]
+    heartbeat: Callable[[], bytes]
     alive: Callable[[], DatabusError | None] = lambda: None
 
     async def run(self, wakeups: Wakeups, closing: asyncio.Event) -> None:
         """Write until the consumer goes away, falls off the buffer or the server
-        closes."""
-        request, buffer = self.request, self.buffer
-        serving = request.app.get(SERVING)
-        budget = serving.budget if serving is not None else None
+        closes.
+
+        The buffer is read only when a window may have landed since the last read (the
+        wake-up token says so): a stream parked at the tail costs a timer and a
+        heartbeat per interval, no read."""
+        serving = self.request.app.get(SERVING)
         timeout = serving.limits.write_timeout_s if serving is not None else 30.0
-        partition = buffer.partition_id
+        lane = serving.bulk if serving is not None else asyncio.Lock()
         idle_since = time.monotonic()
+        beat_after = heartbeat_delay(self.heartbeat_s)
+        fresh = True  # read: a window may have landed since the last read
         try:
             while not closing.is_set():
                 # Taken before the read: a window that lands from here on wakes us even
                 # if it lands while we write (we then do not read again to find out).
                 token = wakeups.token
-                # Beyond STREAM_FLOOR a write's bytes come from the server-wide stream
-                # budget, taken for this write only: streams parked at the tail hold none.
-                limit, reserved = (budget.acquire(self.max_bytes) if budget is not None
-                                   else (self.max_bytes, 0))
-                try:
-                    try:
-                        got = self.read(self.position, limit)
-                        if got.result.pending_event_size is not None and not got.result.data:
-                            # One event larger than the write size: that event alone.
-                            got = self.read(self.position, got.result.pending_event_size)
-                    except (ScnNotFoundError, BufferCorruptedError) as exc:
-                        await self._write([error_event(exc, partition_id=partition)], timeout)
+                if fresh:
+                    outcome = await self._write_new(serving, lane, timeout)
+                    if outcome is _ENDED:
                         return
-                    result = got.result
-                    if result.data:
-                        assert got.cp_event is not None
-                        await self._write([result.data, got.cp_event], timeout)
-                        self.position = result.checkpoint
-                        self.on_write(result.checkpoint, result.events, len(result.data))
+                    if outcome is not _NOTHING:
                         idle_since = time.monotonic()
-                        if not got.reached_tail:
-                            # A catch-up writes again at once: let others run first.
-                            await asyncio.sleep(0)
-                            continue
-                finally:
-                    if budget is not None:
-                        budget.release(reserved)
-                if not result.data and result.checkpoint != self.position \
-                        and result.checkpoint.window_scn >= 0:
-                    # A "latest" position made concrete: tell the consumer at once (a
-                    # checkpoint event with no events before it), so that reconnecting
-                    # it resumes here and misses nothing that lands meanwhile.
-                    self.position = result.checkpoint
-                    await self._write([checkpoint_event(self.position,
-                                                        partition_id=partition)], timeout)
-                    continue
+                        beat_after = heartbeat_delay(self.heartbeat_s)
+                    if outcome is _MORE:
+                        # A catch-up writes again at once: let others run first.
+                        await asyncio.sleep(0)
+                        continue
                 down = self.alive()
                 if down is not None:
-                    await self._write([error_event(down, partition_id=partition)], timeout)
+                    await self._write([error_event(down, partition_id=self.buffer.partition_id)],
+                                      timeout)
                     return
-                remaining = self.heartbeat_s - (time.monotonic() - idle_since)
+                remaining = beat_after - (time.monotonic() - idle_since)
                 if remaining <= 0:
-                    state = buffer.state()
-                    await self._write([heartbeat_event(
-                        min_scn=state.min_scn if state.min_scn is not None else state.prev_scn,
-                        max_scn=state.max_scn if state.max_scn is not None else state.prev_scn,
-                        partition_id=partition)], timeout)
+                    await self._write([self.heartbeat()], timeout)
                     idle_since = time.monotonic()
+                    beat_after = heartbeat_delay(self.heartbeat_s)
+                    fresh = token.done()
                     continue
                 await wakeups.wait(remaining, token)
-                transport = request.transport
+                fresh = token.done()
+                transport = self.request.transport
                 if transport is None or transport.is_closing():
                     return
         except StreamEnd:
             return
+
+    async def _write_new(self, serving: ServingState | None, lane: asyncio.Lock,
+                         timeout: float) -> str:
+        """One write of what landed after ``position``: its events read in slices and
+        each slice written as it is read, then the checkpoint event. ``_MORE`` when it
+        did not reach the buffer's newest window, ``_WROTE`` when it did, ``_NOTHING``
+        when there was nothing new, ``_ENDED`` after an in-band error.
+
+        The slices are those of a poll (``FIRST_SLICE`` at once, which is all a stream
+        keeping up needs, then ``BULK_SLICE`` ones in the server's bulk lane, one per
+        loop turn, each beyond ``STREAM_FLOOR`` with its share of the stream budget
+        taken while it is written). So a write's events and checkpoint are what a poll
+        with the same ``max_bytes`` would answer, a stream catching up (or asking for
+        8 MiB and never reading) holds one slice at a time, never ``max_bytes``, and
+        never holds the event loop for more than one slice's read."""
+        budget = serving.budget if serving is not None else None
+        partition = self.buffer.partition_id
+        position = self.position
+        written = events = 0
+        last: SharedRead | None = None
+        step = BULK_SLICE
+        final = False
+        while True:
+            room = self.max_bytes - written
+            reserved = 0
+            try:
+                try:
+                    if last is None:
+                        got = self.read(position, min(room, FIRST_SLICE))
+                    elif room <= 0 or (written >= SHORT_BODY and lane.locked()):
+                        break  # full, or another big write is being built: end here
+                    else:
+                        got, reserved = await self._bulk_read(position, min(step, room),
+                                                               budget, lane)
+                    pending = got.result.pending_event_size
+                    if pending is not None and not got.result.data:
+                        if last is not None and pending > room:
+                            break  # that event starts the next write
+                        # One event larger than the slice (or than the write size: that
+                        # event alone, as a poll would answer it).
+                        if budget is not None:
+                            budget.release(reserved)
+                            reserved = 0
+                        got, reserved = await self._bulk_read(position, pending, budget,
+                                                              lane, exact=True)
+                except (ScnNotFoundError, BufferCorruptedError) as exc:
+                    if last is not None:
+                        break  # end this write where it stands; the next one meets it
+                    await self._write([error_event(exc, partition_id=partition)], timeout)
+                    return _ENDED
+                result = got.result
+                if not result.data:
+                    if last is None:
+                        return await self._concrete(result.checkpoint, timeout)
+                    break
+                final = got.reached_tail or len(result.data) >= room
+                assert got.cp_event is not None
+                await self._write([result.data, got.cp_event] if final else [result.data],
+                                  timeout)
+            finally:
+                if budget is not None:
+                    budget.release(reserved)
+            # A slice that started and ended inside one window: the next one scans that
+            # window from its start again, so grow the slice (linear, not quadratic).
+            same_window = (position.window_offset != WHOLE_WINDOW
+                           and result.checkpoint.window_scn == position.window_scn)
+            step = min(2 * step, self.max_bytes) if same_window else BULK_SLICE
+            written += len(result.data)
+            events += result.events
+            position, last = result.checkpoint, got
+            if final:
+                break
+        if last is None:
+            return _NOTHING
+        if not final:
+            assert last.cp_event is not None
+            await self._write([last.cp_event], timeout)
+        self.position = position
+        self.on_write(position, events, written)
+        return _WROTE if last.reached_tail else _MORE
+
+    async def _bulk_read(self, position: Checkpoint, want: int, budget: StreamBudget | None,
+                         lane: asyncio.Lock, *, exact: bool = False) -> tuple[SharedRead, int]:
+        """A slice of up to ``want`` bytes beyond the first, in the bulk lane: (the read,
+        the budget reserved for it, to give back once it is written). Short of budget,
+        fewer bytes (at least ``STREAM_FLOOR``), unless ``exact`` (one event that must
+        go whole)."""
+        limit, reserved = (budget.acquire(want) if budget is not None else (want, 0))
+        try:
+            async with lane:
+                got = self.read(position, want if exact else limit)
+                # Hold the lane through one loop turn: one bulk slice per turn, server-wide.
+                await asyncio.sleep(0)
+        except BaseException:
+            if budget is not None:
+                budget.release(reserved)
+            raise
+        return got, reserved
+
+    async def _concrete(self, end: Checkpoint, timeout: float) -> str:
+        """Nothing new after ``position``. A "latest" position made concrete: tell the
+        consumer at once (a checkpoint event with no events before it), so that
+        reconnecting it resumes here and misses nothing that lands meanwhile."""
+        if end == self.position or end.window_scn < 0:
+            return _NOTHING
+        self.position = end
+        await self._write([checkpoint_event(end, partition_id=self.buffer.partition_id)],
+                          timeout)
+        return _WROTE
 
     async def _write(self, parts: list[bytes], timeout: float) -> None:
         """``parts`` as one HTTP chunk, handed to the transport in pieces of at most
