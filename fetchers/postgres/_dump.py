@@ -18,6 +18,7 @@ key index serves.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -179,15 +180,29 @@ class LogicalDumpSource:
         schema, _, table = source.partition(".")
         with self._cursor() as cur:
             # reltuples is -1 until the table was first vacuumed or analyzed (a table
-            # loaded just before the dump): the statistics' live row count then, which
-            # every commit keeps up to date. Read for every table when a dump starts.
-            cur.execute("SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint "
-                        "ELSE coalesce(s.n_live_tup, 0) END FROM pg_class c JOIN "
-                        "pg_namespace n ON n.oid = c.relnamespace LEFT JOIN "
-                        "pg_stat_user_tables s ON s.relid = c.oid WHERE n.nspname = %s "
+            # loaded just before the dump). Then the larger of the statistics' live row
+            # count (flushed by backends about once a second, so it can still be 0) and
+            # the planner's estimate, which reads the table's current size in pages.
+            cur.execute("SELECT c.reltuples::bigint, coalesce(s.n_live_tup, 0) FROM "
+                        "pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace LEFT "
+                        "JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE n.nspname = %s "
                         "AND c.relname = %s", (schema, table))
             row = cur.fetchone()
-        return int(row[0]) if row else 0
+            if row is None:
+                return 0
+            if int(row[0]) >= 0:
+                return int(row[0])
+            cur.execute(sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {}.{}").format(
+                sql.Identifier(schema), sql.Identifier(table)))
+            plan = cur.fetchone()
+        doc = plan[0] if plan else None
+        if isinstance(doc, str):
+            doc = json.loads(doc)
+        try:
+            planned = int(doc[0]["Plan"]["Plan Rows"])  # type: ignore[index]
+        except (TypeError, KeyError, IndexError, ValueError):
+            planned = 0
+        return max(int(row[1]), planned)
 
     def write_watermark(self, token: str) -> None:
         with self._cursor() as cur:
