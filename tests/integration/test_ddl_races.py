@@ -30,7 +30,7 @@ from tests.tiers import count
 pytestmark = pytest.mark.integration
 
 RACERS = 8
-ROUNDS = count("DATABUS_DDL_RACE_ROUNDS", smoke=6, full=30)
+ROUNDS = count("DATABUS_DDL_RACE_ROUNDS", smoke=3, full=30)
 
 
 def race(setup: Callable[[int], Any], racers: int = RACERS) -> list[Any]:
