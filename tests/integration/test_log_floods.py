@@ -8,18 +8,16 @@ with a count per interval (databus._limited_log).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
+from tests.hostile_upstream import hostile_upstream
 from tests.integration.test_relay_chaining import chained, config, synthetic
 from tests.relay_harness import running_relay
 from tests.waiting import async_wait_until
 
-BEHIND = 50
 WINDOWS = 200
 # Answers the hostile upstream must have given before the log is counted: the flood
 # happened (each answer repeats up to 50 windows the chained relay holds).
@@ -33,42 +31,14 @@ def test_an_upstream_lying_50_scns_behind_floods_no_log(
     async def main() -> int:
         async with running_relay(config(tmp_path, "up", {"src": synthetic(WINDOWS)})) as up:
             await up.wait_for_scn("src", WINDOWS)
-            answers = 0
-
-            async def lying(request: web.Request) -> web.Response:
-                nonlocal answers
-                query = {k: v for k, v in request.query.items() if k != "follow"}
-                async with up.session.get(up.url + request.path, params=query) as resp:
-                    body = await resp.read()
-                    headers = {k: v for k, v in resp.headers.items()
-                               if k.lower().startswith("x-databus-")
-                               and k.lower() != "x-databus-streaming"}
-                    status = resp.status
-                checkpoint = headers.get("X-Databus-Checkpoint")
-                if request.path == "/v1/stream" and status == 200 and checkpoint and body:
-                    doc = json.loads(checkpoint)
-                    doc["window_scn"] = max(1, doc["window_scn"] - BEHIND)
-                    headers["X-Databus-Checkpoint"] = json.dumps(doc)
-                    answers += 1
-                return web.Response(status=status, body=body, headers=headers,
-                                    content_type=resp.content_type)
-
-            app = web.Application()
-            app.router.add_get("/{tail:.*}", lying)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            try:
+            async with hostile_upstream(up.url, up.session, "behind",
+                                        times=1 << 30) as lying:
                 down = config(tmp_path, "down", {"copy": chained(
-                    url, follow="false", wait_ms="100", backoff_max_s="0.05")})
+                    lying.url, follow="false", wait_ms="100", backoff_max_s="0.05")})
                 async with running_relay(down):
-                    await async_wait_until(lambda: answers >= ANSWERS,
+                    await async_wait_until(lambda: lying.attacks >= ANSWERS,
                                            f"{ANSWERS} answers of the lying upstream", 60)
-            finally:
-                await runner.cleanup()
-            return answers
+                return lying.attacks
 
     answers = asyncio.run(main())
     warnings = [r for r in caplog.records
