@@ -138,6 +138,31 @@ class SourceGapError(SourceError):
     retriable = False
 
 
+class SourceQuarantinedError(DatabusError):
+    """One logical source failed in a way that belongs to it alone (DESIGN 17): a row
+    its schema cannot hold, a name the relay cannot serve, a statement-format or
+    undecodable event touching it, an unsupported DDL. Under ``on_source_error =
+    "quarantine"`` the relay keeps capturing the other sources and a stream including
+    this one gets it in-band at ``scn``; under ``"stop"`` the fetcher fails with it.
+    Retriable for a consumer: the quarantine ends with ``databus relay heal``."""
+
+    code = "source_quarantined"
+    http_status = 409
+    retriable = True
+
+    def __init__(self, message: str, *, source: str = "", scn: int | None = None,
+                 reason: str = "", fix: str = "", retriable: bool | None = None) -> None:
+        super().__init__(message, retriable=retriable)
+        self.source = source
+        self.scn = scn
+        self.reason = redact(reason)
+        self.fix = fix
+
+    def to_json(self) -> dict[str, object]:
+        return {"error": self.code, "message": self.message, "source": self.source,
+                "scn": self.scn, "reason": self.reason, "fix": self.fix}
+
+
 class ConnectionLostError(DatabusError):
     """A server (relay, bootstrap, database) went away; the operation may be retried."""
 

@@ -32,7 +32,7 @@ from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
-from databus.errors import ConfigError
+from databus.errors import ConfigError, SourceQuarantinedError
 from databus.event import Key
 from databus.schemas import Schema
 
@@ -174,6 +174,32 @@ class ConfiguredSources:
         return database in self.databases
 
 
+@dataclass(frozen=True, slots=True)
+class SourceFailure:
+    """Why one logical source is quarantined (``FetcherContext.quarantine``).
+
+    ``scn`` is the SCN of the window in which the failure was met: the source's events
+    from that window on are not in the buffer. ``reason`` says what happened (it is
+    shown to operators and consumers: never a secret, never a row's values), ``fix``
+    what to do about it, ending with ``databus relay heal``.
+    """
+
+    source: str
+    scn: int
+    reason: str
+    fix: str
+
+    def error(self, *, retriable: bool = False) -> SourceQuarantinedError:
+        return SourceQuarantinedError(
+            f"source {self.source} quarantined at SCN {self.scn}: {self.reason}",
+            source=self.source, scn=self.scn, reason=self.reason, fix=self.fix,
+            retriable=retriable)
+
+
+def _stop(failure: SourceFailure) -> None:
+    raise failure.error(retriable=False)
+
+
 @dataclass
 class FetcherContext:
     """What the host gives a fetcher besides its URI."""
@@ -195,6 +221,18 @@ class FetcherContext:
     # returns (a killed process loses nothing without it). For fetchers that confirm
     # their position to the source (a replication slot).
     flush_buffer: Callable[[], None] = lambda: None
+    # Per-source failure isolation (DESIGN 17). A fetcher that meets a failure belonging
+    # to one logical source (a row its schema cannot hold, a name the relay cannot
+    # serve, a statement-format or undecodable event touching it, an unsupported DDL)
+    # calls ``quarantine`` with a ``SourceFailure`` instead of raising, leaves that
+    # source's rows out of the open window and of every later one, and goes on with the
+    # other sources. The host records it (durably) and returns; under
+    # ``on_source_error = "stop"`` (and with no host: this default) it raises
+    # ``SourceQuarantinedError`` instead, non-retriable, which fails the fetcher.
+    quarantine: Callable[[SourceFailure], None] = field(default=lambda failure: _stop(failure))
+    # The sources in quarantine now (a fetcher reads it at start and may cache it for
+    # its run: ``databus relay heal`` restarts the fetcher after lifting one).
+    quarantined: Callable[[], frozenset[str]] = lambda: frozenset()
 
 
 class Fetcher(ABC):
