@@ -209,6 +209,16 @@ class FetcherContext:
     catalog: SourceCatalog
     # Set by the fetcher: the newest SCN the source has (for lag), and when it was read.
     report_source_scn: Callable[[int], None] = lambda scn: None
+    # Lag in seconds (DESIGN 17). ``report_read_through(time_ns, next_within_s)``: the
+    # fetcher has read, and written, everything the source committed up to ``time_ns``
+    # (ns since the epoch, the source's clock where the source gives one): a heartbeat
+    # that came back, a poll that found nothing newer, a transaction of no captured
+    # table. It says so again, or writes a window, within ``next_within_s``; after that
+    # much silence the host shows the lag as unknown (null), never 0. Each window the
+    # fetcher writes counts as read-through its ``end_window`` timestamp (the source's
+    # commit time), so a fetcher that never calls this still shows lag while busy, and
+    # unknown while idle.
+    report_read_through: Callable[[int, float], None] = lambda time_ns, next_within_s: None
     # Kept by the host across restarts of this buffer's fetcher (a new instance gets the
     # same dict): what a fetcher learnt that must outlive one run, e.g. which configured
     # tables it has seen absent (their later appearance is a migration in progress).

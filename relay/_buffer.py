@@ -284,6 +284,8 @@ class EventBuffer:
         self._write = 0
         self._win_check = WindowChecksum()
         self._win_last_ts = 0
+        # The commit time of the newest window written by this process (None: none yet).
+        self.last_window_timestamp_ns: int | None = None
         # Source id -> schema fingerprints of the events recovery found in the file, so
         # the relay can check them against its catalog before serving anything.
         self.recovered_sources: dict[int, set[int]] = {}
@@ -489,11 +491,12 @@ class EventBuffer:
         scn = self._win_scn
         if scn is None:
             raise BufferError_("end_window() outside a window")
+        ts = self._win_last_ts if timestamp_ns is None else timestamp_ns
         eow = encode_eow(
             scn=scn, event_count=self._win_check.count, checksum=self._win_check.crc,
-            timestamp_ns=self._win_last_ts if timestamp_ns is None else timestamp_ns,
-            partition_id=self.partition_id,
+            timestamp_ns=ts, partition_id=self.partition_id,
         )
+        self.last_window_timestamp_ns = ts
         self._put(eow)
         count = self._win_check.count
         with self._lock:
@@ -741,6 +744,40 @@ class EventBuffer:
         if not data and pending is None:
             wait = partial_scn - 1 if partial_scn is not None else decision.after_scn
         return ReadResult(data, cp, st.events, st.windows, pending, wait)
+
+    def window_timestamp_ns(self, scn: int) -> int | None:
+        """The commit time (its EOW's timestamp) of window ``scn``, or None when the
+        buffer does not hold a window with that SCN (evicted, never written, or being
+        overwritten while it is looked up). Walks event headers from the nearest
+        indexed window (at most ``index_every_bytes`` and one window)."""
+        with self._lock:
+            published = self._snapshot()
+            if published.max_scn is None or published.min_scn is None or \
+                    not published.min_scn <= scn <= published.max_scn:
+                return None
+            start = self._scan_start(scn, published.head)
+        ring, cap, tail = self._ring, self.capacity, published.tail
+        pos, found = start, None
+        try:
+            while pos < tail:
+                pos = self._skip_pad(pos)
+                if pos >= tail:
+                    break
+                phys = pos % cap
+                if ring[phys] != 0xDB:
+                    break  # not an event: overwritten under us, or damage (read() says)
+                length = _U32.unpack_from(ring, phys + 12)[0]
+                at = _HDR_SCN.unpack_from(ring, phys + 16)[0]
+                if length < HEADER_SIZE or at > scn:
+                    break
+                if at == scn and _HDR_SOURCE.unpack_from(ring, phys + 34)[0] == EOW_SOURCE_ID:
+                    found = int(_HDR_SCN.unpack_from(ring, phys + 24)[0])
+                    break
+                pos += length
+        except (EventFormatError, struct.error):
+            return None
+        # Bytes read after the writer moved the head past them may be another window's.
+        return found if self._head_now() <= start else None
 
     def _skip_pad(self, pos: int) -> int:
         """The position of the event at or after ``pos``: past the end-of-lap padding if

@@ -19,6 +19,13 @@ that record (so a busy buffer costs one record per 10 ms, not one per window), a
 rarer). A consumer behind the oldest record gets the age of the newest record dropped: a
 lower bound ("at least"), which is what an alert on lag needs.
 
+Lag in seconds (DESIGN 17, the figure to alert on) is now minus the source commit time
+of the window at the consumer's checkpoint, 0 when it has the newest window whole. The
+commit time is read from the buffer (the window's end-of-window event) through
+``window_time``, cached per (buffer, SCN); a checkpoint older than every window held
+gets the oldest window's commit time: again a lower bound. Lag in SCN stays, but for a
+binlog source it is a byte distance across files (2^32 per file): never alert on it.
+
 The ``record_served``/``consumer_id`` glue at the bottom reads a request's identity for
 the stream handlers (polling and streaming alike).
 """
@@ -47,6 +54,11 @@ DEFAULT_EXPIRY_S = 300.0
 RATE_WINDOW_S = 10
 LANDING_RESOLUTION_S = 0.01
 LANDING_RECORDS = 8192
+# Commit times looked up in the buffers, per (buffer, SCN): cleared when this full.
+_TIME_CACHE = 4096
+
+# (buffer name, window SCN) -> that window's commit time in ns, None when not held.
+WindowTime = Callable[[str, int], int | None]
 
 
 class _Rate:
@@ -177,6 +189,7 @@ class ConsumerRegistry:
         # Least recently seen first: eviction and expiry both pop from the front.
         self._consumers: OrderedDict[tuple[str, str], _Consumer] = OrderedDict()
         self._landings: dict[str, _Landings] = {}
+        self._times: dict[tuple[str, int], int] = {}
         self.evicted_total = 0
 
     def observe(self, client_id: str, *, buffer: str, checkpoint: Checkpoint, events: int,
@@ -223,17 +236,51 @@ class ConsumerRegistry:
                 landings = self._landings[buffer] = _Landings(self._landing_records)
             landings.add(scn, now)
 
-    def snapshot(self, max_scns: Mapping[str, int | None]) -> list[dict[str, Any]]:
+    def snapshot(self, max_scns: Mapping[str, int | None],
+                 window_time: WindowTime | None = None,
+                 min_scns: Mapping[str, int | None] | None = None) -> list[dict[str, Any]]:
         """Every tracked consumer (expired ones dropped first), sorted by client id then
         buffer, with lag against ``max_scns`` (each buffer's newest window SCN, None
-        when empty; a buffer missing from it counts as empty)."""
+        when empty; a buffer missing from it counts as empty). ``window_time`` gives a
+        window's commit time (``lag_seconds``; without it that is null for a consumer
+        behind), ``min_scns`` each buffer's oldest window (for checkpoints older)."""
         now, wall = self._clock(), self._wall()
         with self._lock:
             self._expire(now)
-            out = [self._entry_doc(c, max_scns.get(c.buffer), now, wall)
-                   for c in self._consumers.values()]
+            consumers = list(self._consumers.values())
+        out = []
+        for c in consumers:
+            doc = self._entry_doc(c, max_scns.get(c.buffer), now, wall)
+            doc["lag_seconds"] = self._lag_seconds(
+                c, max_scns.get(c.buffer), (min_scns or {}).get(c.buffer), window_time)
+            out.append(doc)
         out.sort(key=lambda d: (d["client_id"], d["buffer"]))
         return out
+
+    def _lag_seconds(self, c: _Consumer, max_scn: int | None, min_scn: int | None,
+                     window_time: WindowTime | None) -> float | None:
+        """Now minus the commit time of the window at the checkpoint; 0 when caught up
+        (as ``_lag``); None when no commit time can be found (no ``window_time``)."""
+        scn, partial = c.checkpoint_scn, c.window_offset != WHOLE_WINDOW
+        if max_scn is None or scn == LATEST_SCN or (scn >= max_scn and not partial):
+            return 0.0
+        if window_time is None:
+            return None
+        if min_scn is not None and scn < min_scn:
+            scn = min_scn  # served nothing yet, or fell off: at least as old as the oldest
+        key = (c.buffer, scn)
+        with self._lock:
+            ts = self._times.get(key)
+        if ts is None:
+            found = window_time(c.buffer, scn)
+            if found is None:
+                return None
+            ts = found
+            with self._lock:
+                if len(self._times) >= _TIME_CACHE:
+                    self._times.clear()
+                self._times[key] = ts
+        return round(max(0.0, self._wall() - ts / 1e9), 3)
 
     def __len__(self) -> int:
         with self._lock:
@@ -263,6 +310,7 @@ class ConsumerRegistry:
             "window_offset": c.window_offset,
             "lag_scn": lag_scn,
             "lag_ms": round(lag_ms, 3),
+            "lag_seconds": None,  # filled by snapshot()
             "events_per_second": round(events_rate, 3),
             "bytes_per_second": round(bytes_rate, 3),
             "events_total": c.events_total,

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from databus.relay.cluster import Assignment, Seat
 
 __all__ = ["Backoff", "FetcherHost", "FetcherState", "FetcherStatus", "configured_buffer",
-           "resume_point"]
+           "fetcher_lag", "resume_point"]
 
 log = logging.getLogger("databus.relay.fetchers")
 
@@ -75,6 +75,11 @@ FetcherState = Literal["starting", "running", "backoff", "standby", "stopped", "
 # that ended in an expected condition (its lease ran out, its leader is gone); a role
 # change cuts it short.
 _EXPECTED_RETRY_S = 0.25
+
+# Lag in seconds (DESIGN 17): how long after a window a fetcher that never said when it
+# will report again (``FetcherContext.report_read_through``) is still believed; after
+# that much silence its lag is unknown.
+_DEFAULT_SILENCE_S = 5.0
 
 
 
@@ -137,6 +142,17 @@ class Backoff:
         return delay
 
 
+def fetcher_lag(state: FetcherState, read_through_ns: int | None, heard_until: float,
+                *, now: float, monotonic: float) -> float | None:
+    """A fetcher's lag in seconds (DESIGN 17, pure): ``now`` (unix seconds) minus the
+    source time it has read through, never below 0; None (unknown, never 0) unless it
+    is running, has read through some time in this attempt, and was heard from (a
+    window or a ``report_read_through``) within the silence it announced."""
+    if state != "running" or read_through_ns is None or monotonic > heard_until:
+        return None
+    return round(max(0.0, now - read_through_ns / 1e9), 3)
+
+
 def _seat(assignment: Assignment) -> tuple[str, str, int]:
     """What a role change changes: the role, what it reads, and a leader's term (a
     follower's epoch moves with what it copies)."""
@@ -163,6 +179,10 @@ class FetcherStatus:
     last_window_at: float | None  # time.time() of the last window this host wrote
     source_gaps: int = 0  # purged resume points skipped with on_source_gap = "dump"
     details: dict[str, Any] = field(default_factory=dict)  # the fetcher's own report
+    # Lag in seconds (DESIGN 17, ``fetcher_lag``): now minus the source time the fetcher
+    # has read through; None (unknown) while it is not running or has been silent.
+    lag_seconds: float | None = None
+    read_through: float | None = None  # that source time (unix seconds), this attempt
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -175,6 +195,8 @@ class FetcherStatus:
             "source_scn": self.source_scn,
             "buffer_max_scn": self.buffer_max_scn,
             "lag_scn": self.lag_scn,
+            "lag_seconds": self.lag_seconds,
+            "read_through": self.read_through,
             "last_window_at": self.last_window_at,
             "source_gaps": self.source_gaps,
             "details": self.details,
@@ -219,6 +241,11 @@ class _Runner:
         self.last_error_at: float | None = None
         # Written by the fetcher thread, read by status(): a single int, atomic.
         self.source_scn: int | None = None
+        # Lag in seconds (fetcher_lag): what this attempt has read through (source time,
+        # ns), until when (monotonic) that is believed, and how long a report holds.
+        self.read_through_ns: int | None = None
+        self.heard_until = 0.0
+        self.silence_s = _DEFAULT_SILENCE_S
         self.details: dict[str, Any] = {}  # FetcherContext.report_details, replaced whole
         self.fetcher: Fetcher | None = None
         # What its configuration names (set by FetcherHost.start; None: it cannot say).
@@ -252,6 +279,7 @@ class _Runner:
             partition_id=self.buffer.partition_id,
             catalog=self.catalog.for_buffer(self.name, self.buffer.partition_id),
             report_source_scn=self.report_source_scn,
+            report_read_through=self.report_read_through,
             memory=self.memory,
             report_details=self.report_details,
             flush_buffer=self.buffer.flush,
@@ -260,6 +288,24 @@ class _Runner:
 
     def report_source_scn(self, scn: int) -> None:
         self.source_scn = scn
+
+    def report_read_through(self, time_ns: int, next_within_s: float) -> None:
+        """``FetcherContext.report_read_through`` (the fetcher's thread)."""
+        self.silence_s = max(0.1, float(next_within_s))
+        self._heard(int(time_ns))
+
+    def _heard(self, time_ns: int | None) -> None:
+        if time_ns is not None and time_ns > 0 and (
+                self.read_through_ns is None or time_ns > self.read_through_ns):
+            self.read_through_ns = time_ns
+        self.heard_until = time.monotonic() + self.silence_s
+
+    def _forget_read_through(self) -> None:
+        """A new attempt (or a failed one): nothing is known of the source until it
+        speaks again."""
+        self.read_through_ns = None
+        self.heard_until = 0.0
+        self.silence_s = _DEFAULT_SILENCE_S
 
     def report_details(self, details: dict[str, Any]) -> None:
         self.details = {k: v for k, v in details.items()
@@ -271,6 +317,7 @@ class _Runner:
             # The fetcher's own (a dump writes chunks through the same sink, from the
             # dump engine's thread: no sign that the fetcher is healthy).
             self.windows_landed += 1
+            self._heard(self.buffer.last_window_timestamp_ns)
 
     def get_state(self) -> FetcherState:
         with self.lock:
@@ -322,6 +369,7 @@ class _Runner:
                     fetcher = self.new_fetcher()
                 with self.lock:
                     self.fetcher = fetcher
+                self._forget_read_through()
                 after = resume_point(self.buffer.state())
                 gap_after = self.memory.get("gap_resume_after")
                 if gap_after is not None and (after is None or gap_after > after):
@@ -335,6 +383,7 @@ class _Runner:
             except Exception as exc:
                 error = exc
             finally:
+                self._forget_read_through()
                 # The fetcher may have died mid-window: those bytes were never published.
                 self.buffer.rollback()
                 if fetcher is not None:
@@ -464,6 +513,9 @@ class _Runner:
         # position at the time is not shown "behind" by the whole SCN range.
         have = resume_point(buffer_state)
         lag = 0 if source_scn is None or have is None else max(0, source_scn - have)
+        read_through = self.read_through_ns
+        seconds = fetcher_lag(state, read_through, self.heard_until,
+                              now=time.time(), monotonic=time.monotonic())
         return FetcherStatus(
             buffer=self.name,
             source=redact_uri(self.uri),
@@ -477,6 +529,8 @@ class _Runner:
             last_window_at=self.last_window_at,
             source_gaps=self.gaps,
             details=dict(self.details),
+            lag_seconds=seconds,
+            read_through=None if read_through is None else read_through / 1e9,
         )
 
 

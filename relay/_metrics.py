@@ -39,8 +39,12 @@ _DUMP_FAMILIES = [
     ("dump_rows_per_second", "Rows per second of an active dump while running"),
 ]
 _CONSUMER_GAUGES = [
+    ("lag_seconds", "Seconds between now and the source commit time of the window at the "
+     "consumer's checkpoint, 0 when it has the newest window (alert on this; absent when "
+     "unknown)"),
     ("lag_ms", "Milliseconds the oldest window the consumer was not served has waited"),
-    ("lag_scn", "Buffer max SCN minus the consumer's checkpoint SCN"),
+    ("lag_scn", "Buffer max SCN minus the consumer's checkpoint SCN (a byte distance for "
+     "a binlog source: not for alerts)"),
     ("events_per_second", "Data events per second served to the consumer (last 10 s)"),
 ]
 P = "databus_relay_"
@@ -66,13 +70,23 @@ class RelayCollector(Collector):
         fetchers = {n: doc.get("fetcher") or {} for n, doc in buffers.items()}
         restarts = CounterMetricFamily(f"{P}fetcher_restarts_total",
                                        "Fetcher restarts after an error", labels=["buffer"])
-        lag = GaugeMetricFamily(f"{P}fetcher_lag_scn", "Source SCN minus buffer max SCN",
+        lag = GaugeMetricFamily(f"{P}fetcher_lag_scn", "Source SCN minus buffer max SCN (a "
+                                "byte distance for a binlog source: not for alerts)",
                                 labels=["buffer"])
+        # DESIGN 17: the figure to alert on. No sample while unknown (the fetcher is not
+        # running, or the source has been silent): absent, never 0.
+        seconds = GaugeMetricFamily(
+            f"{P}fetcher_lag_seconds", "Seconds between now and the source time the "
+            "fetcher has read through (absent while unknown: source unreachable or silent)",
+            labels=["buffer"])
         for buffer, fetcher in fetchers.items():
             restarts.add_metric([buffer], float(fetcher.get("restarts", 0)))
             lag.add_metric([buffer], float(fetcher.get("lag_scn") or 0))
+            if fetcher.get("lag_seconds") is not None:
+                seconds.add_metric([buffer], float(fetcher["lag_seconds"]))
         yield restarts
         yield lag
+        yield seconds
         # A fetcher's own numbers (FetcherContext.report_details), one gauge per name.
         details: dict[str, GaugeMetricFamily] = {}
         for buffer, fetcher in fetchers.items():
@@ -97,7 +111,8 @@ class RelayCollector(Collector):
         yield GaugeMetricFamily(f"{P}streams", "Streaming subscriptions open now",
                                 value=float(getattr(stats, "streams", 0)))
         yield from self._dumps()
-        yield from self._consumers({n: doc.get("max_scn") for n, doc in buffers.items()})
+        yield from self._consumers({n: doc.get("max_scn") for n, doc in buffers.items()},
+                                   {n: doc.get("min_scn") for n, doc in buffers.items()})
 
     def _dumps(self) -> Iterator[Metric]:
         samples: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -117,15 +132,17 @@ class RelayCollector(Collector):
                 family.add_metric([labels[k] for k in keys], value)
             yield family
 
-    def _consumers(self, max_scns: dict[str, int | None]) -> Iterator[Metric]:
+    def _consumers(self, max_scns: dict[str, int | None], min_scns: dict[str, int | None]
+                   ) -> Iterator[Metric]:
         # One series per tracked (client id, buffer): bounded by max_tracked_consumers
         # and by expiry, so a client inventing ids cannot grow the page without limit.
-        consumers = self.consumers.snapshot(max_scns)
+        consumers = self.consumers.snapshot(max_scns, self.relay.window_time, min_scns)
         for name, text in _CONSUMER_GAUGES:
             gauge = GaugeMetricFamily(f"{P}consumer_{name}", text,
                                       labels=["client_id", "buffer"])
             for c in consumers:
-                gauge.add_metric([c["client_id"], c["buffer"]], float(c[name]))
+                if c[name] is not None:  # lag_seconds: absent while unknown
+                    gauge.add_metric([c["client_id"], c["buffer"]], float(c[name]))
             yield gauge
         yield GaugeMetricFamily(f"{P}consumers_tracked", "Consumers tracked now",
                                 value=float(len(consumers)))

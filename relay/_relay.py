@@ -163,6 +163,12 @@ class Relay:
             buffer.close()
         self.buffers.clear()
 
+    def window_time(self, buffer: str, scn: int) -> int | None:
+        """The commit time (ns) of window ``scn`` of ``buffer``, None when not held
+        (consumer lag in seconds, relay/_consumers.py)."""
+        held = self.buffers.get(buffer)
+        return None if held is None else held.window_timestamp_ns(scn)
+
     def status(self) -> dict[str, Any]:
         fetchers = self.fetchers.status()
         out: dict[str, Any] = {}

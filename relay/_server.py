@@ -501,8 +501,10 @@ async def consumers(request: web.Request) -> web.Response:
     """``GET /v1/consumers``: every consumer seen on /v1/stream lately, with its lag
     (relay/_consumers.py; docs/relay.md, "Consumers")."""
     relay, registry = request.app[RELAY], request.app[CONSUMERS]
-    max_scns = {name: b.state().max_scn for name, b in relay.buffers.items()}
-    listed = registry.snapshot(max_scns)
+    states = {name: b.state() for name, b in relay.buffers.items()}
+    listed = registry.snapshot({n: st.max_scn for n, st in states.items()},
+                               relay.window_time,
+                               {n: st.min_scn for n, st in states.items()})
     return json_response({
         "consumers": listed,
         "tracked": len(listed),

@@ -21,6 +21,13 @@ lost or repeated. Misconfiguration, bad credentials and purged binlogs are not r
 Lag: while idle the server sends a heartbeat every ``heartbeat_ms``; each one tells the
 host that the source has nothing newer than the last window (lag 0). While busy the
 fetcher polls the server's position about once a second.
+
+Lag in seconds (DESIGN 17): a window is read through its commit time (the binlog's, in
+whole seconds); a heartbeat, or a position poll that finds nothing unread, is read
+through the moment it was received (the relay's clock: the server sends a heartbeat
+only once it has nothing more after our position); a transaction of no captured table
+is read through its commit time. Silent for two heartbeats and a second, the host
+shows the lag as unknown.
 """
 
 from __future__ import annotations
@@ -380,8 +387,10 @@ class _Capture:
     def report_position(self, *, caught_up: bool) -> None:
         """Tell the host the source's newest SCN: ours when nothing newer is there."""
         report = self.context.report_source_scn
+        asked = time.time_ns()
         if caught_up:
             report(self.last_scn)
+            self.read_through(asked)
             return
         position = self.fetcher.poll_position()
         if position is None:
@@ -391,6 +400,13 @@ class _Capture:
         except ValueError:
             return
         report(self.last_scn if scn <= self.read_scn else scn)
+        if scn <= self.read_scn:
+            self.read_through(asked)  # nothing unread when the position was asked
+
+    def read_through(self, time_ns: int) -> None:
+        """``FetcherContext.report_read_through``: silence past two heartbeats and a
+        second makes the lag unknown."""
+        self.context.report_read_through(time_ns, 2 * self.config.heartbeat_s + 1.0)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -610,6 +626,8 @@ class _Capture:
             else:
                 self._write(scn, timestamp * 1_000_000_000, txn.rows)
                 self.last_scn = scn
+        elif timestamp > 0:
+            self.read_through(timestamp * 1_000_000_000)  # nothing captured in it
         self.read_scn = max(self.read_scn, scn)
 
     def _write(self, scn: int, timestamp_ns: int, rows: list[tuple[int, Op, Key, bytes, int]]

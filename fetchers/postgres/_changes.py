@@ -242,6 +242,9 @@ class ChangeStream:
         self.skipping = False
         self.window_open = False
         self.confirmable: int | None = None  # an end LSN: all before it is handled
+        # Lag in seconds (DESIGN 17): the source time everything before is handled at:
+        # the newest commit time read (captured or not), or a heartbeat message's time.
+        self.read_through_ns: int | None = None
         self.last_scn: int | None = None
         self.windows = 0
         self.events = 0
@@ -322,6 +325,11 @@ class ChangeStream:
         self.window_open = False
         self.skipping = False
         self.confirmable = commit.end_lsn
+        self._read_through(pg_timestamp_to_unix_ns(commit.commit_time_us))
+
+    def _read_through(self, time_ns: int) -> None:
+        if self.read_through_ns is None or time_ns > self.read_through_ns:
+            self.read_through_ns = time_ns
 
     def _message(self, message: LogicalMessage, wal_start: int) -> None:
         if not message.transactional and self.txn is None:
@@ -329,6 +337,12 @@ class ChangeStream:
             # nothing is pending before it.
             # Its LSN is the end of its WAL record.
             self.confirmable = max(self.confirmable or 0, message.lsn)
+            if message.prefix == HEARTBEAT_PREFIX:
+                # The fetcher's heartbeat carries the source's clock when it was written
+                # (microseconds since the epoch): everything committed before is read.
+                emitted = heartbeat_time_ns(message.content)
+                if emitted is not None:
+                    self._read_through(emitted)
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -470,6 +484,15 @@ class ChangeStream:
                 "(publish = 'insert, update, delete'), as databus pg setup does), then "
                 "restart the relay and re-dump the table (databus dump) so consumers "
                 "see its rows again")
+
+
+def heartbeat_time_ns(content: bytes) -> int | None:
+    """The time in a heartbeat message (decimal microseconds since the epoch, as the
+    fetcher writes it) in ns; None for anything else (an older relay's empty one)."""
+    text = content.strip()
+    if not text.isdigit() or len(text) > 20:
+        return None
+    return int(text) * 1000
 
 
 def _fill(values: Sequence[TupleValue], width: int) -> list[TupleValue]:

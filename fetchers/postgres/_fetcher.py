@@ -21,6 +21,12 @@ writes, tested); not to depend on that, the fetcher also writes a heartbeat (a
 non-transactional ``pg_logical_emit_message``, or an update of the ``databus_heartbeat``
 table), which comes back through the slot and is confirmed. The slot's retained WAL is
 reported as ``slot_lag_bytes`` in ``/v1/status`` and ``/metrics``.
+
+Lag in seconds (DESIGN 17): the heartbeat message carries the server's clock when it was
+written; once it comes back through the slot, everything committed before it has been
+read, so the fetcher reports that time as read through (and every commit's time as it
+goes). With ``heartbeat = "off"`` nothing says so on an idle database: the lag is then
+unknown once windows stop.
 """
 
 from __future__ import annotations
@@ -227,6 +233,7 @@ class LogicalFetcher(Fetcher):
         last_confirm = last_stats = time.monotonic()
         last_progress = time.monotonic()
         progress_lsn: int | None = None
+        read_through: int | None = None
         unchecked = 0
         try:
             while not stop.is_set():
@@ -243,6 +250,11 @@ class LogicalFetcher(Fetcher):
                 target = stream.confirmable
                 if target is not None and target != progress_lsn:
                     progress_lsn, last_progress = target, now
+                if stream.read_through_ns is not None and \
+                        stream.read_through_ns != read_through:
+                    read_through = stream.read_through_ns
+                    self.context.report_read_through(read_through,
+                                                     2 * src.heartbeat_s + 1.0)
                 if (target is not None and target > confirmed
                         and now - last_confirm >= src.status_interval_s):
                     # What the buffer holds must survive a machine crash before the slot
@@ -296,7 +308,9 @@ class LogicalFetcher(Fetcher):
     def _heartbeat(self, side: Any) -> None:
         with side.cursor() as cur:
             if self.source.heartbeat == "message":
-                cur.execute("SELECT pg_logical_emit_message(false, %s, '')",
+                # The server's clock in microseconds since the epoch (lag in seconds).
+                cur.execute("SELECT pg_logical_emit_message(false, %s, (extract(epoch "
+                            "FROM clock_timestamp()) * 1000000)::bigint::text)",
                             (HEARTBEAT_PREFIX,))
             else:
                 cur.execute("INSERT INTO databus_heartbeat (id, beat) VALUES (1, now()) "

@@ -20,7 +20,7 @@ heartbeat          ``message``  what keeps an idle or fully filtered database's 
                                 nothing to create), ``table`` (an update of the
                                 ``databus_heartbeat`` table, which must be in the
                                 publication) or ``off``
-heartbeat_s        10           seconds between heartbeats while nothing is captured
+heartbeat_s        1            seconds between heartbeats while nothing is captured
 status_interval_s  1            seconds between standby status updates (the slot's
                                 confirmed flush LSN)
 connect_timeout_s  10           TCP connect and login timeout
@@ -82,7 +82,7 @@ class LogicalSource:
     publication: str = "databus"
     start: Literal["earliest", "latest"] = "earliest"
     heartbeat: Literal["message", "table", "off"] = "message"
-    heartbeat_s: float = 10.0
+    heartbeat_s: float = 1.0
     status_interval_s: float = 1.0
     connect_timeout_s: float = 10.0
     sslmode: str | None = None
@@ -197,7 +197,7 @@ def parse_logical_source(uri: str) -> LogicalSource:
         dbname=dbname, tables=tables, slot=slot, publication=publication,
         start=start,  # type: ignore[arg-type]
         heartbeat=heartbeat,  # type: ignore[arg-type]
-        heartbeat_s=_number(raw, "heartbeat_s", 10.0, 0.1, 3600, where),
+        heartbeat_s=_number(raw, "heartbeat_s", 1.0, 0.1, 3600, where),
         status_interval_s=_number(raw, "status_interval_s", 1.0, 0.05, 60, where),
         connect_timeout_s=_number(raw, "connect_timeout_s", 10.0, 1, 300, where),
         sslmode=raw.get("sslmode"))

@@ -426,6 +426,7 @@ class TxlogFetcher(Fetcher):
                      ", ".join(t.source_name for t in puller.tables), last)
             report(last)
             while not stop.is_set():
+                asked = time.time_ns()
                 result = puller.poll(last)
                 for window in result.windows:
                     sink.start_window(window.scn)
@@ -439,6 +440,11 @@ class TxlogFetcher(Fetcher):
                 # Behind: the source's newest SCN (lag shows). Caught up: what the buffer
                 # has, since the transactions after it had nothing left to deliver.
                 report(result.position.newest if result.full else written)
+                if not result.full:
+                    # Lag in seconds (DESIGN 17): a poll that read everything there was
+                    # is the heartbeat, read through the moment it began (the relay's
+                    # clock: transactions committed since are numbered by the next one).
+                    self.context.report_read_through(asked, 2 * self.source.poll_s + 1.0)
                 if not result.full and stop.wait(self.source.poll_s):
                     break
 

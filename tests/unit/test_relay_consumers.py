@@ -215,6 +215,7 @@ def test_an_entry_shows_what_was_served_and_to_whom() -> None:
         "client_id": "c", "buffer": "b", "address": "[::1]:4243",
         "filter": json.loads(EVENS), "sources": ["synthetic.events"], "streaming": True,
         "checkpoint_scn": 9, "window_offset": -1, "lag_scn": 0, "lag_ms": 0.0,
+        "lag_seconds": 0.0,
         "events_per_second": 1.333, "bytes_per_second": 133.333,  # over 3 s, rounded
         "events_total": 4, "bytes_total": 400,
         "first_seen": 50.0 + 1e9, "last_seen": 52.5 + 1e9, "idle_s": 0.5,

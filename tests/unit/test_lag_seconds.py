@@ -1,0 +1,98 @@
+"""Lag in seconds (DESIGN 17), the pure pieces: the fetcher's figure and when it is
+unknown, a window's commit time read back from the buffer, the consumer's figure, the
+PostgreSQL heartbeat's time. The servers' side is tests/integration/test_lag_seconds.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from databus.batch import encode_event
+from databus.checkpoint import Checkpoint
+from databus.event import Op
+from databus.fetchers.postgres._changes import heartbeat_time_ns
+from databus.relay._buffer import EventBuffer
+from databus.relay._consumers import ConsumerRegistry
+from databus.relay._fetcher_host import fetcher_lag
+
+S = 1_000_000_000
+
+
+def test_fetcher_lag_is_now_minus_what_was_read_through() -> None:
+    assert fetcher_lag("running", 100 * S, 50.0, now=103.5, monotonic=49.0) == 3.5
+    # A source clock ahead of the relay's: never negative.
+    assert fetcher_lag("running", 105 * S, 50.0, now=103.0, monotonic=49.0) == 0.0
+
+
+def test_fetcher_lag_is_unknown_never_zero_when_nothing_says_it() -> None:
+    # Silent past what the fetcher announced (a blocked source, no heartbeat).
+    assert fetcher_lag("running", 100 * S, 50.0, now=100.0, monotonic=50.1) is None
+    # Nothing read through in this attempt yet.
+    assert fetcher_lag("running", None, 50.0, now=100.0, monotonic=49.0) is None
+    # Not running: the source is unreachable, or the fetcher failed or waits.
+    for state in ("starting", "backoff", "standby", "stopped", "failed"):
+        assert fetcher_lag(state, 100 * S, 50.0, now=100.0, monotonic=49.0) is None
+
+
+def _window(buf: EventBuffer, scn: int, ts: int, events: int = 3) -> None:
+    buf.start_window(scn)
+    for i in range(events):
+        buf.append(encode_event(scn, Op.UPSERT, 1, scn * 10 + i, b"v" * 200, 0, ts, 0))
+    buf.end_window(ts)
+
+
+def test_the_buffer_gives_back_each_windows_commit_time(tmp_path: Path) -> None:
+    # Small index steps and a small ring: lookups cross index entries and laps.
+    with EventBuffer(tmp_path / "b", 1 << 14, index_every_bytes=1024) as buf:
+        assert buf.window_timestamp_ns(1) is None
+        for scn in range(1, 200):
+            _window(buf, scn * 3, scn * S + 7)
+        assert buf.last_window_timestamp_ns == 199 * S + 7
+        state = buf.state()
+        assert state.min_scn is not None and state.min_scn > 3  # older windows evicted
+        for scn in range(state.min_scn, 600, 3):
+            assert buf.window_timestamp_ns(scn) == (scn // 3) * S + 7
+        assert buf.window_timestamp_ns(3) is None  # evicted
+        assert buf.window_timestamp_ns(state.min_scn + 1) is None  # no such window
+        assert buf.window_timestamp_ns(600) is None  # not written yet
+
+
+def test_consumer_lag_is_now_minus_its_checkpoints_commit_time() -> None:
+    wall = [1000.0]
+    reg = ConsumerRegistry(clock=lambda: 5.0, wall_clock=lambda: wall[0])
+    times = {10: 900 * S, 20: 950 * S, 30: 990 * S}
+
+    def window_time(buffer: str, scn: int) -> int | None:
+        return times.get(scn) if buffer == "b" else None
+
+    for client, scn in (("newest", 30), ("stale", 10), ("gone", 5), ("latest", -2)):
+        reg.observe(client, buffer="b", checkpoint=Checkpoint(scn), events=0, nbytes=0,
+                    filter_json=None, sources=(), address=None, streaming=False)
+    docs = {d["client_id"]: d for d in reg.snapshot({"b": 30}, window_time, {"b": 10})}
+    assert docs["newest"]["lag_seconds"] == 0.0  # at the newest window
+    assert docs["stale"]["lag_seconds"] == 100.0  # 1000 - 900
+    # Older than every window held: at least as old as the oldest one.
+    assert docs["gone"]["lag_seconds"] == 100.0
+    assert docs["latest"]["lag_seconds"] == 0.0
+    # The SCN lag of a binlog source is a byte distance; seconds are what alerts use.
+    assert docs["stale"]["lag_scn"] == 20
+    wall[0] = 1010.0  # a stale consumer's lag grows with the clock (cached commit time)
+    docs = {d["client_id"]: d for d in reg.snapshot({"b": 30}, window_time, {"b": 10})}
+    assert docs["stale"]["lag_seconds"] == 110.0
+    # Without a way to read commit times, a consumer behind is unknown, not 0.
+    docs = {d["client_id"]: d for d in reg.snapshot({"b": 30})}
+    assert docs["stale"]["lag_seconds"] is None and docs["newest"]["lag_seconds"] == 0.0
+
+
+def test_a_partial_window_is_not_caught_up() -> None:
+    reg = ConsumerRegistry(clock=lambda: 5.0, wall_clock=lambda: 1000.0)
+    reg.observe("p", buffer="b", checkpoint=Checkpoint(30, 2), events=0, nbytes=0,
+                filter_json=None, sources=(), address=None, streaming=False)
+    [doc] = reg.snapshot({"b": 30}, lambda b, scn: 997 * S if scn == 30 else None)
+    assert doc["lag_seconds"] == 3.0
+
+
+def test_the_heartbeat_message_carries_the_servers_clock() -> None:
+    assert heartbeat_time_ns(b"1700000000123456") == 1_700_000_000_123_456_000
+    assert heartbeat_time_ns(b"") is None  # an older relay's heartbeat
+    assert heartbeat_time_ns(b"-5") is None
+    assert heartbeat_time_ns(b"nope") is None
