@@ -69,7 +69,8 @@ DEFAULT_WATCH_S = 2.0
 # document's keys stay the same across relay versions (a missing one is null).
 CONSUMER_KEYS = (
     "client_id", "buffer", "address", "filter", "sources", "streaming", "checkpoint_scn",
-    "window_offset", "lag_scn", "lag_ms", "events_per_second", "bytes_per_second",
+    "window_offset", "lag_scn", "lag_ms", "lag_seconds", "events_per_second",
+    "bytes_per_second",
     "events_total", "bytes_total", "first_seen", "last_seen", "idle_s",
 )
 REGISTRY_KEYS = ("tracked", "max_tracked", "expiry_s", "evicted_total")
@@ -124,6 +125,8 @@ def _fetcher(doc: Any, now: float) -> dict[str, Any] | None:
         "state": str(doc.get("state")) if doc.get("state") is not None else None,
         "source_scn": _int(doc.get("source_scn")),
         "lag_scn": _int(doc.get("lag_scn")),
+        # DESIGN 17: the figure to alert on; None is "unknown" (never shown as 0).
+        "lag_seconds": _number(doc.get("lag_seconds")),
         # The relay reports wall-clock times; the view wants "how long ago".
         "last_window_age_s": None if last_window_at is None
         else round(max(0.0, now - last_window_at), 1),
@@ -308,6 +311,15 @@ def _ago(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
+def lag_text(seconds: float | None) -> str:
+    """A lag in seconds as shown: "unknown" when the relay cannot say (never 0)."""
+    if seconds is None:
+        return "unknown"
+    if seconds < 100:
+        return f"{seconds:.1f} s"
+    return f"{seconds:,.0f} s"
+
+
 def _scn_range(low: int | None, high: int | None) -> str:
     if low is None and high is None:
         return "empty"
@@ -381,26 +393,28 @@ def buffer_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
 
 
 def fetcher_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(relay, buffer, state, source SCN, lag SCN, last window, restarts, last error)."""
+    """(relay, buffer, state, lag, source SCN, lag SCN, last window, restarts, last
+    error); lag is in seconds (the alert figure), lag SCN is only a position distance."""
     rows: list[tuple[str, ...]] = []
     for relay in document["relays"]:
         for b in relay.get("buffers", ()):
             f = b["fetcher"]
             if f is None:
-                rows.append((relay["url"], b["name"], "none", "-", "-", "-", "-", ""))
+                rows.append((relay["url"], b["name"], "none", "-", "-", "-", "-", "-", ""))
                 continue
             state = f["state"] or "-"
             if state == "failed":
                 state = Styled(state, ALERT)
-            rows.append((relay["url"], b["name"], state, _count(f["source_scn"]),
+            rows.append((relay["url"], b["name"], state, lag_text(f.get("lag_seconds")),
+                         _count(f["source_scn"]),
                          _count(f["lag_scn"]), _ago(f["last_window_age_s"]),
                          _count(f["restarts"]), f["last_error"] or ""))
     return rows
 
 
 def consumer_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(relay, client id, buffer, SCN, lag SCN, lag ms, events/s, last seen, mode) per
-    consumer; one row saying why for a relay without a consumer list."""
+    """(relay, client id, buffer, SCN, lag SCN, lag (seconds), events/s, last seen,
+    mode) per consumer; one row saying why for a relay without a consumer list."""
     rows: list[tuple[str, ...]] = []
     for relay in document["relays"]:
         if "error" in relay:
@@ -413,12 +427,11 @@ def consumer_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
         if not consumers:
             rows.append((relay["url"], "no consumer seen", *("",) * 7))
         for c in consumers:
-            lag_ms = _number(c["lag_ms"])
             rate = _number(c["events_per_second"])
             rows.append((
                 relay["url"], str(c["client_id"]), str(c["buffer"] or "-"),
                 _count(_number(c["checkpoint_scn"])), _count(_number(c["lag_scn"])),
-                "-" if lag_ms is None else f"{lag_ms:,.0f} ms",
+                lag_text(_number(c["lag_seconds"])),
                 "-" if rate is None else f"{rate:,.1f}",
                 _ago(_number(c["idle_s"])),
                 "stream" if c["streaming"] else "poll",
@@ -484,8 +497,9 @@ def render(document: Mapping[str, Any]) -> Group:
     for title, columns, rows, right in (
         ("Buffers", ("relay", "buffer", "SCN min..max", "fill", "input", "windows",
                      "events"), buffer_rows(document), (2, 3, 4, 5, 6)),
-        ("Fetchers", ("relay", "buffer", "state", "source SCN", "lag SCN", "last window",
-                      "restarts", "last error"), fetcher_rows(document), (3, 4, 6)),
+        ("Fetchers", ("relay", "buffer", "state", "lag", "source SCN", "lag SCN",
+                      "last window", "restarts", "last error"), fetcher_rows(document),
+         (3, 4, 5, 7)),
         ("Consumers", ("relay", "client id", "buffer", "SCN", "lag SCN", "lag", "events/s",
                        "last seen", "mode"), consumer_rows(document), (3, 4, 5, 6)),
         ("Dumps", ("relay", "buffer", "dump", "progress"), dump_rows(document), ()),

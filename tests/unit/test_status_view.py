@@ -38,6 +38,7 @@ RELAY_STATUS: dict[str, Any] = {
             "fetcher": {"buffer": "shop", "source": "mysql://repl:***@db/", "state": "running",
                         "restarts": 1, "last_error": None, "last_error_at": None,
                         "source_scn": 260, "buffer_max_scn": 250, "lag_scn": 10,
+                        "lag_seconds": 1.25,
                         "last_window_at": NOW - 3.0, "source_gaps": []},
             "dumps": [{"id": "d1", "buffer": "shop", "state": "running",
                        "reason": "initial_dump",
@@ -49,7 +50,8 @@ RELAY_STATUS: dict[str, Any] = {
             "used_bytes": 0, "capacity_bytes": 1 << 20, "events": 0, "windows": 0,
             "input_bytes_per_second": 0.0,
             "fetcher": {"state": "failed", "restarts": 7, "last_error": "boom [x]",
-                        "source_scn": None, "lag_scn": None, "last_window_at": None},
+                        "source_scn": None, "lag_scn": None, "lag_seconds": None,
+                        "last_window_at": None},
             "dumps": [],
         },
     },
@@ -58,7 +60,8 @@ RELAY_STATUS: dict[str, Any] = {
 CONSUMER = {
     "client_id": "billing-1", "buffer": "shop", "address": "10.0.0.7",
     "filter": None, "sources": ["shop.orders"], "streaming": True, "checkpoint_scn": 240,
-    "window_offset": -1, "lag_scn": 10, "lag_ms": 1500.0, "events_per_second": 42.5,
+    "window_offset": -1, "lag_scn": 10, "lag_ms": 1500.0, "lag_seconds": 4.5,
+    "events_per_second": 42.5,
     "bytes_per_second": 9000.0, "events_total": 1234, "bytes_total": 99999,
     "first_seen": NOW - 600, "last_seen": NOW - 2, "idle_s": 2.0,
     "something_newer": "ignored",
@@ -87,7 +90,8 @@ def test_relay_entry_carries_buffers_fetchers_dumps_and_consumers() -> None:
     assert (shop["name"], shop["min_scn"], shop["max_scn"], shop["fill"]) == ("shop", 10, 250,
                                                                               0.25)
     assert shop["fetcher"] == {"state": "running", "source_scn": 260, "lag_scn": 10,
-                               "last_window_age_s": 3.0, "restarts": 1, "last_error": None}
+                               "lag_seconds": 1.25, "last_window_age_s": 3.0,
+                               "restarts": 1, "last_error": None}
     assert shop["dumps"][0]["percent"] == 50.0 and shop["dumps"][0]["table"] == "shop.orders"
     assert idle["min_scn"] is None and idle["fill"] == 0.0
     assert idle["fetcher"]["state"] == "failed" and idle["fetcher"]["last_window_age_s"] is None
@@ -157,10 +161,12 @@ def test_rows_and_render() -> None:
         ("http://r:1", "idle", "empty", "0.0% (0 B/1.0 MiB)", "0 B/s", "0", "0"),
     ]
     fetchers = sv.fetcher_rows(document)
-    assert fetchers[0][2:6] == ("running", "260", "10", "3 s ago")
+    assert fetchers[0][2:7] == ("running", "1.2 s", "260", "10", "3 s ago")
     assert fetchers[1][2] == "failed" and isinstance(fetchers[1][2], sv.Styled)
+    # Lag in seconds the relay cannot give is "unknown", never 0 (DESIGN 17).
+    assert fetchers[1][3] == "unknown"
     assert sv.consumer_rows(document) == [
-        ("http://r:1", "billing-1", "shop", "240", "10", "1,500 ms", "42.5", "2 s ago",
+        ("http://r:1", "billing-1", "shop", "240", "10", "4.5 s", "42.5", "2 s ago",
          "stream")]
     [dump] = sv.dump_rows(document)
     assert "50.0% running: 500/1,000 rows, shop.orders" in dump[3]
