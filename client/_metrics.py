@@ -67,6 +67,15 @@ class ClientMetrics:
         return max(0.0, (time.time_ns() - self.last_window_timestamp_ns) / 1e6)
 
     @property
+    def lag_seconds(self) -> float | None:
+        """DESIGN 17, the figure to alert on: now minus the source commit time of the
+        last window consumed, 0 when it is the relay's newest; None (unknown) before
+        the first answer from a relay. ``lag_scn`` is only a position distance (bytes
+        across binlog files for a binlog source)."""
+        lag = self.lag_ms
+        return None if lag is None else round(lag / 1000, 3)
+
+    @property
     def events_per_second(self) -> float:
         elapsed = time.monotonic() - self.started_at if self.started_at else 0.0
         return self.events / elapsed if elapsed > 0 else 0.0
@@ -95,7 +104,8 @@ class _ClientCollector(Collector):
         ("relay_failovers_total", "counter", "Moves to another relay"),
         ("bootstraps_total", "counter", "Bootstrap conversations started"),
         ("bootstrapping", "gauge", "1 while a bootstrap is being pulled"),
-        ("lag_scn", "gauge", "Relay max SCN minus the consumer's SCN"),
+        ("lag_scn", "gauge", "Relay max SCN minus the consumer's SCN (a byte distance for "
+         "a binlog source: not for alerts)"),
         ("lag_ms", "gauge", "Milliseconds behind the relay's newest window"),
         ("events_per_second", "gauge", "Data events dispatched per second since start"),
         ("group_partitions", "gauge", "Consumer group: partitions this member runs"),
@@ -127,6 +137,14 @@ class _ClientCollector(Collector):
                                            labels=["client"])
             family.add_metric([client], float(values[name]))
             yield family
+        # The figure to alert on (DESIGN 17); no sample while unknown, never 0.
+        seconds = GaugeMetricFamily(
+            "databus_client_lag_seconds", "Seconds between now and the source commit time "
+            "of the last window consumed, 0 at the relay's newest (absent while unknown)",
+            labels=["client"])
+        if m.lag_seconds is not None:
+            seconds.add_metric([client], m.lag_seconds)
+        yield seconds
         phase = GaugeMetricFamily("databus_client_bootstrap_phase",
                                   "1 for the bootstrap phase being pulled",
                                   labels=["client", "phase"])

@@ -11,7 +11,8 @@ asked anything), under the chroot (layout: ``_coordinator``'s docstring)::
 
     /databus/groups/<group>/members/member-<seq>  each member's JSON: "member" (its id);
                                                   optional "client_id", "partitions",
-                                                  "relay_max_scn", "consumer_scn", "lag_ms"
+                                                  "relay_max_scn", "consumer_scn", "lag_ms",
+                                                  "lag_seconds"
     /databus/groups/<group>/leader/...            kazoo Lock: the first contender leads
     /databus/groups/<group>/assignment            {"generation", "partitions", "owners"}
     /databus/groups/<group>/owners/<p>            who holds partition p now
@@ -312,6 +313,8 @@ def summarize(snapshot: Mapping[str, Any]) -> dict[str, Any]:
             "relay_max_scn": _int(body.get("relay_max_scn")),
             "consumer_scn": _int(body.get("consumer_scn")),
             "lag_ms": _number(body.get("lag_ms")),
+            # DESIGN 17: the alert figure (None: unknown, e.g. no relay answered yet).
+            "lag_seconds": _number(body.get("lag_seconds")),
         })
     members.sort(key=lambda row: (row["member"] is None, row["member"] or "", row["node"]))
     live = {row["member"] for row in members if row["member"] is not None}
@@ -454,10 +457,12 @@ def render(doc: Mapping[str, Any]) -> str:
     if members:
         out.append(_table(
             ["MEMBER", "CLIENT", "ASSIGNED", "HELD", "RELAY MAX SCN", "CONSUMER SCN",
-             "LAG MS"],
+             "LAG MS", "LAG S"],
             [[m["member"] if m["member"] is not None else f"? ({m['node']})", m["client_id"],
               ranges(m["assigned"]), ranges(m["held"]), m["relay_max_scn"],
-              m["consumer_scn"], m["lag_ms"]] for m in members]))
+              m["consumer_scn"], m["lag_ms"],
+              "unknown" if m.get("lag_seconds") is None else m["lag_seconds"]]
+             for m in members]))
     partitions = doc.get("partitions", [])
     if partitions:
         out.append("partitions:\n")

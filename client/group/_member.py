@@ -165,7 +165,7 @@ class GroupRun:
         m = self.client.metrics
         return {"client_id": self.client.client_id, "partitions": list(self.running),
                 "relay_max_scn": m.relay_max_scn, "consumer_scn": m.committed_scn,
-                "lag_ms": m.lag_ms}
+                "lag_ms": m.lag_ms, "lag_seconds": m.lag_seconds}
 
     # -- the loop ---------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ def healthy() -> dict[str, Any]:
     return {
         "group": "g",
         "members": [member("b", client_id="cb", partitions=[2, 3], relay_max_scn=150,
-                           consumer_scn=120, lag_ms=12.5),
+                           consumer_scn=120, lag_ms=12.5, lag_seconds=0.013),
                     member("a", client_id="ca", partitions=[0, 1], relay_max_scn=140,
                            consumer_scn=None, lag_ms=None)],
         "contenders": [b"a", b"b"],
@@ -84,9 +84,10 @@ def test_render_a_healthy_group() -> None:
     assert lines[0] == "group g: generation 5, 4 partitions, leader a"
     assert lines[1] == "members (2):"
     assert lines[2].split() == ["MEMBER", "CLIENT", "ASSIGNED", "HELD", "RELAY", "MAX",
-                                "SCN", "CONSUMER", "SCN", "LAG", "MS"]
-    assert lines[3].split() == ["a", "ca", "0-1", "0-1", "140", "-", "-"]
-    assert lines[4].split() == ["b", "cb", "2-3", "2-3", "150", "120", "12.5"]
+                                "SCN", "CONSUMER", "SCN", "LAG", "MS", "LAG", "S"]
+    # A member that reports no lag in seconds: unknown, never 0 (DESIGN 17).
+    assert lines[3].split() == ["a", "ca", "0-1", "0-1", "140", "-", "-", "unknown"]
+    assert lines[4].split() == ["b", "cb", "2-3", "2-3", "150", "120", "12.5", "0.013"]
     assert lines[5] == "partitions:"
     assert lines[7].split() == ["0", "a", "a", "held", "100", "50"]
     assert lines[10].split() == ["3", "b", "b", "held", "103", "47"]

@@ -4,6 +4,7 @@ PostgreSQL heartbeat's time. The servers' side is tests/integration/test_lag_sec
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from databus.batch import encode_event
@@ -96,3 +97,19 @@ def test_the_heartbeat_message_carries_the_servers_clock() -> None:
     assert heartbeat_time_ns(b"") is None  # an older relay's heartbeat
     assert heartbeat_time_ns(b"-5") is None
     assert heartbeat_time_ns(b"nope") is None
+
+
+def test_the_clients_lag_in_seconds_is_its_last_windows_age_and_absent_when_unknown(
+        ) -> None:
+    from databus.client import ClientMetrics
+
+    m = ClientMetrics()
+    assert m.lag_seconds is None  # no relay answered yet
+    assert "databus_client_lag_seconds{" not in m.prometheus_text("c")
+    m.relay_max_scn, m.consumer_scn = 50, 50
+    assert m.lag_seconds == 0.0  # at the relay's newest window
+    assert 'databus_client_lag_seconds{client="c"} 0.0' in m.prometheus_text("c")
+    m.relay_max_scn = 90
+    m.last_window_timestamp_ns = time.time_ns() - 30 * S
+    lag = m.lag_seconds
+    assert lag is not None and 30 <= lag < 40
