@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +44,29 @@ class ProducerStatus(ComponentStatus):
     windows: int = 0
     events: int = 0
     batches: int = 0
+    # Lag in seconds (DESIGN 17): the commit time of the last window logged, and whether
+    # the relay had nothing newer at the last fetch (everything fetched logged).
+    last_timestamp_ns: int | None = None
+    caught_up: bool = False
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """0 when the producer has logged the relay's newest window; else now minus the
+        commit time of the last window it logged; None when unknown (not running, or
+        nothing logged yet while behind)."""
+        if self.state != "running":
+            return None
+        if self.caught_up:
+            return 0.0
+        if self.last_timestamp_ns is None:
+            return None
+        return round(max(0.0, time.time() - self.last_timestamp_ns / 1e9), 3)
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "scn": self.scn, "windows": self.windows,
                 "events": self.events, "batches": self.batches,
-                "events_per_second": round(self.events / self.elapsed, 1)}
+                "events_per_second": round(self.events / self.elapsed, 1),
+                "lag_seconds": self.lag_seconds}
 
 
 class _Assembler:
@@ -220,7 +239,11 @@ class LogProducer(BackgroundComponent):
                     continue
                 if not batch.body:
                     position = batch.checkpoint
+                    # Nothing newer at the relay: caught up once the append in flight
+                    # (if any) is done.
+                    self.status.caught_up = appending is None or appending.done()
                     continue
+                self.status.caught_up = False
                 names = batch.source_names
                 wanted = set(names.values())
                 if not wanted <= ids.keys():
@@ -245,6 +268,8 @@ class LogProducer(BackgroundComponent):
         await asyncio.to_thread(self.storage.append, windows, committed,
                                 log_floor_scn=floor, fence=self.fence)
         self.status.scn = committed.window_scn
+        if len(windows.timestamps):
+            self.status.last_timestamp_ns = int(windows.timestamps[-1])
         self.status.windows += len(windows)
         self.status.events += windows.events
         self.status.batches += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -128,6 +129,18 @@ async def schema_by_fingerprint(request: web.Request) -> web.Response:
                               "schema": json.loads(schema.to_json())})
 
 
+def applier_lag_seconds(producer: int | None, applied: int | None,
+                        applied_timestamp_ns: int | None, now: float) -> float | None:
+    """The applier's lag in seconds (pure): 0 when the snapshot has the log's newest
+    window (or the log is empty), else now minus the commit time of the window it is
+    at; None when that time is not in the log."""
+    if producer is None or (applied is not None and applied >= producer):
+        return 0.0
+    if applied_timestamp_ns is None:
+        return None
+    return round(max(0.0, now - applied_timestamp_ns / 1e9), 3)
+
+
 async def status_doc(app: web.Application) -> dict[str, Any]:
     boot = app[BOOTSTRAPPER]
     state = await _blocking(boot.storage.state)
@@ -138,12 +151,21 @@ async def status_doc(app: web.Application) -> dict[str, Any]:
         "applied_scn": applied,
         "applier_lag_scn": (producer - applied) if producer is not None and applied is not None
         else None,
+        # DESIGN 17, the figure to alert on: now minus the commit time of the window the
+        # snapshot is at, 0 when it has the log's newest; None when unknown.
+        "applier_lag_seconds": applier_lag_seconds(producer, applied,
+                                                   state.applied_timestamp_ns, time.time()),
+
         "log_floor_scn": state.log_floor_scn,
         "log_windows": state.log_windows,
         "log_bytes": state.log_bytes,
         "snapshot_rows": state.snapshot_rows,
         "update_ratio": state.update_ratio,
-        "components": {name: report() for name, report in app[INFO].components.items()},
+        "components": (components := {name: report()
+                                      for name, report in app[INFO].components.items()}),
+        # The producer's lag behind the relay in seconds (None: not running here, or not
+        # known yet).
+        "producer_lag_seconds": (components.get("producer") or {}).get("lag_seconds"),
         "cluster": cluster() if (cluster := app[INFO].cluster) is not None else None,
         # The loop this process actually runs on (bootstrap.event_loop, DATABUS_EVENT_LOOP).
         "event_loop": running_loop_name(),
@@ -179,12 +201,25 @@ class BootstrapCollector(Collector):
         for field, text in [
             ("producer_scn", "Newest window in the log"),
             ("applied_scn", "Newest window applied to the snapshot"),
-            ("applier_lag_scn", "Producer SCN minus applied SCN"),
+            ("applier_lag_scn", "Producer SCN minus applied SCN (a position distance: "
+             "alert on applier_lag_seconds)"),
             ("log_floor_scn", "Every window after this SCN is in the log"),
             ("log_windows", "Windows in the log"),
             ("log_bytes", "Event bytes in the log"),
         ]:
             yield GaugeMetricFamily(p + field, text, value=float(doc[field] or 0))
+        # DESIGN 17: the figures to alert on, with no sample while unknown (never 0).
+        for field, text in [
+            ("applier_lag_seconds", "Seconds between now and the commit time of the window "
+             "the snapshot is at, 0 at the log's newest (absent while unknown)"),
+            ("producer_lag_seconds", "Seconds between now and the commit time of the last "
+             "window the producer logged, 0 when it has the relay's newest (absent while "
+             "unknown)"),
+        ]:
+            family = GaugeMetricFamily(p + field, text, labels=[])
+            if doc.get(field) is not None:
+                family.add_metric([], float(doc[field]))
+            yield family
         rows = GaugeMetricFamily(p + "snapshot_rows", "Live rows in the snapshot",
                                  labels=["source"])
         for source, count in doc["snapshot_rows"].items():

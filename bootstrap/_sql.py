@@ -436,7 +436,17 @@ class SqlStorage(BootstrapStorage):
                 snapshot_rows=snapshot_rows,
                 applier_rows=self._int_state(cur, APPLIER_ROWS) or 0,
                 applier_new_keys=self._int_state(cur, APPLIER_NEW_KEYS) or 0,
+                applied_timestamp_ns=self._applied_timestamp(cur, applied_scn),
             )
+
+    def _applied_timestamp(self, cur: Cursor, applied_scn: int | None) -> int | None:
+        """The commit time of the window at ``applied_scn`` (None: from the oldest
+        window), else of the first one after it (a lower bound of the lag)."""
+        cur.execute(self._q("SELECT timestamp_ns FROM dbus_windows WHERE scn >= %s "
+                            "ORDER BY scn LIMIT 1"),
+                    (applied_scn if applied_scn is not None else -(1 << 62),))
+        row = cur.fetchone()
+        return None if row is None or row[0] is None else int(row[0])
 
     def positions(self) -> tuple[int | None, int | None, int | None]:
         with self._transaction(write=False) as cur:

@@ -189,6 +189,10 @@ class StorageState:
     snapshot_rows: dict[str, int] = field(default_factory=dict)
     applier_rows: int = 0
     applier_new_keys: int = 0
+    # The commit time (ns) of the window at ``applied_scn`` in the log, or of the
+    # oldest window after it when that one is gone (lag in seconds, DESIGN 17); None
+    # when the log holds neither.
+    applied_timestamp_ns: int | None = None
 
     @property
     def update_ratio(self) -> float | None:

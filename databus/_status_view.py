@@ -249,6 +249,8 @@ def bootstrap_entry(url: str, status: Answer) -> dict[str, Any]:
         "log_scn": _int(doc.get("producer_scn")),
         "applied_scn": _int(doc.get("applied_scn")),
         "applier_lag_scn": _int(doc.get("applier_lag_scn")),
+        "applier_lag_seconds": _number(doc.get("applier_lag_seconds")),
+        "producer_lag_seconds": _number(doc.get("producer_lag_seconds")),
         "log_floor_scn": _int(doc.get("log_floor_scn")),
         "log_windows": _int(doc.get("log_windows")),
         "log_bytes": _int(doc.get("log_bytes")),
@@ -440,7 +442,8 @@ def consumer_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
 
 
 def bootstrap_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(url, log SCN, applied SCN, applier lag, log, snapshot rows, components)."""
+    """(url, log SCN, applied SCN, applier lag (seconds), log, snapshot rows,
+    components)."""
     rows: list[tuple[str, ...]] = []
     for b in document["bootstraps"]:
         if "error" in b:
@@ -455,7 +458,7 @@ def bootstrap_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
             parts.append(text)
         components = ", ".join(parts) or "-"
         rows.append((b["url"], _count(b["log_scn"]), _count(b["applied_scn"]),
-                     _count(b["applier_lag_scn"]),
+                     lag_text(b.get("applier_lag_seconds")),
                      f"{_count(b['log_windows'])} windows, {_size(b['log_bytes'])}",
                      _count(b["snapshot_rows"]),
                      Styled(components, ALERT) if failed else components))

@@ -311,6 +311,9 @@ async def test_errors_are_json_with_their_codes(store_url: str, tmp_path: Path) 
             assert "databus_bootstrap_applied_scn 200" in text
             doc = await service.status()
             assert doc["producer_scn"] == 200 and doc["applier_lag_scn"] == 0
+            # Lag in seconds (DESIGN 17): the snapshot has the log's newest window.
+            assert doc["applier_lag_seconds"] == 0.0
+            assert "databus_bootstrap_applier_lag_seconds 0.0" in text
             assert set(doc["components"]) == {"producer", "applier"}
             async with service.session.post(service.url + "/v1/admin/retain") as resp:
                 assert resp.status == 403

@@ -113,3 +113,29 @@ def test_the_clients_lag_in_seconds_is_its_last_windows_age_and_absent_when_unkn
     m.last_window_timestamp_ns = time.time_ns() - 30 * S
     lag = m.lag_seconds
     assert lag is not None and 30 <= lag < 40
+
+
+def test_the_bootstrap_appliers_lag_in_seconds() -> None:
+    from databus.bootstrap._server import applier_lag_seconds
+
+    assert applier_lag_seconds(None, None, None, 1000.0) == 0.0  # an empty log
+    assert applier_lag_seconds(50, 50, 900 * S, 1000.0) == 0.0  # at the log's newest
+    assert applier_lag_seconds(50, 20, 900 * S, 1000.0) == 100.0
+    assert applier_lag_seconds(50, None, 990 * S, 1000.0) == 10.0  # nothing applied yet
+    assert applier_lag_seconds(50, 20, None, 1000.0) is None  # not in the log: unknown
+
+
+def test_the_bootstrap_producers_lag_in_seconds() -> None:
+    from databus.bootstrap._producer import ProducerStatus
+
+    status = ProducerStatus()
+    assert status.lag_seconds is None  # starting: unknown
+    status.state = "running"
+    assert status.lag_seconds is None  # nothing logged, not caught up: unknown
+    status.last_timestamp_ns = time.time_ns() - 20 * S
+    lag = status.lag_seconds
+    assert lag is not None and 20 <= lag < 30
+    status.caught_up = True
+    assert status.lag_seconds == 0.0 and status.to_json()["lag_seconds"] == 0.0
+    status.state = "retrying"  # the relay is unreachable
+    assert status.lag_seconds is None

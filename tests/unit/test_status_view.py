@@ -72,7 +72,8 @@ CONSUMERS = {"consumers": [CONSUMER], "tracked": 1, "max_tracked": 10000, "expir
 BOOT_STATUS = {
     "event_loop": "asyncio",
     "storage": "sqlite:///var/lib/boot.db", "producer_scn": 250, "applied_scn": 200,
-    "applier_lag_scn": 50, "log_floor_scn": 0, "log_windows": 250, "log_bytes": 123456,
+    "applier_lag_scn": 50, "applier_lag_seconds": 12.0, "producer_lag_seconds": None,
+    "log_floor_scn": 0, "log_windows": 250, "log_bytes": 123456,
     "snapshot_rows": {"shop.orders": 70, "shop.items": 30}, "update_ratio": 0.25,
     "components": {"producer": {"state": "running", "errors": 0, "last_error": None},
                    "applier": {"state": "failed", "errors": 3, "last_error": "disk full"}},
@@ -143,7 +144,8 @@ def test_bootstrap_entry() -> None:
                                               "last_error": "disk full"}
     assert entry["event_loop"] == "asyncio"
     [row] = sv.bootstrap_rows(sv.build_document([], [entry], NOW))
-    assert row[1:4] == ("250", "200", "50")
+    assert row[1:4] == ("250", "200", "12.0 s")
+    assert entry["producer_lag_seconds"] is None  # unknown stays unknown
     assert isinstance(row[6], sv.Styled) and row[6].style == sv.ALERT
     assert row[6] == "producer running, applier failed (disk full)"
     down = sv.bootstrap_entry("http://b:1", sv.Answer({"buffers": {}}))
