@@ -325,7 +325,8 @@ class Replicator:
         def document() -> dict[str, Any]:
             m = client.metrics
             return status_document(consumer.stats, relay_max_scn=m.relay_max_scn,
-                                   lag_ms=m.lag_ms, target=redact_uri(cfg.target))
+                                   lag_ms=m.lag_ms, target=redact_uri(cfg.target),
+                                   lag_seconds=m.lag_seconds)
 
         async def status(request: web.Request) -> web.Response:
             return json_response(document())

@@ -5,7 +5,10 @@
 Per table: rows applied and rows per second (over the last minute of batches); for the
 replication: the SCN applied (recorded in the target), the relay's newest SCN, the lag
 in SCN and in milliseconds (the client's: how far the consumer is behind the relay's
-newest window), batches applied, errors, the last error's text (status only: an error
+newest window), the lag in seconds (DESIGN 17, the figure to alert on: now minus the
+source commit time of the last window consumed, 0 at the relay's newest; null and no
+metric sample while unknown; the SCN lag of a binlog source is a byte distance),
+batches applied, errors, the last error's text (status only: an error
 text is no metric label); and the copy through the bootstrap service, while and after
 it runs (``initial_copy``: rows per table of an estimate, rate, ETA; ``_progress.py``).
 """
@@ -155,7 +158,8 @@ class ReplicationStats:
 
 
 def status_document(stats: ReplicationStats, *, relay_max_scn: int | None,
-                    lag_ms: float | None, target: str) -> dict[str, Any]:
+                    lag_ms: float | None, target: str,
+                    lag_seconds: float | None = None) -> dict[str, Any]:
     rates = stats.rates()
     lag_scn = (None if relay_max_scn is None or stats.applied_scn is None
                else max(0, relay_max_scn - stats.applied_scn))
@@ -167,6 +171,7 @@ def status_document(stats: ReplicationStats, *, relay_max_scn: int | None,
         "relay_max_scn": relay_max_scn,
         "lag_scn": lag_scn,
         "lag_ms": lag_ms,
+        "lag_seconds": lag_seconds,
         "batches": stats.batches,
         "errors": stats.errors,
         "last_error": stats.last_error,
@@ -195,7 +200,8 @@ class _Collector(Collector):
         yield from _copy_metrics(name, doc["initial_copy"])
         for key, kind, text in [
             ("applied_scn", GaugeMetricFamily, "SCN recorded in the target with the last batch"),
-            ("lag_scn", GaugeMetricFamily, "Relay newest SCN minus the applied SCN"),
+            ("lag_scn", GaugeMetricFamily, "Relay newest SCN minus the applied SCN (a "
+             "byte distance for a binlog source: alert on lag_seconds)"),
             ("lag_ms", GaugeMetricFamily, "Milliseconds behind the relay's newest window"),
             ("batches", CounterMetricFamily, "Target transactions applied"),
             ("errors", CounterMetricFamily, "Target errors (retried or not)"),
@@ -203,6 +209,13 @@ class _Collector(Collector):
             family = kind(f"{P}{key}", text, labels=["replication"])
             family.add_metric([name], float(doc[key] or 0))
             yield family
+        seconds = GaugeMetricFamily(
+            f"{P}lag_seconds", "Seconds between now and the source commit time of the last "
+            "window consumed, 0 at the relay's newest (absent while unknown)",
+            labels=["replication"])
+        if doc.get("lag_seconds") is not None:
+            seconds.add_metric([name], float(doc["lag_seconds"]))
+        yield seconds
 
 
 def _copy_metrics(name: str, copy: dict[str, Any]) -> Iterator[Metric]:

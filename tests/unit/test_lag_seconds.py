@@ -139,3 +139,19 @@ def test_the_bootstrap_producers_lag_in_seconds() -> None:
     assert status.lag_seconds == 0.0 and status.to_json()["lag_seconds"] == 0.0
     status.state = "retrying"  # the relay is unreachable
     assert status.lag_seconds is None
+
+
+def test_the_replicators_lag_in_seconds_is_shown_and_absent_when_unknown() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from databus.replicator._status import ReplicationStats, metrics_page, status_document
+
+    stats = ReplicationStats("r")
+    for lag, expected in ((2.5, 2.5), (None, None)):
+        doc = status_document(stats, relay_max_scn=20, lag_ms=None, target="sqlite:///x",
+                              lag_seconds=lag)
+        assert doc["lag_seconds"] == expected
+        page = metrics_page(lambda doc=doc: doc).decode()  # type: ignore[misc]
+        samples = {s.name: s.value for f in text_string_to_metric_families(page)
+                   for s in f.samples}
+        assert samples.get("databus_replicator_lag_seconds") == expected
