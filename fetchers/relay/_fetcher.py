@@ -21,6 +21,14 @@ was open (a failover, an upstream restart), the window is dropped and read again
 its start, after the last window stored: a window is never stored in pieces from two
 connections, and never ended here before the upstream ended it.
 
+Lag in seconds (DESIGN 17). The windows carry the source's commit times, so a busy
+chain shows its true lag by itself. Between windows, about once a second, the fetcher
+reads the upstream's ``/v1/status``: once this buffer holds the upstream buffer's max
+SCN as that status document gives it, it has everything the upstream had read through
+(the upstream fetcher's ``read_through``), and reports that
+(``FetcherContext.report_read_through``): a chained relay, and a cluster follower, are
+as fresh as their upstream, and unknown when it is unknown or cannot be asked.
+
 Failures: connection trouble, a 5xx, a bad body go to the next upstream (``RelayPuller``),
 with backoff after each full round. ``scn_not_found`` from one upstream tries the
 others; when every upstream answered it, ``UpstreamFellOffError`` (not retriable: the
@@ -74,6 +82,8 @@ log = logging.getLogger("databus.fetchers.relay")
 # Where a data event's schema fingerprint is (databus.event's header layout).
 _FINGERPRINT = HEADER.size - 12
 _STATUS_TIMEOUT_S = 5.0
+# How often the upstream's status is read for the lag in seconds between windows.
+_UPSTREAM_LAG_EVERY_S = 1.0
 # What the fetcher remembers across its restarts in one relay process
 # (FetcherContext.memory): per source, the fingerprints it registered, in order.
 _MEMORY_SCHEMAS = "relay_chain_schemas"
@@ -216,10 +226,36 @@ class _Chain:
             )
             puller.client_id = (f"relay-chain:{self.context.buffer_name}@"
                                 f"{socket.gethostname()}")
+            watch = asyncio.create_task(self._watch_upstream(puller, session))
             try:
                 await self._loop(puller, session)
             finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
                 await puller.close_stream()
+
+    async def _watch_upstream(self, puller: RelayPuller, session: aiohttp.ClientSession
+                              ) -> None:
+        """Lag in seconds between windows (see the module docstring): never raises."""
+        buffers: dict[str, str] = {}  # upstream URL -> the buffer holding our sources
+        while True:
+            await asyncio.sleep(_UPSTREAM_LAG_EVERY_S)
+            upstream = puller.url
+            try:
+                if upstream not in buffers:
+                    buffers[upstream] = self.fetcher._upstream_buffer(
+                        upstream, await _get_json_async(session, f"{upstream}/v1/sources"))
+                status = await _get_json_async(session, f"{upstream}/v1/status")
+                doc = status["buffers"][buffers[upstream]]
+                through = upstream_read_through(doc, self.committed)
+            except (DatabusError, aiohttp.ClientError, OSError, TimeoutError, ValueError,
+                    KeyError, TypeError) as exc:
+                log.debug("buffer %s: upstream %s status: %s", self.context.buffer_name,
+                          upstream, exc)
+                continue
+            if through is not None:
+                self.context.report_read_through(through, 2 * _UPSTREAM_LAG_EVERY_S + 1.0)
 
     async def _loop(self, puller: RelayPuller, session: aiohttp.ClientSession) -> None:
         while True:
@@ -384,6 +420,30 @@ def _schema(upstream: str, item: Any) -> Schema:
         raise bad_answer(f"upstream {upstream}: schema {fp:016x} has fingerprint "
                          f"{schema.fingerprint:016x} here")
     return schema
+
+
+def upstream_read_through(buffer_doc: Any, committed: int | None) -> int | None:
+    """What this buffer has read through (ns), from the upstream buffer's ``/v1/status``
+    entry (pure): the upstream fetcher's ``read_through`` once ``committed`` (this
+    buffer's newest window) is at the upstream's ``max_scn``; None when the upstream
+    does not know its own, or this buffer is behind it."""
+    fetcher = buffer_doc.get("fetcher") or {}
+    through, lag, top = fetcher.get("read_through"), fetcher.get("lag_seconds"), \
+        buffer_doc.get("max_scn")
+    if not isinstance(through, int | float) or isinstance(through, bool) or lag is None:
+        return None
+    if top is not None and (committed is None or committed < int(top)):
+        return None
+    return int(through * 1e9)
+
+
+async def _get_json_async(session: aiohttp.ClientSession, url: str) -> Any:
+    timeout = aiohttp.ClientTimeout(total=_STATUS_TIMEOUT_S)
+    async with session.get(url, timeout=timeout,
+                           headers={"Accept": "application/json"}) as resp:
+        if resp.status != 200:
+            raise OSError(f"HTTP {resp.status}")
+        return await read_json(resp, url)
 
 
 def _get_json(url: str) -> Any:

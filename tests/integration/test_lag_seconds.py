@@ -270,3 +270,45 @@ async def _consumer_lag(src: Source, tmp_path: Path) -> None:
         samples = await metric_samples(r, "databus_relay_consumer_lag_seconds")
         assert samples[(BUFFER, "fresh")] == 0.0
         assert low <= samples[(BUFFER, "stale")] <= time.time() - math.floor(before_a) + 0.01
+
+
+def test_a_chained_relay_is_as_fresh_as_its_upstream_and_unknown_with_it(
+        mariadb_server: MariaDBServer, tmp_path: Path) -> None:
+    """A chained relay (and so a cluster follower) between windows: its lag is its
+    upstream's, known on an idle source, unknown when the upstream's is."""
+    sql = fresh_database(mariadb_server, "lag_chain")
+    sql.run("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    try:
+        with proxy_to(mariadb_server.host, mariadb_server.port) as proxy:
+            uri = source_uri(mariadb_server, "lag_chain.t", heartbeat_ms=100).replace(
+                f":{mariadb_server.port}/", f":{proxy.port}/")
+            asyncio.run(_chained(uri, sql, proxy, tmp_path))
+    finally:
+        sql.close()
+
+
+async def _chained(uri: str, sql: Any, proxy: PausableProxy, tmp_path: Path) -> None:
+    async with relay_of(tmp_path / "up", uri) as up:
+        await wait_lag(up, lambda lag: lag is not None, "the upstream's lag known")
+        sql.run("INSERT INTO t VALUES (1, 1)")
+        host = up.url.removeprefix("http://")
+        chain = f"relay+http://{host}/?sources=lag_chain.t"
+        async with relay_of(tmp_path / "down", chain) as down:
+            await async_wait_until(
+                lambda: down.relay.buffers[BUFFER].state().max_scn is not None,
+                "the window copied downstream", 30)
+            # Idle longer than the bound: known and bounded, from the upstream's status.
+            started = time.monotonic()
+            idle = []
+            while time.monotonic() - started < IDLE_S:
+                idle.append((await fetcher(down))["lag_seconds"])
+                await asyncio.sleep(0.25)
+            tail = idle[len(idle) // 2:]  # the first second may precede the first report
+            assert all(lag is not None and lag <= 0.1 + SLACK_S + 1 for lag in tail), idle
+            proxy.open.clear()
+            try:
+                await wait_lag(down, lambda lag: lag is None,
+                               "the chained relay's lag unknown with its upstream's")
+            finally:
+                proxy.open.set()
+            await wait_lag(down, lambda lag: lag is not None, "known again", timeout=60)

@@ -155,3 +155,15 @@ def test_the_replicators_lag_in_seconds_is_shown_and_absent_when_unknown() -> No
         samples = {s.name: s.value for f in text_string_to_metric_families(page)
                    for s in f.samples}
         assert samples.get("databus_replicator_lag_seconds") == expected
+
+
+def test_a_chained_buffer_reads_through_what_its_upstream_did_once_it_holds_its_max() -> None:
+    from databus.fetchers.relay._fetcher import upstream_read_through
+
+    doc = {"max_scn": 40, "fetcher": {"read_through": 1000.5, "lag_seconds": 0.2}}
+    assert upstream_read_through(doc, 40) == 1_000_500_000_000
+    assert upstream_read_through(doc, 39) is None  # behind the upstream: not yet
+    assert upstream_read_through(doc, None) is None
+    unknown = {"max_scn": 40, "fetcher": {"read_through": 1000.5, "lag_seconds": None}}
+    assert upstream_read_through(unknown, 40) is None  # the upstream cannot say
+    assert upstream_read_through({"max_scn": 40, "fetcher": None}, 40) is None
