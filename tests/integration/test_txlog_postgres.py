@@ -420,12 +420,17 @@ def test_source_unreachable_and_back(pg: Pg, postgres_server: PostgresServer,
         async with running_relay(relay_config(tmp_path, {BUFFER: pg.uri(TABLES)})) as r:
             pg.txn("INSERT INTO orders (id, tag) VALUES (1, 'before')")
             await wait_for_window(r, lambda w: "before" in w.tags(), what="before")
+            # Lag in seconds (DESIGN 17): an idle TxLog source is known (each poll that
+            # finds nothing is its heartbeat), unknown while it is down, never 0.
+            await wait_status(r, lambda s: s["fetcher"]["lag_seconds"] is not None,
+                              what="lag known")
             pg.conn.close()
             await asyncio.to_thread(postgres_server.stop)
             try:
                 doc = await wait_status(r, lambda s: s["fetcher"]["restarts"] >= 1,
                                         what="retrying")
                 assert doc["fetcher"]["last_error"].startswith("SourceError: PostgreSQL")
+                assert doc["fetcher"]["lag_seconds"] is None
             finally:
                 await asyncio.to_thread(postgres_server.start)
             pg.conn = pg.connect(autocommit=True)
@@ -433,6 +438,8 @@ def test_source_unreachable_and_back(pg: Pg, postgres_server: PostgresServer,
             windows = await wait_for_window(r, lambda w: "after" in w.tags(), what="after",
                                             timeout=40)
             assert [w.tags() for w in windows] == [{"before"}, {"after"}]
+            await wait_status(r, lambda s: s["fetcher"]["lag_seconds"] is not None,
+                              what="lag known again")
 
     asyncio.run(scenario())
 

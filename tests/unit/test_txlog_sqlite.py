@@ -643,3 +643,20 @@ def test_a_session_closed_from_another_thread_interrupts_its_statement(tmp_path:
     assert not thread.is_alive()
     (exc,) = outcome
     assert isinstance(exc, DatabusError) and "interrupt" in str(exc), exc
+
+
+def test_an_idle_source_keeps_its_lag_in_seconds_true(db: SqliteSource, tmp_path: Path) -> None:
+    """DESIGN 17: each poll that finds nothing is the TxLog's heartbeat: the fetcher's
+    ``read_through`` moves on past the last window while nothing is written."""
+    async def scenario() -> None:
+        async with running_relay(relay_config(tmp_path, {BUFFER: db.uri(TABLES)})) as r:
+            db.txn("INSERT INTO orders (id, tag, qty) VALUES (1, 't1', 5)")
+            await wait_for_window(r, lambda w: "t1" in w.tags(), what="t1")
+            idle_since = time.time()
+            doc = await wait_status(
+                r, lambda s: (s["fetcher"]["read_through"] or 0) > idle_since + 0.5,
+                what="read through past the idle start")
+            assert doc["fetcher"]["lag_seconds"] is not None
+            assert doc["fetcher"]["lag_seconds"] < time.time() - idle_since
+
+    asyncio.run(scenario())
