@@ -70,8 +70,12 @@ class ClientMetrics:
     def lag_seconds(self) -> float | None:
         """DESIGN 17, the figure to alert on: now minus the source commit time of the
         last window consumed, 0 when it is the relay's newest; None (unknown) before
-        the first answer from a relay. ``lag_scn`` is only a position distance (bytes
+        the first answer from a relay, and while a bootstrap snapshot is pulled (its
+        windows carry the service's clock, not a commit time: the consumer is behind by
+        more than any figure says). ``lag_scn`` is only a position distance (bytes
         across binlog files for a binlog source)."""
+        if self.bootstrapping and self.bootstrap_phase == "snapshot":
+            return None
         lag = self.lag_ms
         return None if lag is None else round(lag / 1000, 3)
 

@@ -167,3 +167,14 @@ def test_a_chained_buffer_reads_through_what_its_upstream_did_once_it_holds_its_
     unknown = {"max_scn": 40, "fetcher": {"read_through": 1000.5, "lag_seconds": None}}
     assert upstream_read_through(unknown, 40) is None  # the upstream cannot say
     assert upstream_read_through({"max_scn": 40, "fetcher": None}, 40) is None
+
+
+def test_a_client_pulling_a_bootstrap_snapshot_has_an_unknown_lag_not_zero() -> None:
+    from databus.client import ClientMetrics
+
+    # A snapshot window carries the bootstrap service's clock: its age says nothing.
+    m = ClientMetrics(relay_max_scn=90, consumer_scn=50, bootstrapping=True,
+                      bootstrap_phase="snapshot", last_window_timestamp_ns=time.time_ns())
+    assert m.lag_seconds is None
+    m.bootstrap_phase = "catchup"  # catch-up windows are the log's: their commit times
+    assert m.lag_seconds is not None
