@@ -38,8 +38,8 @@ from tests.waiting import async_wait_until
 BUFFER = "lag"
 # What a test allows beyond the heartbeat interval on a shared, loaded machine. The
 # promise is "bounded, not growing": the idle phase lasts longer than this bound.
-SLACK_S = 2.5
-IDLE_S = 4.0
+SLACK_S = 4.0
+IDLE_S = 5.5
 
 
 class PausableProxy:
