@@ -83,6 +83,7 @@ _MAX_EVENTS_PER_WINDOW = 1_000_000
 _MAX_KEYS = 1 << 62
 # Catch-up bound: further behind the schedule than this, the generator starts over.
 _MAX_BEHIND_S = 1.0
+_IDLE_BEAT_S = 0.5  # read-through reports once the limit is reached
 # Ahead of the schedule by less than this, keep producing: a sleep costs about as much.
 _MIN_SLEEP_S = 0.001
 _BLOCK_SLACK = 4096
@@ -389,7 +390,9 @@ class SyntheticFetcher(Fetcher):
         while not stop.is_set():
             if scn > limit:
                 report(limit)
-                stop.wait()
+                # Everything there is was written: its own heartbeat (lag in seconds).
+                while not stop.wait(_IDLE_BEAT_S):
+                    self.context.report_read_through(time.time_ns(), 2 * _IDLE_BEAT_S + 1)
                 return
             if interval:
                 now = time.monotonic()
