@@ -178,3 +178,26 @@ def test_a_client_pulling_a_bootstrap_snapshot_has_an_unknown_lag_not_zero() -> 
     assert m.lag_seconds is None
     m.bootstrap_phase = "catchup"  # catch-up windows are the log's: their commit times
     assert m.lag_seconds is not None
+
+
+def test_a_synthetic_source_at_its_limit_keeps_its_lag_known(tmp_path: Path) -> None:
+    import asyncio
+
+    from tests.relay_harness import relay_config, running_relay
+    from tests.waiting import async_wait_until
+
+    uri = "synthetic://?rate=0&limit=5&events_per_window=1"
+
+    async def scenario() -> None:
+        async with running_relay(relay_config(tmp_path, {"s": uri})) as r:
+            await r.wait_for_scn("s", 5)
+            idle_since = time.time()
+
+            async def moved_on() -> bool:
+                fetcher = (await r.json("/v1/status"))["buffers"]["s"]["fetcher"]
+                return bool((fetcher["read_through"] or 0) > idle_since + 0.3
+                            and fetcher["lag_seconds"] is not None)
+
+            await async_wait_until(moved_on, "read through past the idle start", 10)
+
+    asyncio.run(scenario())
