@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from databus._limited_log import limited
 from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
-from databus.errors import ConfigError, DatabusError, SourceGapError
+from databus.errors import ConfigError, DatabusError, SourceGapError, SourceMisconfiguredError
 from databus.fetchers._api import (
     ConfiguredSources,
     Fetcher,
@@ -389,11 +389,26 @@ class _Runner:
         detail = message if expected else redact(
             "".join(traceback.format_exception(error)).rstrip()
         )
+        # A source misconfigured (its settings, the user's grants or password) cannot
+        # recover by retrying alone, so the fetcher is "failed" (not ready, the fix is
+        # the operator's); but the fix is made at the source while the relay runs, so the
+        # host keeps trying, at the backoff's pace, and recovers once it is made.
+        fixable = isinstance(error, SourceMisconfiguredError)
         with self.lock:
             self.last_error = message
             self.last_error_at = time.time()
             self.state = "backoff" if retriable else "failed"
         source = redact_uri(uri or self.uri)
+        if fixable:
+            delay = self.backoff.failed(ran_for, progressed)
+            limited(log).error("fetcher of buffer %s (%s) failed: %s; fix it at the source: "
+                               "trying again every %.0f s meanwhile", self.name, source,
+                               detail, delay, kind=f"{self.name} {source} misconfigured")
+            if self.attempt_stop.wait(delay):
+                return True
+            with self.lock:
+                self.restarts += 1
+            return True
         if not retriable:
             log.error("fetcher of buffer %s (%s) failed and cannot recover by retrying; "
                       "fix the cause and restart the relay: %s", self.name, source, detail)

@@ -24,12 +24,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from databus._readiness import component, not_ready
+from databus._readiness import component_families as shared_families
 from databus.checkpoint import Checkpoint
 from databus.client._headers import read_json
 from databus.errors import DatabusError
 from databus.replicator._progress import CopyView, Start, start_kind, status_fields
 
-__all__ = ["ReplicationStats", "bootstrap_rows", "estimate_copies", "status_document"]
+__all__ = ["STATES", "ReplicationStats", "bootstrap_rows", "components_of", "estimate_copies",
+           "status_document"]
 
 log = logging.getLogger("databus.replicator")
 
@@ -71,6 +74,8 @@ class ReplicationStats:
                     self._copy_rows[table] = self._copy_rows.get(table, 0) + n
             self.batches += 1
             self.applied_scn = scn
+            if self.state == "retrying":
+                self.state = "running"  # the target answers again
             self._trim(now)
 
     def failed(self, error: str) -> None:
@@ -154,11 +159,44 @@ class ReplicationStats:
             return out
 
 
+# -- readiness (DESIGN 17; databus/_readiness.py) ------------------------------------------
+
+STATES = {"replicator": ("starting", "running", "retrying", "stopped", "failed")}
+_FIX = {
+    "starting": "wait: it is reading its position from the target and the relay's schemas",
+    "retrying": "see the message: the target does not take the batch; it retries by "
+                "itself once the target answers again",
+    "failed": "fix the cause in the message, then start the replicator again",
+    "stopped": "the replicator is stopping; start it again",
+}
+
+
+def components_of(status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The replicator's one component (pure, from its ``/v1/status``): ready while it
+    applies (``running``)."""
+    state = str(status.get("state"))
+    return [component("replicator", state, state == "running",
+                      message=status.get("last_error")
+                      or f"replication {status.get('replication')} is {state}",
+                      fix=_FIX.get(state))]
+
+
 def status_document(stats: ReplicationStats, *, relay_max_scn: int | None,
                     lag_ms: float | None, target: str) -> dict[str, Any]:
     rates = stats.rates()
     lag_scn = (None if relay_max_scn is None or stats.applied_scn is None
                else max(0, relay_max_scn - stats.applied_scn))
+    doc = _document(stats, rates, relay_max_scn=relay_max_scn, lag_scn=lag_scn,
+                    lag_ms=lag_ms, target=target)
+    down = not_ready(components_of(doc))
+    doc["ready"] = not down
+    doc["not_ready"] = down
+    return doc
+
+
+def _document(stats: ReplicationStats, rates: dict[str, float], *,
+              relay_max_scn: int | None, lag_scn: int | None, lag_ms: float | None,
+              target: str) -> dict[str, Any]:
     return {
         "replication": stats.name,
         "state": stats.state,
@@ -183,6 +221,7 @@ class _Collector(Collector):
     def collect(self) -> Iterator[Metric]:
         doc = self._document()
         name = doc["replication"]
+        yield from shared_families("replicator", components_of(doc), STATES)
         rows = CounterMetricFamily(f"{P}rows_applied_total", "Rows applied to the target",
                                    labels=["replication", "table"])
         rate = GaugeMetricFamily(f"{P}rows_per_second", "Rows applied per second (last "
