@@ -168,7 +168,7 @@ class Listeners:
                     raise ListenError(f"cannot listen on {host}:{port}: "
                                       f"{exc.strerror or exc}") from None
                 if not logged:
-                    log.warning("%s:%d is in use; retrying for %.0f s (the workers of a "
+                    log.debug("%s:%d is in use; retrying for %.0f s (the workers of a "
                                 "relay that just died may still hold it)", host, port, retry_s)
                     logged = True
                 time.sleep(0.1)

@@ -83,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
                 printer.finish(consumer.stats.copy_view() if consumer is not None else None)
 
     asyncio.run(main())
-    log.info("replication %s stopped", config.name)
     return 0
 
 
