@@ -340,7 +340,8 @@ class Replicator:
         from databus._readiness import readiness_response
         from databus._serving import ListenError
         from databus.config import redact_uri
-        from databus.replicator._status import components_of, metrics_page, status_document
+        from databus.replicator._readiness import components_of
+        from databus.replicator._status import metrics_page, status_document
 
         def document() -> dict[str, Any]:
             client = self.client

@@ -24,15 +24,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from databus._readiness import component, not_ready
 from databus._readiness import component_families as shared_families
+from databus._readiness import not_ready
 from databus.checkpoint import Checkpoint
 from databus.client._headers import read_json
 from databus.errors import DatabusError
 from databus.replicator._progress import CopyView, Start, start_kind, status_fields
+from databus.replicator._readiness import STATES, components_of
 
-__all__ = ["STATES", "ReplicationStats", "bootstrap_rows", "components_of", "estimate_copies",
-           "status_document"]
+__all__ = ["ReplicationStats", "bootstrap_rows", "estimate_copies", "status_document"]
 
 log = logging.getLogger("databus.replicator")
 
@@ -157,28 +157,6 @@ class ReplicationStats:
             for _, table, n in self._recent:
                 out[table] += n / span
             return out
-
-
-# -- readiness (DESIGN 17; databus/_readiness.py) ------------------------------------------
-
-STATES = {"replicator": ("starting", "running", "retrying", "stopped", "failed")}
-_FIX = {
-    "starting": "wait: it is reading its position from the target and the relay's schemas",
-    "retrying": "see the message: the target does not take the batch; it retries by "
-                "itself once the target answers again",
-    "failed": "fix the cause in the message, then start the replicator again",
-    "stopped": "the replicator is stopping; start it again",
-}
-
-
-def components_of(status: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The replicator's one component (pure, from its ``/v1/status``): ready while it
-    applies (``running``)."""
-    state = str(status.get("state"))
-    return [component("replicator", state, state == "running",
-                      message=status.get("last_error")
-                      or f"replication {status.get('replication')} is {state}",
-                      fix=_FIX.get(state))]
 
 
 def status_document(stats: ReplicationStats, *, relay_max_scn: int | None,
