@@ -261,6 +261,7 @@ class Replicator:
         # Created here, not with the consumer: the status server answers from the start.
         self.stats = ReplicationStats(config.name)
         self._stopping = False
+        self._status_line: str | None = None
 
     def stop(self) -> None:
         self._stopping = True
@@ -282,6 +283,19 @@ class Replicator:
                 await serving.cleanup()
 
     async def _run(self) -> None:
+        cfg = self.config
+        target = self.target
+        # Then this replication's hold on the target, before anything is written: a
+        # second replicator of it fails here in one line (AlreadyRunningError).
+        held = await asyncio.to_thread(target.hold, cfg.name)
+        if self._status_line is not None:
+            log.info("%s", self._status_line)
+        try:
+            await self._run_held()
+        finally:
+            held.release()
+
+    async def _run_held(self) -> None:
         cfg = self.config
         target = self.target
         await asyncio.to_thread(target.open)
@@ -377,8 +391,10 @@ class Replicator:
             await runner.cleanup()
             raise ListenError(f"cannot listen on {cfg.metrics_host}:{cfg.metrics_port} "
                               f"(replicate.metrics_port): {exc.strerror or exc}") from None
-        log.info("replication %s: status on http://%s:%d/v1/status", cfg.name,
-                 cfg.metrics_host, cfg.metrics_port)
+        # Logged once this process holds the replication (``_run``): a second one
+        # started by mistake says one line, its error.
+        self._status_line = (f"replication {cfg.name}: status on "
+                             f"http://{cfg.metrics_host}:{cfg.metrics_port}/v1/status")
         return runner
 
     async def _first_position(self, relays: tuple[str, ...]

@@ -205,6 +205,13 @@ def test_a_second_replicator_changes_nothing_of_the_first(pipeline: Pipeline) ->
     done = second(["replicate", "--config", str(p.replicate_config), "--no-progress"], p.tmp)
     assert_one_line_failure(done, "databus replicate: error:", "cannot listen",
                             str(p.replicate_port))
+    # Another status port (or none), the same replication on the same target: held.
+    other = p.tmp / "replicate-other-port.toml"
+    other.write_text(p.replicate_config.read_text().replace(
+        f"metrics_port = {p.replicate_port}", f"metrics_port = {free_port()}"))
+    done = second(["replicate", "--config", str(other), "--no-progress"], p.tmp)
+    assert_one_line_failure(done, "databus replicate: error:", "replication copy on target",
+                            "is held by process")
     assert ready(p.replicate_url)
     p.flows()
 
