@@ -33,7 +33,8 @@ from tests.relay_harness import RelayProcess, free_port, start_databus
 from tests.unit.test_txlog_support import SqliteSource
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+# One worker, in order: the module's pipeline is shared, and its last test stops it.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("safe_start")]
 
 DDL = "CREATE TABLE orders (id INTEGER PRIMARY KEY, tag TEXT NOT NULL)"
 DATABUS = str(Path(sys.executable).with_name("databus"))
