@@ -10,7 +10,8 @@
 (``error`` and ``message`` at the top only when not ready.) Components: each buffer's
 fetcher (ready when ``running`` or ``caught_up``), the ZooKeeper session of a cluster
 member (ready when connected), each worker process (ready when ``running``), and,
-answered by a worker itself, the main process (not ready when it stopped answering: relay/_liveness.py).
+answered by a worker itself, the main process (not ready when it stopped answering:
+relay/_liveness.py).
 ``components_of`` is pure: it reads a ``/v1/status`` document. The document's shape,
 the metrics and the answer are databus/_readiness.py's, shared by every daemon.
 """
