@@ -6,11 +6,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 from databus._event_loop import choose as choose_event_loop
-from databus._serving import run_app
+from databus._serving import listen_sockets, run_app
 from databus.config import load_config, redact_uri
 from databus.errors import ConfigError
+
+if TYPE_CHECKING:
+    from databus.bootstrap._storage import StoreHold
 
 log = logging.getLogger("databus.bootstrap")
 
@@ -44,11 +48,37 @@ def run(args: argparse.Namespace) -> int:
     port = config.port if args.port is None else args.port
     # Chosen before anything is opened: a config asking for a missing uvloop fails here.
     loop = choose_event_loop(config.event_loop, "bootstrap.event_loop")
+    # Safe start (DESIGN 17): the port, then the store, then this process's hold on the
+    # producer and the applier, all before either takes its fencing token (when the
+    # service starts). A second service started by mistake on a used port or on a store
+    # whose producer or applier another one runs fails here in one line, fencing nobody.
+    sockets = listen_sockets(host, port)
+    holds: list[StoreHold] = []
     storage = open_configured_storage(config)
-    log.info("bootstrap store %s; running %s", redact_uri(config.storage), ", ".join(config.run))
-    # databus._serving, not web.run_app: connection limits, timeouts, JSON protocol errors.
-    log.info("event loop: %s", loop.describe())
-    run_app(build_app(config, storage), host=host, port=port, loop_factory=loop.factory,
-            on_listen=lambda h, p: log.info("bootstrap service listening on http://%s:%d",
-                                            h, p))
+    try:
+        if config.cluster is None:  # a cluster's services share the store by design
+            for part in ("producer", "applier"):
+                if part in config.run:
+                    holds.append(storage.hold(part))
+        log.info("bootstrap store %s; running %s", redact_uri(config.storage),
+                 ", ".join(config.run))
+        # databus._serving, not web.run_app: connection limits, timeouts, JSON errors.
+        log.info("event loop: %s", loop.describe())
+        app = build_app(config, storage)
+    except BaseException:
+        for each in holds:
+            each.release()
+        storage.close()
+        for sock in sockets:
+            sock.close()
+        raise
+    try:
+        got = run_app(app, host=host, port=port, loop_factory=loop.factory,
+                      sockets=sockets,
+                      on_listen=lambda h, p: log.info("bootstrap service listening on "
+                                                      "http://%s:%d", h, p))
+        log.info("bootstrap service stopped (%s)", got)
+    finally:
+        for each in holds:
+            each.release()
     return 0

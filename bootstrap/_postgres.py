@@ -21,12 +21,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg2
 import psycopg2.extensions
 
-from databus._ddl import pg_xact_lock_sql
+from databus._ddl import ddl_lock_key, pg_xact_lock_sql
 from databus._redact import redact, register_uri, split_password
 from databus.bootstrap._sql import Cursor, SqlStorage, log_table
-from databus.bootstrap._storage import LogRows, StoredEvent
+from databus.bootstrap._storage import LogRows, StoredEvent, StoreHold
 from databus.config import redact_uri
-from databus.errors import ConfigError, StorageUnavailableError
+from databus.errors import AlreadyRunningError, ConfigError, StorageUnavailableError
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _LOST = (psycopg2.OperationalError, psycopg2.InterfaceError)
@@ -154,6 +154,36 @@ class PostgresStorage(SqlStorage):
                 self._drop_connection()
             raise
 
+    def hold(self, component: str) -> StoreHold:
+        """A session advisory lock on a connection of its own, kept open: the server
+        releases it when this process (or its connection) ends."""
+        key = ddl_lock_key(f"bootstrap-run:{self.schema_name}:{component}")
+        try:
+            conn = psycopg2.connect(
+                self._dsn, connect_timeout=self._connect_timeout,
+                application_name=f"databus-bootstrap-{component}",
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                **self._password_kwargs())
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_lock(%s), (SELECT pid FROM pg_locks"
+                            " WHERE locktype = 'advisory' AND granted AND objid ="
+                            " (%s::bigint & 4294967295)::oid LIMIT 1)", (key, key))
+                row = cur.fetchone()
+        except psycopg2.Error as exc:
+            raise StorageUnavailableError(
+                f"cannot connect to the bootstrap database {self.where}: {_first_line(exc)}"
+            ) from None
+        if row is None or not row[0]:
+            conn.close()
+            holder = f"server pid {row[1]}" if row is not None and row[1] else "another"
+            raise AlreadyRunningError(
+                f"the {component} of bootstrap store {self.where} is held by another "
+                f"process (its connection: {holder}); another bootstrap service runs it: "
+                f"stop that one first, or run this one without the {component} "
+                "(bootstrap.run)")
+        return _PgHold(conn)
+
     def close(self) -> None:
         with self._lock:
             conns, self._all = self._all, []
@@ -235,6 +265,15 @@ class PostgresStorage(SqlStorage):
                     with self._transaction(write=True) as cur:
                         cur.execute(f"DROP TABLE IF EXISTS {log_table(source_id)}_p{index}")
                     self._partitions.discard((source_id, index))
+
+
+class _PgHold:
+    def __init__(self, conn: psycopg2.extensions.connection) -> None:
+        self._conn = conn
+
+    def release(self) -> None:
+        with contextlib.suppress(psycopg2.Error):
+            self._conn.close()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -26,9 +26,10 @@ from typing import Any
 
 import aiohttp
 
+from databus._redact import redact
 from databus.batch import frame_windows, restamp, scan
 from databus.bootstrap._component import BackgroundComponent, ComponentStatus
-from databus.bootstrap._storage import BootstrapStorage, LogBatch
+from databus.bootstrap._storage import BootstrapStorage, FencedError, LogBatch
 from databus.checkpoint import Checkpoint
 from databus.client import FellOffRelay, RelayPuller
 from databus.client._headers import read_json
@@ -265,8 +266,15 @@ class LogProducer(BackgroundComponent):
 
     async def _append(self, windows: LogBatch, floor: int | None) -> None:
         committed = Checkpoint.after(windows.last_scn)
-        await asyncio.to_thread(self.storage.append, windows, committed,
-                                log_floor_scn=floor, fence=self.fence)
+        try:
+            await asyncio.to_thread(self.storage.append, windows, committed,
+                                    log_floor_scn=floor, fence=self.fence)
+        except FencedError as exc:
+            # Said at once: the loop learns it only with the next batch, which may be
+            # long in coming on an idle source, and /readyz must not say "running".
+            self.status.state = "fenced"
+            self.status.last_error = redact(str(exc))
+            raise
         self.status.scn = committed.window_scn
         if len(windows.timestamps):
             self.status.last_timestamp_ns = int(windows.timestamps[-1])

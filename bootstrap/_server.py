@@ -2,7 +2,7 @@
 
 - ``GET /v1/bootstrap/sources``, ``GET /v1/bootstrap/schemas/{fingerprint}``
 - ``GET /v1/bootstrap/stream?checkpoint=JSON&sources=a,b&filter=JSON&max_bytes=N``
-- ``GET /v1/status``, ``GET /metrics``, ``GET /healthz``
+- ``GET /v1/status``, ``GET /metrics``, ``GET /healthz``, ``GET /readyz``
 - ``POST /v1/admin/retain`` (bearer token): run retention now
 
 Store calls block, so each runs in a worker thread; the store gives every thread its
@@ -42,6 +42,8 @@ from databus._http import (
     parse_fingerprint,
     sources_param,
 )
+from databus._readiness import not_ready, readiness_response
+from databus.bootstrap._readiness import component_families, components_of
 from databus.bootstrap._serve import Bootstrapper
 from databus.config import Secret
 from databus.schemas import Schema
@@ -170,7 +172,19 @@ async def status_doc(app: web.Application) -> dict[str, Any]:
         # The loop this process actually runs on (bootstrap.event_loop, DATABUS_EVENT_LOOP).
         "event_loop": running_loop_name(),
     }
+    # What is not ready and why: the entries of /readyz (bootstrap/_readiness.py).
+    down = not_ready(components_of(doc))
+    doc["ready"] = not down
+    doc["not_ready"] = down
     return doc
+
+
+def _components(app: web.Application) -> dict[str, Any]:
+    """Just the parts of the status /readyz reads: no store query (a store that does not
+    answer must not make /readyz hang)."""
+    info = app[INFO]
+    return {"components": {name: report() for name, report in info.components.items()},
+            "cluster": info.cluster() if info.cluster is not None else None}
 
 
 async def status(request: web.Request) -> web.Response:
@@ -178,7 +192,14 @@ async def status(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness: 200 while the process runs (/readyz says whether it does its job)."""
     return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness (bootstrap/_readiness.py): 200 when the producer and the applier this
+    process runs hold their tokens or stand by, else 503 with what and why."""
+    return readiness_response(components_of(_components(request.app)))
 
 
 class BootstrapCollector(Collector):
@@ -197,6 +218,7 @@ class BootstrapCollector(Collector):
         doc = self.status
         if doc is None:
             return
+        yield from component_families(components_of(doc))
         p = "databus_bootstrap_"
         for field, text in [
             ("producer_scn", "Newest window in the log"),
@@ -282,5 +304,6 @@ def create_app(bootstrapper: Bootstrapper, info: ServiceInfo | None = None, *,
     app.router.add_get("/v1/status", status)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_post("/v1/admin/retain", admin_retain)
     return app

@@ -15,8 +15,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from databus._hold import hold
 from databus.bootstrap._sql import Cursor, SqlStorage, log_table
-from databus.bootstrap._storage import LogRows, StoredEvent
+from databus.bootstrap._storage import LogRows, StoredEvent, StoreHold
 from databus.errors import ConfigError, StorageUnavailableError
 
 
@@ -102,6 +103,13 @@ class SqliteStorage(SqlStorage):
             if orphan:  # close() came while this thread was using it
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
+
+    def hold(self, component: str) -> StoreHold:
+        """A lock file beside the database (databus/_hold.py)."""
+        return hold(Path(f"{self.path}.{component}.lock"),
+                    f"the {component} of bootstrap store {self.where}",
+                    "another bootstrap service runs it: stop that one first, or run this "
+                    f"one without the {component} (bootstrap.run)")
 
     def close(self) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from databus._hashing import stable_key_hash
@@ -217,12 +218,26 @@ class LogRow:
     event: bytes
 
 
+class StoreHold(Protocol):
+    """A component of a store held by this process (``BootstrapStorage.hold``)."""
+
+    def release(self) -> None: ...
+
+
 class BootstrapStorage(ABC):
     """A bootstrap database: log, snapshot, schemas, producer and applier state."""
 
     paramstyle: str  # of the filter fragments this backend executes
     key_hash: bool  # whether hash filters can be pushed down (fixed at creation)
     where: str  # the store's location, password removed, for messages
+
+    def hold(self, component: str) -> StoreHold:
+        """Say that this process runs ``component`` ("producer", "applier") on this
+        store, for as long as it lives, before it takes the component's fencing token:
+        ``AlreadyRunningError`` when another process does (a second service started by
+        mistake), which then fences nobody (DESIGN 17, "Safe start"). A cluster's
+        services share a store and take its ZooKeeper locks instead."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hold a component")
 
     # -- catalog --------------------------------------------------------------------
 

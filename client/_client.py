@@ -216,8 +216,19 @@ class DatabusClient:
             loop.call_soon_threadsafe(wake.set)
 
     def run(self) -> None:
-        """Run until ``stop()`` or a fatal error (raised here)."""
-        asyncio.run(self.run_async())
+        """Run until ``stop()``, SIGINT or SIGTERM (when called in the main thread: one
+        log line, then it returns, so the application ends with status 0), or a fatal
+        error (raised here)."""
+        asyncio.run(self._run_until_signalled())
+
+    async def _run_until_signalled(self) -> None:
+        from databus._signals import stop_on_signals
+
+        remove = stop_on_signals(self.stop, f"databus client {self.name}", log)
+        try:
+            await self.run_async()
+        finally:
+            remove()
 
     # -- relay discovery ----------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import logging
 import sys
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -32,6 +33,7 @@ from typing import Any, TextIO
 from uuid import UUID
 
 from databus._json import dumps
+from databus._signals import stop_on_signals
 from databus.checkpoint import Checkpoint
 from databus.client._checkpoint_store import MemoryCheckpointStore
 from databus.client._client import DatabusClient
@@ -39,6 +41,7 @@ from databus.client._consumer import CallbackResult, Consumer
 from databus.client._events import DataEvent
 from databus.errors import ConfigError
 
+log = logging.getLogger("databus.tail")
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("tail", help="print a relay's events as JSON lines")
@@ -177,7 +180,10 @@ async def tail(args: argparse.Namespace, out: TextIO) -> None:
     printer = _Printer(out, args.count)
     printer.client = client
     client.register(printer)
+    # SIGINT/SIGTERM: one line, the stream ends, exit status 0 (databus/_signals.py).
+    remove = stop_on_signals(client.stop, "databus tail", log)
     run = asyncio.create_task(client.run_async())
+    run.add_done_callback(lambda _: remove())
     if args.exit:
         while not run.done():
             await asyncio.sleep(0.05)

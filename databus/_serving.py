@@ -662,41 +662,78 @@ class AppRunner(web.AppRunner):
 def run_app(app: web.Application, *, host: str, port: int,
             on_listen: Callable[[str, int], None],
             loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
-            sockets: Sequence[socket.socket] = (), unix_path: str | None = None) -> None:
+            sockets: Sequence[socket.socket] = (), unix_path: str | None = None) -> str:
     """Serve ``app`` until SIGINT or SIGTERM (what ``web.run_app`` does, with limits),
     on the loop ``loop_factory`` makes (uvloop's, databus._event_loop; None: asyncio's).
     ``sockets``: listen on these bound sockets instead of ``host:port``; ``unix_path``:
-    also on a unix socket there."""
+    also on a unix socket there. Returns the name of the signal that ended it."""
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(_serve(app, host, port, on_listen, sockets=sockets, unix_path=unix_path))
+        return runner.run(_serve(app, host, port, on_listen, sockets=sockets,
+                                 unix_path=unix_path))
+
+
+def listen_sockets(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
+    """Listening sockets on ``host:port`` (every address it resolves to, all or none),
+    as aiohttp's ``TCPSite`` would bind them; ``ListenError`` in one line when the host
+    does not resolve or the port is in use. A daemon binds first, before it opens its
+    files or takes any lock, token, slot or lease (DESIGN 17, "Safe start")."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, Any]] = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sockets
 
 
 async def _serve(app: web.Application, host: str, port: int,
                  on_listen: Callable[[str, int], None], *,
-                 sockets: Sequence[socket.socket] = (), unix_path: str | None = None) -> None:
+                 sockets: Sequence[socket.socket] = (), unix_path: str | None = None) -> str:
+    # Bound before the app starts (runner.setup() runs its startup: fetchers, fencing
+    # tokens, leases): a port in use fails here, having started nothing.
+    if not sockets:
+        sockets = listen_sockets(host, port)
     runner = AppRunner(app)
     await runner.setup()
     try:
-        if sockets:
-            # Bound and listening already: a relay with workers binds its port before
-            # they start (relay/_workers.py, Listeners).
-            for sock in sockets:
-                await web.SockSite(runner, sock).start()
-        else:
-            try:
-                await web.TCPSite(runner, host, port).start()
-            except OSError as exc:  # a host that does not resolve, a port in use
-                raise ListenError(f"cannot listen on {host}:{port}: "
-                                  f"{exc.strerror or exc}") from None
+        for sock in sockets:
+            await web.SockSite(runner, sock).start()
         if unix_path is not None:
             await web.UnixSite(runner, unix_path).start()
             # The same API as the TCP port, for this user only (admin still needs its token).
             os.chmod(unix_path, 0o600)
         on_listen(host, runner.addresses[0][1] if runner.addresses else port)
         stop = asyncio.Event()
+        got: list[str] = []
         loop = asyncio.get_running_loop()
+
+        def signalled(sig: signal.Signals) -> None:
+            got.append(sig.name)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, signalled, sig)
         await stop.wait()
+        return got[0]
     finally:
         await runner.cleanup()

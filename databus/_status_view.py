@@ -3,6 +3,7 @@
 ::
 
     databus status --relay URL [URL ...] [--bootstrap URL [URL ...]]
+                   [--replicator URL [URL ...]]
                    [--json | --watch [SECONDS]] [--timeout SECONDS]
 
 Two halves. The pure half turns the JSON documents the services answer (a relay's
@@ -17,16 +18,28 @@ The JSON document (``--json``; keys are stable, documented in docs/operations.md
 
     {"version": 1, "generated_at": <unix time>, "ok": <every service answered>,
      "down": <services that did not>,
+     "ready": <every service answered and every component is ready>,
+     "not_ready": <components not ready, all services together>,
      "relays": [<relay entry> | {"url": ..., "error": ...}],
-     "bootstraps": [<bootstrap entry> | {"url": ..., "error": ...}]}
+     "bootstraps": [<bootstrap entry> | {"url": ..., "error": ...}],
+     "replicators": [<replicator entry> | {"url": ..., "error": ...}]}
+
+Each entry of a service that answered has ``"ready"`` and ``"not_ready"`` (the entries
+of its ``/readyz``: component, state, error, message, fix), computed from its
+``/v1/status`` by the very function its ``/readyz`` applies (``relay/_readiness.py``,
+``bootstrap/_readiness.py``, ``replicator/_readiness.py``): status and ``/readyz``
+never disagree.
 
 A relay whose ``/v1/consumers`` answers 404 (a relay older than the consumer registry)
 gets ``"consumers": null, "consumers_error": "not available"``: it is up, only that
 part of the view is missing. URLs are printed with their password replaced by ``***``
 and every error message goes through ``databus._redact``.
 
-Exit status: 0 when every named service answered its ``/v1/status``, 1 when any did
-not (or on a bad argument such as a URL that is not http(s)).
+Exit status: 0 when every named service answered its ``/v1/status`` and every
+component it shows is ready (what its ``/readyz`` would answer 200 for); 1 when any
+service did not answer or anything is not ready (a failed or backing-off fetcher, a
+fenced producer, a replicator not applying, a quarantined source...), or on a bad
+argument such as a URL that is not http(s).
 """
 
 from __future__ import annotations
@@ -38,12 +51,13 @@ import math
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from databus._json import dumps as dumps_json
 from databus._redact import redact, register_uri
+from databus._tables import ALERT, Styled, rich_table
 from databus.config import redact_uri
 from databus.errors import ConfigError
 
@@ -206,6 +220,7 @@ def relay_entry(url: str, status: Answer, consumers: Answer,
     buffers = doc.get("buffers") if isinstance(doc, Mapping) else None
     if not isinstance(buffers, Mapping):
         return _down(url, "/v1/status is not a relay's status document (no buffers)")
+    from databus._status_services import readiness_fields
     entry: dict[str, Any] = {
         "url": display_url(url),
         "event_loop": _event_loop(doc),
@@ -215,6 +230,7 @@ def relay_entry(url: str, status: Answer, consumers: Answer,
         "consumers": None,
         "consumers_error": None,
         "consumer_registry": None,
+        **readiness_fields("relay", doc),
     }
     cdoc = consumers.doc
     if consumers.status == 404:
@@ -241,6 +257,7 @@ def bootstrap_entry(url: str, status: Answer) -> dict[str, Any]:
         return _down(url, "/v1/status is not a bootstrap service's status document")
     rows = doc.get("snapshot_rows")
     components = doc.get("components")
+    from databus._status_services import readiness_fields
     return {
         "url": display_url(url),
         "event_loop": _event_loop(doc),
@@ -265,25 +282,33 @@ def bootstrap_entry(url: str, status: Answer) -> dict[str, Any]:
             }
             for name, c in components.items() if isinstance(c, Mapping)
         } if isinstance(components, Mapping) else {},
+        **readiness_fields("bootstrap", doc),
     }
 
 
 def build_document(relays: Sequence[dict[str, Any]], bootstraps: Sequence[dict[str, Any]],
-                   now: float | None = None) -> dict[str, Any]:
+                   now: float | None = None,
+                   replicators: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The command's JSON document from the entries (in the order the URLs were given)."""
-    down = sum("error" in entry for entry in [*relays, *bootstraps])
+    entries = [*relays, *bootstraps, *replicators]
+    down = sum("error" in entry for entry in entries)
+    not_ready = sum(len(entry.get("not_ready") or ()) for entry in entries)
     return {
         "version": DOCUMENT_VERSION,
         "generated_at": round(time.time() if now is None else now, 3),
         "ok": down == 0,
         "down": down,
+        "ready": down == 0 and not_ready == 0,
+        "not_ready": not_ready,
         "relays": list(relays),
         "bootstraps": list(bootstraps),
+        "replicators": list(replicators),
     }
 
 
 def exit_status(document: Mapping[str, Any]) -> int:
-    return 0 if document["ok"] else 1
+    """0 when every service answered and everything it shows is ready, else 1."""
+    return 0 if document["ok"] and document.get("ready", True) else 1
 
 
 # -- the pure half: entries out as text -------------------------------------------------
@@ -339,24 +364,12 @@ def dump_cells(dump: Mapping[str, Any], width: int = 20) -> str:
             f"{dump.get('rows_per_second') or 0:,.0f} rows/s")
 
 
-class Styled(str):
-    """A cell with a rich style (``"bold red"``), still equal to its plain text: the
-    row functions stay testable as strings, and no text that came from a service is
-    ever parsed as rich markup (an error message may hold ``[...]``)."""
-
-    style: str
-
-    def __new__(cls, text: str, style: str) -> Styled:
-        cell = super().__new__(cls, text)
-        cell.style = style
-        return cell
-
-
-ALERT = "bold red"
 
 
 def _service_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """(kind, url, state, detail) for the services table."""
+    from databus._status_services import replicator_service_rows, up_cell
+
     rows: list[tuple[str, ...]] = []
     for kind, key in (("relay", "relays"), ("bootstrap", "bootstraps")):
         for entry in document[key]:
@@ -376,7 +389,8 @@ def _service_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
                     detail.append(f"{len(entry['consumers'])} consumer(s)")
             elif entry.get("storage"):
                 detail.append(entry["storage"])
-            rows.append((kind, entry["url"], Styled("up", "green"), ", ".join(detail)))
+            rows.append((kind, entry["url"], up_cell(entry), ", ".join(detail)))
+    rows += replicator_service_rows(document)
     return rows
 
 
@@ -405,7 +419,7 @@ def fetcher_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
                 rows.append((relay["url"], b["name"], "none", "-", "-", "-", "-", "-", ""))
                 continue
             state = f["state"] or "-"
-            if state == "failed":
+            if state not in ("running", "caught_up", "-"):
                 state = Styled(state, ALERT)
             rows.append((relay["url"], b["name"], state, lag_text(f.get("lag_seconds")),
                          _count(f["source_scn"]),
@@ -451,7 +465,7 @@ def bootstrap_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
         parts = []
         failed = False
         for name, c in b["components"].items():
-            failed |= c["state"] == "failed"
+            failed |= c["state"] not in ("running", "standby")
             text = f"{name} {c['state']}"
             if c["last_error"]:
                 text += f" ({c['last_error']})"
@@ -475,29 +489,27 @@ def render(document: Mapping[str, Any]) -> Group:
     """The document as rich tables: services, buffers, fetchers, consumers, bootstrap
     services, and active dumps when there are any."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
-    def table(title: str, columns: Iterable[str], rows: Sequence[tuple[str, ...]],
-              right: Iterable[int] = ()) -> Table:
-        t = Table(title=title, title_justify="left", expand=False)
-        aligned = set(right)
-        for i, column in enumerate(columns):
-            t.add_column(column, justify="right" if i in aligned else "left")
-        for row in rows:
-            t.add_row(*(Text(cell, style=cell.style) if isinstance(cell, Styled)
-                        else Text(cell) for cell in row))
-        return t
+    from databus._status_services import not_ready_rows, replicator_rows
+
+    table = rich_table  # databus/_tables.py, shared by the status commands
 
     when = time.strftime("%H:%M:%S", time.localtime(document["generated_at"]))
-    verdict = ("[green]all services up[/]" if document["ok"]
-               else f"[bold red]{document['down']} service(s) down[/]")
+    if not document["ok"]:
+        verdict = f"[bold red]{document['down']} service(s) down[/]"
+    elif not document.get("ready", True):
+        verdict = f"[bold red]{document['not_ready']} component(s) not ready[/]"
+    else:
+        verdict = "[green]all services up and ready[/]"
     parts: list[Any] = [
         Text.from_markup(f"[bold]databus status[/] at {when}: {verdict}"),
         table("Services", ("kind", "url", "state", "detail"), _service_rows(document)),
     ]
     # A table with no row (every relay down, no dump running) is left out.
     for title, columns, rows, right in (
+        ("Not ready", ("service", "url", "component", "state", "error", "message", "fix"),
+         not_ready_rows(document), ()),
         ("Buffers", ("relay", "buffer", "SCN min..max", "fill", "input", "windows",
                      "events"), buffer_rows(document), (2, 3, 4, 5, 6)),
         ("Fetchers", ("relay", "buffer", "state", "lag", "source SCN", "lag SCN",
@@ -509,6 +521,9 @@ def render(document: Mapping[str, Any]) -> Group:
         ("Bootstrap services", ("url", "log SCN", "applied SCN", "applier lag", "log",
                                 "snapshot rows", "components"), bootstrap_rows(document),
          (1, 2, 3, 5)),
+        ("Replicators", ("url", "replication", "state", "applied SCN", "lag SCN", "lag",
+                         "batches", "errors", "last error"), replicator_rows(document),
+         (3, 4, 5, 6, 7)),
     ):
         if rows:
             parts.append(table(title, columns, rows, right))
@@ -569,7 +584,8 @@ def _http_error(status: int, path: str, doc: Any) -> str:
 
 
 async def collect(session: aiohttp.ClientSession, relays: Sequence[str],
-                  bootstraps: Sequence[str], timeout: float) -> dict[str, Any]:
+                  bootstraps: Sequence[str], timeout: float,
+                  replicators: Sequence[str] = ()) -> dict[str, Any]:
     """Fetch every document at once and build the command's document."""
     relay_answers = [
         asyncio.gather(fetch_answer(session, url, "/v1/status", timeout),
@@ -577,13 +593,19 @@ async def collect(session: aiohttp.ClientSession, relays: Sequence[str],
         for url in relays
     ]
     boot_answers = [fetch_answer(session, url, "/v1/status", timeout) for url in bootstraps]
+    from databus._status_services import replicator_entry
+
+    repl_answers = [fetch_answer(session, url, "/v1/status", timeout) for url in replicators]
     answered = await asyncio.gather(*relay_answers)
     boot_answered = await asyncio.gather(*boot_answers)
+    repl_answered = await asyncio.gather(*repl_answers)
     now = time.time()
     return build_document(
         [relay_entry(url, s, c, now) for url, (s, c) in zip(relays, answered, strict=True)],
         [bootstrap_entry(url, a) for url, a in zip(bootstraps, boot_answered, strict=True)],
-        now)
+        now,
+        [replicator_entry(url, a) for url, a in zip(replicators, repl_answered,
+                                                    strict=True)])
 
 
 # -- the command ------------------------------------------------------------------------
@@ -593,12 +615,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "status", help="one view of relays, bootstrap services, fetchers and consumers",
         description="Fetch /v1/status (and a relay's /v1/consumers) from every service "
-        "named and show buffers, fetchers, consumers and bootstrap services. Exit status "
-        "0 when every service answered, 1 when any is down (docs/operations.md).")
+        "named and show buffers, fetchers, consumers, bootstrap services and "
+        "replicators. Exit status 0 when every service answered and everything it shows "
+        "is ready, 1 when any is down or anything is not ready (docs/operations.md).")
     parser.add_argument("--relay", nargs="+", action="extend", default=[], metavar="URL",
                         help="relay URL(s), e.g. http://127.0.0.1:11190")
     parser.add_argument("--bootstrap", nargs="+", action="extend", default=[],
                         metavar="URL", help="bootstrap service URL(s)")
+    parser.add_argument("--replicator", nargs="+", action="extend", default=[],
+                        metavar="URL", help="replicator status server URL(s) "
+                        "(replicate.metrics_port)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true",
                       help="print one JSON document (stable keys) and exit")
@@ -611,23 +637,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.relay and not args.bootstrap:
-        raise ConfigError("name at least one service: --relay URL and/or --bootstrap URL")
+    replicators_given = getattr(args, "replicator", None) or []
+    if not args.relay and not args.bootstrap and not replicators_given:
+        raise ConfigError("name at least one service: --relay URL, --bootstrap URL or "
+                          "--replicator URL")
     if args.timeout <= 0 or (args.watch is not None and args.watch <= 0):
         raise ConfigError("--timeout and --watch take a number of seconds > 0")
-    for url in [*args.relay, *args.bootstrap]:
+    for url in [*args.relay, *args.bootstrap, *replicators_given]:
         register_uri(url)  # before anything can print it
     relays = [normalize_url(u) for u in args.relay]
     bootstraps = [normalize_url(u) for u in args.bootstrap]
+    replicators = [normalize_url(u) for u in replicators_given]
     last = [1]  # the watch's exit status so far (Ctrl-C ends it inside asyncio.run)
     try:
-        return asyncio.run(_main(relays, bootstraps, args, last))
+        return asyncio.run(_main(relays, bootstraps, args, last, replicators))
     except KeyboardInterrupt:
         return last[0]
 
 
 async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse.Namespace,
-                last: list[int]) -> int:
+                last: list[int], replicators: Sequence[str] = ()) -> int:
     import aiohttp
     from rich.console import Console
 
@@ -635,12 +664,14 @@ async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse
     # URLs that carry user:password.
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         if args.json:
-            document = await collect(session, relays, bootstraps, args.timeout)
+            document = await collect(session, relays, bootstraps, args.timeout,
+                                     replicators)
             sys.stdout.write(dumps_json(document, indent=2) + "\n")
             return exit_status(document)
         console = Console()
         if args.watch is None:
-            document = await collect(session, relays, bootstraps, args.timeout)
+            document = await collect(session, relays, bootstraps, args.timeout,
+                                     replicators)
             console.print(render(document))
             return exit_status(document)
         from rich.live import Live
@@ -648,7 +679,8 @@ async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse
         with Live(console=console, auto_refresh=False) as live:
             while True:
                 started = time.monotonic()
-                document = await collect(session, relays, bootstraps, args.timeout)
+                document = await collect(session, relays, bootstraps, args.timeout,
+                                     replicators)
                 last[0] = exit_status(document)
                 live.update(render(document), refresh=True)
                 await asyncio.sleep(max(0.0, args.watch - (time.monotonic() - started)))

@@ -17,7 +17,9 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
@@ -62,6 +64,11 @@ def _os_error(exc: OSError) -> str:
     if exc.filename is not None:
         return f"{os.fsdecode(exc.filename)}: {what}"
     return what
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM where no loop handles it: end as a SIGINT does."""
+    raise KeyboardInterrupt
 
 
 def _command_modules() -> list[str]:
@@ -109,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return handler(args)
     except DatabusError as exc:
@@ -120,7 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(redact(f"databus {args.command}: error: {_os_error(exc)}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 130
+        # SIGINT, or a SIGTERM (below) outside a daemon's own handlers (while it starts
+        # or stops): a requested end, not a failure (DESIGN 17: one line, status 0).
+        print(f"databus {args.command}: stopped", file=sys.stderr)
+        return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

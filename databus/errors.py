@@ -233,3 +233,11 @@ class DdlLockTimeoutError(DatabusError):
 
     code = "ddl_lock_timeout"
     retriable = True
+
+
+class AlreadyRunningError(DatabusError):
+    """A second instance of a daemon started by mistake: what it needs (a relay's data
+    dir, a bootstrap store's producer or applier, a replication's target) is held by
+    another process, which keeps it. Nothing was changed; the message names the holder."""
+
+    code = "already_running"

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from databus._limited_log import limited
 from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
-from databus.errors import ConfigError, DatabusError, SourceGapError
+from databus.errors import ConfigError, DatabusError, SourceGapError, SourceMisconfiguredError
 from databus.fetchers._api import (
     ConfiguredSources,
     Fetcher,
@@ -264,6 +264,9 @@ class _Runner:
         # Set by reassign (another thread), taken by the loop: start the delays over.
         self.role_changed = False
         self.windows_landed = 0  # windows the fetcher wrote (this thread's attempts)
+        # Retrying after a misconfiguration: "failed" until a try reads (``_confirm``).
+        self.fixing = False
+        self.attempt_reports = 0  # source positions and details reported this try
         self.expected_streak = 0  # attempts in a row that ended in an expected condition
 
     def reassign(self) -> None:
@@ -288,6 +291,7 @@ class _Runner:
 
     def report_source_scn(self, scn: int) -> None:
         self.source_scn = scn
+        self._reported()
 
     def report_read_through(self, time_ns: int, next_within_s: float) -> None:
         """``FetcherContext.report_read_through`` (the fetcher's thread)."""
@@ -310,6 +314,14 @@ class _Runner:
     def report_details(self, details: dict[str, Any]) -> None:
         self.details = {k: v for k, v in details.items()
                         if isinstance(k, str) and _DETAIL_NAME.fullmatch(k)}
+        self._reported()
+
+    def _reported(self) -> None:
+        # The first report of a try may come before it reads (a binlog fetcher reports
+        # the server's position, then asks for the binlog): the second one is reading.
+        self.attempt_reports += 1
+        if self.attempt_reports >= 2:
+            self._confirm()
 
     def _window_landed(self) -> None:
         self.last_window_at = time.time()
@@ -318,6 +330,16 @@ class _Runner:
             # dump engine's thread: no sign that the fetcher is healthy).
             self.windows_landed += 1
             self._heard(self.buffer.last_window_timestamp_ns)
+            self._confirm()
+
+    def _confirm(self) -> None:
+        """A fetcher retried after a misconfiguration reads its source again (it lands
+        a window or reports the source's position): it is "running" from now on."""
+        if self.fixing and threading.current_thread() is self.thread:
+            with self.lock:
+                if self.fixing and self.state == "failed":
+                    self.state = "running"
+                self.fixing = False
 
     def get_state(self) -> FetcherState:
         with self.lock:
@@ -378,7 +400,9 @@ class _Runner:
                     after = fetcher.initial_scn()
                     if after is not None:
                         self.buffer.start_after(after)
-                self.set_state("running")
+                self.attempt_reports = 0
+                if not self.fixing:  # else "running" once it reads (``_confirm``)
+                    self.set_state("running")
                 fetcher.run(sink, after, self.attempt_stop)
             except Exception as exc:
                 error = exc
@@ -438,11 +462,28 @@ class _Runner:
         detail = message if expected else redact(
             "".join(traceback.format_exception(error)).rstrip()
         )
+        # A source misconfigured (its settings, the user's grants or password, a slot
+        # or publication missing) cannot recover by retrying alone, so the fetcher is
+        # "failed" (not ready, the fix is the operator's); but the fix is made at the
+        # source while the relay runs, so the host keeps trying, at the backoff's pace,
+        # and the fetcher stays "failed" until a try reads again (``_confirm``).
+        fixable = isinstance(error, SourceMisconfiguredError) and not progressed
         with self.lock:
             self.last_error = message
             self.last_error_at = time.time()
             self.state = "backoff" if retriable else "failed"
+            self.fixing = fixable
         source = redact_uri(uri or self.uri)
+        if fixable:
+            delay = self.backoff.failed(ran_for, progressed)
+            limited(log).error("fetcher of buffer %s (%s) failed: %s; fix it at the source: "
+                               "trying again every %.0f s meanwhile", self.name, source,
+                               detail, delay, kind=f"{self.name} {source} misconfigured")
+            if self.attempt_stop.wait(delay):
+                return True
+            with self.lock:
+                self.restarts += 1
+            return True
         if not retriable:
             log.error("fetcher of buffer %s (%s) failed and cannot recover by retrying; "
                       "fix the cause and restart the relay: %s", self.name, source, detail)

@@ -8,10 +8,12 @@
                      "message": "...", "fix": "..."}, ...]}
 
 (``error`` and ``message`` at the top only when not ready.) Components: each buffer's
-fetcher (ready when ``running``), the ZooKeeper session of a cluster member (ready when
-connected), each worker process (ready when ``running``), and, answered by a worker
-itself, the main process (not ready when it stopped answering: relay/_liveness.py).
-``components_of`` is pure: it reads a ``/v1/status`` document.
+fetcher (ready when ``running`` or ``caught_up``), the ZooKeeper session of a cluster
+member (ready when connected), each worker process (ready when ``running``), and,
+answered by a worker itself, the main process (not ready when it stopped answering:
+relay/_liveness.py).
+``components_of`` is pure: it reads a ``/v1/status`` document. The document's shape,
+the metrics and the answer are databus/_readiness.py's, shared by every daemon.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from aiohttp import web
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from databus._http import json_response
+from databus._readiness import component, readiness_response
+from databus._readiness import component_families as shared_families
 
-__all__ = ["STATES", "component_families", "components_of", "readiness_response"]
+__all__ = ["FETCHER_READY", "STATES", "component_families", "components_of",
+           "readiness_response"]
 
+# A fetcher does its job while it reads its source (DESIGN 17: ``running`` or
+# ``caught_up``, for a fetcher that reports being at the source's end).
+FETCHER_READY = ("running", "caught_up")
 # Every state of each kind of component, for the one-hot ``databus_component_state``.
 STATES = {
     "fetcher": ("starting", "running", "backoff", "standby", "stopped", "failed"),
@@ -44,11 +50,18 @@ _FETCHER_FIX = {
 }
 
 
-def _component(component: str, state: str, ready: bool, *, message: str | None = None,
-               fix: str | None = None, **where: Any) -> dict[str, Any]:
-    return {"component": component, **where, "ready": ready, "state": state,
-            "error": None if ready else f"{component}_{state}",
-            "message": None if ready else message, "fix": None if ready else fix}
+_MISCONFIGURED_FIX = ("fix the source as the message says (its settings, the relay user's "
+                      "grants or password): the fetcher tries again by itself every few "
+                      "seconds, no restart needed")
+
+
+def _fetcher_fix(state: str, last_error: str | None) -> str | None:
+    if state == "failed" and (last_error or "").startswith("SourceMisconfiguredError:"):
+        return _MISCONFIGURED_FIX
+    return _FETCHER_FIX.get(state)
+
+
+_component = component
 
 
 def components_of(status: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -60,9 +73,9 @@ def components_of(status: Mapping[str, Any]) -> list[dict[str, Any]]:
         if fetcher is not None:
             state = str(fetcher["state"])
             out.append(_component(
-                "fetcher", state, state == "running", buffer=name,
+                "fetcher", state, state in FETCHER_READY, buffer=name,
                 message=fetcher.get("last_error") or f"the fetcher of buffer {name} is {state}",
-                fix=_FETCHER_FIX.get(state)))
+                fix=_fetcher_fix(state, fetcher.get("last_error"))))
         cluster = buffer.get("cluster")
         if cluster is not None:
             connected = bool(cluster.get("connected")) and connected is not False
@@ -82,33 +95,6 @@ def components_of(status: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def component_families(components: list[dict[str, Any]]) -> Iterator[Metric]:
-    """``databus_component_up{daemon,component,buffer}`` (1/0) and the one-hot
-    ``databus_component_state{daemon,component,buffer,state}`` of a relay's components
-    (DESIGN 17). A worker is ``worker_<index>`` (no buffer), so that each has series of
-    its own."""
-    up = GaugeMetricFamily("databus_component_up", "1 when the component does its job",
-                           labels=["daemon", "component", "buffer"])
-    state = GaugeMetricFamily("databus_component_state", "The component's state (one-hot)",
-                              labels=["daemon", "component", "buffer", "state"])
-    for c in components:
-        name = c["component"] + (f"_{c['index']}" if "index" in c else "")
-        buffer = str(c.get("buffer", ""))
-        up.add_metric(["relay", name, buffer], 1.0 if c["ready"] else 0.0)
-        known = STATES.get(c["component"], ())
-        for each in (*known, *(() if c["state"] in known else (c["state"],))):
-            state.add_metric(["relay", name, buffer, each], float(each == c["state"]))
-    yield up
-    yield state
-
-
-def readiness_response(components: list[dict[str, Any]]) -> web.Response:
-    """200 with the components when all are ready, else 503 naming those that are not."""
-    down = [c for c in components if not c["ready"]]
-    doc: dict[str, Any] = {"ready": not down}
-    if down:
-        doc["error"] = "not_ready"
-        doc["message"] = "; ".join(
-            f"{c['component']}" + (f" of buffer {c['buffer']}" if "buffer" in c else "")
-            + f": {c['state']}" for c in down)
-    doc["components"] = components
-    return json_response(doc, status=503 if down else 200)
+    """``databus_component_up`` and ``databus_component_state`` of a relay's components
+    (databus/_readiness.py), ``daemon="relay"``."""
+    return shared_families("relay", components, STATES)

@@ -474,6 +474,10 @@ async def status(request: web.Request) -> web.Response:
     doc = request.app[RELAY].status()
     # The loop this server actually runs on (relay.event_loop, DATABUS_EVENT_LOOP).
     doc["event_loop"] = running_loop_name()
+    # What is not ready and why: /readyz's entries (relay/_readiness.py).
+    down = [c for c in components_of(doc) if not c["ready"]]
+    doc["ready"] = not down
+    doc["not_ready"] = down
     return json_response(doc)
 
 

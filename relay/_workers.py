@@ -165,9 +165,10 @@ class Listeners:
                 return
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
-                    raise
+                    raise ListenError(f"cannot listen on {host}:{port}: "
+                                      f"{exc.strerror or exc}") from None
                 if not logged:
-                    log.warning("%s:%d is in use; retrying for %.0f s (the workers of a "
+                    log.debug("%s:%d is in use; retrying for %.0f s (the workers of a "
                                 "relay that just died may still hold it)", host, port, retry_s)
                     logged = True
                 time.sleep(0.1)
@@ -516,7 +517,8 @@ POOL = web.AppKey("worker_pool", WorkerPool)
 
 
 def enable_workers(app: web.Application, relay: Relay, *, count: int, config_path: str,
-                   host: str, port: int, log_level: str) -> tuple[list[socket.socket], str]:
+                   host: str, port: int, log_level: str,
+                   listeners: Listeners | None = None) -> tuple[list[socket.socket], str]:
     """Set ``app`` (``create_app(relay)``) up to run with ``count`` worker processes:
     binds the listening sockets and chooses the main process's unix socket, and returns
     both for ``databus._serving.run_app(sockets=..., unix_path=...)``. The workers start
@@ -525,7 +527,8 @@ def enable_workers(app: web.Application, relay: Relay, *, count: int, config_pat
         log.warning("relay.workers = %d on %s: worker processes read the rings relying on "
                     "x86-64's store order; a torn read there is caught by the events' CRCs "
                     "only (docs/relay.md, \"Workers\")", count + 1, platform.machine())
-    listeners = Listeners(host, port)
+    if listeners is None:  # bound by the caller first (relay/_cli.py: safe start)
+        listeners = Listeners(host, port)
     unix_path, tmp_dir = main_socket_path(relay.config.data_dir)
     cluster = relay.config.cluster
     stamps = StampWriter(relay.config.data_dir, stale_after_s(

@@ -12,12 +12,12 @@ import argparse
 import asyncio
 import logging
 import shutil
-import signal
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from databus._json import dumps as dumps_json
+from databus._signals import stop_on_signals
 from databus.config import ReplicateConfig, load_config
 from databus.errors import ConfigError
 
@@ -69,14 +69,14 @@ def run(args: argparse.Namespace) -> int:
     printer = None if args.no_progress else _stderr_printer(args.progress_interval)
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, replicator.stop)
+        # One line, then the run ends by itself: exit status 0 (databus/_signals.py).
+        remove = stop_on_signals(replicator.stop, f"replication {config.name}", log)
         showing = (asyncio.create_task(_show_progress(replicator, printer))
                    if printer is not None else None)
         try:
             await replicator.run_async()
         finally:
+            remove()
             if showing is not None and printer is not None:
                 showing.cancel()
                 consumer = replicator.consumer

@@ -89,7 +89,8 @@ class ApplyConsumer(Consumer):
     def __init__(self, config: ReplicateConfig, target: Target,
                  maps: dict[str, TableMap], position: TargetPosition,
                  remap: Callable[[str, Schema], TableFold | None],
-                 make_fold: Callable[[TableMap], TableFold]) -> None:
+                 make_fold: Callable[[TableMap], TableFold],
+                 stats: ReplicationStats | None = None) -> None:
         self.config = config
         self.target = target
         self.maps = maps
@@ -100,7 +101,7 @@ class ApplyConsumer(Consumer):
         self._batch_since: float | None = None
         self._bootstrapping = False
         self.fatal: BaseException | None = None
-        self.stats = ReplicationStats(config.name)
+        self.stats = stats if stats is not None else ReplicationStats(config.name)
         self._stop = threading.Event()
         # Called when the flusher meets a fatal error: no callback answers ERROR_FATAL
         # then (none may come while the source is idle), so the client must be told.
@@ -216,6 +217,8 @@ class ApplyConsumer(Consumer):
                 break
             except DatabusError as exc:
                 self.stats.failed(str(exc))
+                if exc.retriable:
+                    self.stats.state = "retrying"  # not applying: /readyz says so
                 if not exc.retriable:
                     self.fatal = exc
                     log.error("replication %s stopped: %s", self.config.name, exc)
@@ -255,8 +258,13 @@ class Replicator:
         self.target = target
         self.client: DatabusClient | None = None
         self.consumer: ApplyConsumer | None = None
+        # Created here, not with the consumer: the status server answers from the start.
+        self.stats = ReplicationStats(config.name)
+        self._stopping = False
+        self._status_line: str | None = None
 
     def stop(self) -> None:
+        self._stopping = True
         if self.client is not None:
             self.client.stop()
 
@@ -264,6 +272,30 @@ class Replicator:
         asyncio.run(self.run_async())
 
     async def run_async(self) -> None:
+        """Safe start (DESIGN 17): the status port is bound before the target is opened
+        or anything is written, so a second replicator started by mistake on the same
+        port fails at once and touches nothing."""
+        serving = await self._serve_status()
+        try:
+            await self._run()
+        finally:
+            if serving is not None:
+                await serving.cleanup()
+
+    async def _run(self) -> None:
+        cfg = self.config
+        target = self.target
+        # Then this replication's hold on the target, before anything is written: a
+        # second replicator of it fails here in one line (AlreadyRunningError).
+        held = await asyncio.to_thread(target.hold, cfg.name)
+        if self._status_line is not None:
+            log.info("%s", self._status_line)
+        try:
+            await self._run_held()
+        finally:
+            held.release()
+
+    async def _run_held(self) -> None:
         cfg = self.config
         target = self.target
         await asyncio.to_thread(target.open)
@@ -283,13 +315,14 @@ class Replicator:
             )
             dialect = target.dialect
             consumer = ApplyConsumer(cfg, target, maps, position, self._remap,
-                                     lambda table: make_fold(table, dialect))
+                                     lambda table: make_fold(table, dialect), self.stats)
             client.register(consumer)
             self.client, self.consumer = client, consumer
+            if self._stopping:
+                client.stop()  # SIGTERM while starting: stop before the first window
             consumer.on_fatal = client.stop
             consumer.start()
             consumer.stats.state = "running"
-            serving = await self._serve_status(consumer, client)
             # The copy's estimated size, from the bootstrap service (replicator/_status.py).
             estimating = (asyncio.create_task(estimate_copies(consumer.stats, cfg.bootstrap))
                           if cfg.bootstrap else None)
@@ -304,29 +337,37 @@ class Replicator:
                     estimating.cancel()
                 consumer.stats.state = "stopped" if consumer.fatal is None else "failed"
                 await asyncio.to_thread(consumer.close)
-                if serving is not None:
-                    await serving.cleanup()
             if consumer.fatal is not None:
                 raise ReplicationStopped(str(consumer.fatal)) from consumer.fatal
         finally:
             await asyncio.to_thread(target.close)
 
-    async def _serve_status(self, consumer: ApplyConsumer, client: DatabusClient) -> Any:
-        """``/v1/status``, ``/metrics`` and ``/healthz`` on ``metrics_port`` (None: off)."""
+    async def _serve_status(self) -> Any:
+        """``/v1/status``, ``/metrics``, ``/healthz`` and ``/readyz`` on ``metrics_port``
+        (None: off), from the start (state ``starting`` until the client runs)."""
         cfg = self.config
         if not cfg.metrics_port:
             return None
         from aiohttp import web
 
         from databus._http import json_response
+        from databus._readiness import readiness_response
+        from databus._serving import ListenError
         from databus.config import redact_uri
+        from databus.replicator._readiness import components_of
         from databus.replicator._status import metrics_page, status_document
 
         def document() -> dict[str, Any]:
-            m = client.metrics
-            return status_document(consumer.stats, relay_max_scn=m.relay_max_scn,
-                                   lag_ms=m.lag_ms, target=redact_uri(cfg.target),
-                                   lag_seconds=m.lag_seconds)
+            client = self.client
+            m = client.metrics if client is not None else None
+            return status_document(self.stats,
+                                   relay_max_scn=m.relay_max_scn if m is not None else None,
+                                   lag_ms=m.lag_ms if m is not None else None,
+                                   target=redact_uri(cfg.target),
+                                   lag_seconds=m.lag_seconds if m is not None else None)
+
+        async def readyz(request: web.Request) -> web.Response:
+            return readiness_response(components_of(document()))
 
         async def status(request: web.Request) -> web.Response:
             return json_response(document())
@@ -336,17 +377,25 @@ class Replicator:
                                 content_type="text/plain", charset="utf-8")
 
         async def healthz(request: web.Request) -> web.Response:
-            return json_response({"status": consumer.stats.state})
+            return json_response({"status": self.stats.state})
 
         app = web.Application()
         app.router.add_get("/v1/status", status)
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, cfg.metrics_host, cfg.metrics_port).start()
-        log.info("replication %s: status on http://%s:%d/v1/status", cfg.name,
-                 cfg.metrics_host, cfg.metrics_port)
+        try:
+            await web.TCPSite(runner, cfg.metrics_host, cfg.metrics_port).start()
+        except OSError as exc:  # a port in use: one line, nothing opened yet
+            await runner.cleanup()
+            raise ListenError(f"cannot listen on {cfg.metrics_host}:{cfg.metrics_port} "
+                              f"(replicate.metrics_port): {exc.strerror or exc}") from None
+        # Logged once this process holds the replication (``_run``): a second one
+        # started by mistake says one line, its error.
+        self._status_line = (f"replication {cfg.name}: status on "
+                             f"http://{cfg.metrics_host}:{cfg.metrics_port}/v1/status")
         return runner
 
     async def _first_position(self, relays: tuple[str, ...]

@@ -27,10 +27,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from databus._readiness import component_families as shared_families
+from databus._readiness import not_ready
 from databus.checkpoint import Checkpoint
 from databus.client._headers import read_json
 from databus.errors import DatabusError
 from databus.replicator._progress import CopyView, Start, start_kind, status_fields
+from databus.replicator._readiness import STATES, components_of
 
 __all__ = ["ReplicationStats", "bootstrap_rows", "estimate_copies", "status_document"]
 
@@ -74,6 +77,8 @@ class ReplicationStats:
                     self._copy_rows[table] = self._copy_rows.get(table, 0) + n
             self.batches += 1
             self.applied_scn = scn
+            if self.state == "retrying":
+                self.state = "running"  # the target answers again
             self._trim(now)
 
     def failed(self, error: str) -> None:
@@ -163,6 +168,17 @@ def status_document(stats: ReplicationStats, *, relay_max_scn: int | None,
     rates = stats.rates()
     lag_scn = (None if relay_max_scn is None or stats.applied_scn is None
                else max(0, relay_max_scn - stats.applied_scn))
+    doc = _document(stats, rates, relay_max_scn=relay_max_scn, lag_scn=lag_scn,
+                    lag_ms=lag_ms, target=target, lag_seconds=lag_seconds)
+    down = not_ready(components_of(doc))
+    doc["ready"] = not down
+    doc["not_ready"] = down
+    return doc
+
+
+def _document(stats: ReplicationStats, rates: dict[str, float], *,
+              relay_max_scn: int | None, lag_scn: int | None, lag_ms: float | None,
+              target: str, lag_seconds: float | None) -> dict[str, Any]:
     return {
         "replication": stats.name,
         "state": stats.state,
@@ -188,6 +204,7 @@ class _Collector(Collector):
     def collect(self) -> Iterator[Metric]:
         doc = self._document()
         name = doc["replication"]
+        yield from shared_families("replicator", components_of(doc), STATES)
         rows = CounterMetricFamily(f"{P}rows_applied_total", "Rows applied to the target",
                                    labels=["replication", "table"])
         rate = GaugeMetricFamily(f"{P}rows_per_second", "Rows applied per second (last "

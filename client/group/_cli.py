@@ -42,11 +42,12 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from databus._json import dumps as dumps_json
 from databus._redact import redact, register_uri
+from databus._tables import text_table
 from databus.coordination import lock_order, read_only_session
 from databus.errors import ConfigError, DatabusError
 
@@ -414,14 +415,6 @@ def exit_status(doc: Mapping[str, Any]) -> int:
 # -- the tables -----------------------------------------------------------------------------
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> str:
-    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row]
-                                           for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "".join(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-                   .rstrip() + "\n" for row in cells)
-
-
 def ranges(parts: Iterable[int] | None) -> str | None:
     """``[0, 1, 2, 5, 7, 8]`` -> ``0-2,5,7-8``; ``[]`` -> ``none``; None -> None."""
     if parts is None:
@@ -455,7 +448,7 @@ def render(doc: Mapping[str, Any]) -> str:
     members = doc.get("members", [])
     out.append(f"members ({len(members)}):\n")
     if members:
-        out.append(_table(
+        out.append(text_table(
             ["MEMBER", "CLIENT", "ASSIGNED", "HELD", "RELAY MAX SCN", "CONSUMER SCN",
              "LAG MS", "LAG S"],
             [[m["member"] if m["member"] is not None else f"? ({m['node']})", m["client_id"],
@@ -466,7 +459,7 @@ def render(doc: Mapping[str, Any]) -> str:
     partitions = doc.get("partitions", [])
     if partitions:
         out.append("partitions:\n")
-        out.append(_table(
+        out.append(text_table(
             ["PARTITION", "ASSIGNED", "HOLDER", "STATE", "CHECKPOINT SCN", "LAG SCN"],
             [[r["partition"], r["assigned"], r["holder"], r["state"], _checkpoint_cell(r),
               r["lag_scn"]] for r in partitions]))

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from databus._json import dumps as dumps_json
+from databus._tables import text_table
 from databus.coordination import ReadOnlyZooKeeper, lock_order, read_only_session
 from databus.errors import ConfigError
 
@@ -277,14 +278,6 @@ def exit_status(doc: Mapping[str, Any]) -> int:
 # -- the tables -----------------------------------------------------------------------------
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> str:
-    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row]
-                                           for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "".join(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-                   .rstrip() + "\n" for row in cells)
-
-
 def render(doc: Mapping[str, Any]) -> str:
     """The document as small text tables (pure)."""
     out: list[str] = []
@@ -295,7 +288,7 @@ def render(doc: Mapping[str, Any]) -> str:
         out.append(f"relay cluster {c['name']} ({c['mode']}), {count} member"
                    f"{'' if count == 1 else 's'}\n")
         if c["members"]:
-            out.append(_table(["MEMBER", "MODE", "UPDATED"], [
+            out.append(text_table(["MEMBER", "MODE", "UPDATED"], [
                 [m["url"], m["mode"], None if m["age_s"] is None else f"{m['age_s']:.1f} s ago"]
                 for m in c["members"]]))
         for b in c["buffers"]:
@@ -306,7 +299,7 @@ def render(doc: Mapping[str, Any]) -> str:
                 out.append(f"  buffer {b['name']}: independent (every member reads the "
                            "source)\n")
             if b["members"]:
-                out.append(_table(["MEMBER", "ROLE", "EPOCH", "MAX SCN"], [
+                out.append(text_table(["MEMBER", "ROLE", "EPOCH", "MAX SCN"], [
                     [r["url"], r["role"], r["epoch"], r["max_scn"]] for r in b["members"]],
                     indent="    "))
         for problem in c["problems"]:
@@ -316,12 +309,12 @@ def render(doc: Mapping[str, Any]) -> str:
         out.append(f"bootstrap cluster {bc['name']}, {count} member"
                    f"{'' if count == 1 else 's'}\n")
         if bc["members"]:
-            out.append(_table(["MEMBER", "RUNS", "UPDATED"], [
+            out.append(text_table(["MEMBER", "RUNS", "UPDATED"], [
                 [m.get("url"), _runs(m.get("runs")),
                  None if m["age_s"] is None else f"{m['age_s']:.1f} s ago"]
                 for m in bc["members"]]))
         if bc["locks"]:
-            out.append(_table(["STORE", "RUNS", "HELD BY", "STANDBY"], [
+            out.append(text_table(["STORE", "RUNS", "HELD BY", "STANDBY"], [
                 [lk["store"] or lk["lock"], lk["component"] or "lock", lk["holder"] or "NONE",
                  ", ".join(lk["waiting"]) or None] for lk in bc["locks"]]))
     return "".join(out)

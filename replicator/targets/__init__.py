@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from databus.config import redact_uri
 from databus.errors import ConfigError
 from databus.replicator._model import Batch, ColumnMap, Dialect, TableMap
+from databus.replicator.targets._base import Held
 from databus.replicator.targets._errors import (
     ReplicationApplyError,
     TargetError,
@@ -58,6 +59,11 @@ class Target(Protocol):
         ``TargetError`` if it refuses the credentials)."""
 
     def close(self) -> None: ...
+
+    def hold(self, replication: str) -> Held:
+        """Safe start (DESIGN 17): this process runs ``replication`` on this target
+        until the hold is released or the process ends; ``AlreadyRunningError`` when
+        another process does."""
 
     def ensure_state(self) -> None:
         """Create ``databus_replication_state`` if it is missing."""

@@ -26,13 +26,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from databus._ddl import serialized_ddl
 from databus._limited_log import limited
 from databus._redact import redact, register_uri
 from databus.config import redact_uri
-from databus.errors import DatabusError
+from databus.errors import AlreadyRunningError, DatabusError
 from databus.replicator._model import Batch, Change, ColumnMap, Dialect, TableMap
 from databus.replicator.targets._errors import (
     ReplicationApplyError,
@@ -94,6 +94,25 @@ class _TableFailed(Exception):
 
 class _Discard(Exception):
     """Ends a transaction that must not commit (the search for a refused row)."""
+
+
+class Held(Protocol):
+    """A replication held by this process (``SqlTarget.hold``)."""
+
+    def release(self) -> None: ...
+
+
+class TargetHold:
+    """A session lock held on a connection of its own."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 class SqlTarget(ABC):
@@ -246,6 +265,42 @@ class SqlTarget(ABC):
         except BaseException:
             self._rollback()
             raise
+
+    # -- who runs a replication (safe start, DESIGN 17) ---------------------------------
+
+    def hold(self, replication: str) -> Held:
+        """Say that this process runs ``replication`` on this target, for as long as it
+        lives (a session lock on a connection of its own: released however the process
+        ends); ``AlreadyRunningError`` when another process does."""
+        try:
+            conn = self._connect()
+        except self.driver_errors as exc:
+            raise TargetUnavailableError(
+                f"cannot connect to the target {self.where}: {self._describe(exc)}"
+            ) from None
+        try:
+            held = self._try_lock(conn, f"databus-replicate:{replication}")
+        except self.driver_errors as exc:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise TargetUnavailableError(
+                f"the target {self.where} failed taking the replication's lock: "
+                f"{self._describe(exc)}") from None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
+        if not held:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise AlreadyRunningError(
+                f"replication {replication} on target {self.where} is run by another "
+                "process; stop that one first, or give this one another replicate.name")
+        return TargetHold(conn)
+
+    def _try_lock(self, conn: Any, name: str) -> bool:
+        """Take the session lock ``name`` on ``conn`` without waiting; False if held."""
+        raise NotImplementedError
 
     # -- lifecycle ------------------------------------------------------------------------
 

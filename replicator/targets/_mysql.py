@@ -31,6 +31,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import pymysql
 import pymysql.converters
 
+from databus._ddl import mysql_lock_name
 from databus._redact import split_password
 from databus.errors import ConfigError
 from databus.replicator._model import Dialect
@@ -132,6 +133,12 @@ class MysqlTarget(SqlTarget):
             return True  # the connection is closed
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
         return code in _RETRIABLE_CODES
+
+    def _try_lock(self, conn: Any, name: str) -> bool:
+        with conn.cursor() as cur:
+            cur.execute("SELECT GET_LOCK(%s, 0)", (mysql_lock_name(name),))
+            row = cur.fetchone()
+        return row is not None and row[0] == 1
 
     def _connect_retriable(self, exc: BaseException) -> bool:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None

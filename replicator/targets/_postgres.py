@@ -36,6 +36,7 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
+from databus._ddl import ddl_lock_key
 from databus._redact import split_password
 from databus.errors import ConfigError
 from databus.replicator._model import Dialect
@@ -157,6 +158,13 @@ class PostgresTarget(SqlTarget):
         if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
             return True
         return self._conn is not None and bool(self._conn.closed)
+
+    def _try_lock(self, conn: Any, name: str) -> bool:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", (ddl_lock_key(name),))
+            held = bool(cur.fetchone()[0])
+        conn.commit()  # a session lock: it outlives the transaction
+        return held
 
     def _connect_retriable(self, exc: BaseException) -> bool:
         text = str(exc).lower()

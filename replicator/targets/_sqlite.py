@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
+from databus._hold import hold
 from databus.errors import ConfigError
 from databus.replicator._model import ColumnMap, Dialect, TableMap
-from databus.replicator.targets._base import SqlTarget, TableWork
+from databus.replicator.targets._base import Held, SqlTarget, TableWork
 from databus.replicator.targets._sql import SqlDialect, dialect_sql
 
 __all__ = ["SqliteTarget"]
@@ -71,6 +72,12 @@ class SqliteTarget(SqlTarget):
             conn.close()
             raise
         return conn
+
+    def hold(self, replication: str) -> Held:
+        """A lock file beside the database (databus/_hold.py)."""
+        return hold(Path(f"{self.path}.{replication}.lock"),
+                    f"replication {replication} on target {self.where}",
+                    "stop that one first, or give this one another replicate.name")
 
     def _retriable(self, exc: BaseException) -> bool:
         code = getattr(exc, "sqlite_errorcode", None)

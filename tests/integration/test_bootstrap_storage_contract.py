@@ -278,3 +278,19 @@ def test_an_unreachable_postgres_is_a_retriable_error_without_the_password() -> 
         open_storage("postgresql://u:s3cret@127.0.0.1:1/db", connect_timeout=1)
     assert info.value.retriable
     assert "s3cret" not in str(info.value)
+
+
+def test_one_process_holds_each_component_of_a_store(store: BootstrapStorage) -> None:
+    """Safe start (DESIGN 17): ``databus bootstrap`` holds the producer and the applier it
+    runs before it takes their fencing tokens; another holder is refused, per component,
+    until the first lets go (or ends)."""
+    from databus.errors import AlreadyRunningError
+
+    held = store.hold("producer")
+    try:
+        with pytest.raises(AlreadyRunningError, match="the producer of bootstrap store"):
+            store.hold("producer")
+        store.hold("applier").release()  # another component, another hold
+    finally:
+        held.release()
+    store.hold("producer").release()

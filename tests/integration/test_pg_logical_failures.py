@@ -85,14 +85,16 @@ def db(postgres_server: PostgresServer) -> Iterator[PgDatabase]:
 
 
 def wait_failed(relay: RelayProcess, timeout: float = 30) -> str:
-    """The fetcher's ``last_error`` once it is ``failed``; it must stay failed (not be
-    retried) for a second more."""
+    """The fetcher's ``last_error`` once it is ``failed``; it must stay failed (not
+    ready) for a second more. (A misconfigured source is retried meanwhile, at the
+    backoff's pace, so that a fix at the source brings it back without a restart:
+    docs/operations.md, "Runbook: not ready / second instance".)"""
     fetcher = wait_for(lambda: (f := fetcher_of(relay))["state"] == "failed" and f,
                        "the fetcher failed", timeout,
                        diagnose=lambda: f"relay log: {relay.log_path.read_text()[-2000:]}")
     time.sleep(1.0)
     again = fetcher_of(relay)
-    assert again["state"] == "failed" and again["restarts"] == fetcher["restarts"], again
+    assert again["state"] == "failed", again
     assert isinstance(fetcher["last_error"], str)
     return fetcher["last_error"]  # type: ignore[no-any-return]
 

@@ -634,3 +634,23 @@ def test_copy_text_format() -> None:
         "\\N\tt\t7\t1.5\tNaN\t1E+3\ta\\tb\\nc\\\\d\\re\t\\\\x00ff\t2024-01-02\t"
         "2024-01-02 01:04:05.000006+00:00\t1 days 2.000003 seconds\t"
         "00000000-0000-0000-0000-000000000001\n")
+
+
+def test_one_process_holds_a_replication_on_a_target(env: Env) -> None:
+    """Safe start (DESIGN 17): a second replicator of the same replication on the same
+    target is refused while the first holds it, and may run once it let go."""
+    from databus.errors import AlreadyRunningError
+    from databus.replicator.targets import open_target
+
+    name = f"held-{uuid.uuid4().hex[:8]}"
+    first = env.target.hold(name)
+    other = open_target(env.url)
+    try:
+        with pytest.raises(AlreadyRunningError, match=f"replication {name} on target"):
+            other.hold(name)
+        other.hold(f"{name}-other").release()  # another replication is another lock
+        first.release()
+        other.hold(name).release()
+    finally:
+        first.release()
+        other.close()

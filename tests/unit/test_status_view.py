@@ -113,7 +113,11 @@ def test_a_relay_without_the_consumer_endpoint_is_up_with_consumers_not_availabl
     assert "error" not in entry
     assert entry["consumers"] is None and entry["consumers_error"] == "not available"
     document = sv.build_document([entry], [], NOW)
-    assert document["ok"] and sv.exit_status(document) == 0
+    # Up, but its "idle" buffer's fetcher failed and a worker restarts: not ready (what
+    # its /readyz says).
+    assert document["ok"] and not document["ready"] and sv.exit_status(document) == 1
+    assert [(c["component"], c.get("buffer"), c["error"]) for c in entry["not_ready"]] == [
+        ("fetcher", "idle", "fetcher_failed"), ("worker", None, "worker_restarting")]
     rows = sv.consumer_rows(document)
     assert rows == [("http://r:1", "consumers: not available", *("",) * 7)]
 
@@ -248,8 +252,8 @@ def test_status_json_against_a_real_relay_an_old_one_and_a_dead_address(
             assert code == 1, err
             assert "pa55-s3cret" not in out + err
             doc = json.loads(out)
-            assert set(doc) == {"version", "generated_at", "ok", "down", "relays",
-                                "bootstraps"}
+            assert set(doc) == {"version", "generated_at", "ok", "down", "ready",
+                                "not_ready", "relays", "bootstraps", "replicators"}
             assert doc["version"] == 1 and doc["ok"] is False and doc["down"] == 1
             assert doc["bootstraps"] == []
             live, older, gone = doc["relays"]
@@ -270,9 +274,15 @@ def test_status_json_against_a_real_relay_an_old_one_and_a_dead_address(
 
             # The tables: once, the same services.
             code, out, _ = await asyncio.to_thread(
+                run_cli, "status", "--timeout", "3", "--relay", r.url)
+            assert code == 0, out
+            assert "all services up and ready" in out
+            # The old relay's fetcher failed: up, but not ready, and the exit status says so.
+            code, out, _ = await asyncio.to_thread(
                 run_cli, "status", "--timeout", "3", "--relay", r.url, old)
-            assert code == 0
-            assert "all services up" in out and "consumers: not available" in out
+            assert code == 1
+            assert "1 component(s) not ready" in out and "consumers: not available" in out
+            assert "fetcher_failed" in out and "restart the relay" in out
 
     asyncio.run(main_())
 
@@ -309,9 +319,59 @@ def test_watch_refreshes_until_ctrl_c() -> None:
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
-            # Ctrl-C ends it with the status of the last refresh (every service up).
-            assert proc.returncode == 0, err.decode()
+            # Ctrl-C ends it with the status of the last refresh (up, but its fetcher
+            # failed: not ready).
+            assert proc.returncode == 1, err.decode()
             assert "consumers: not available" in out.decode()
             assert "Traceback" not in err.decode()
 
     asyncio.run(main_())
+
+
+# -- readiness (DESIGN 17): the same verdict as each service's /readyz --------------------
+
+
+def test_anything_not_ready_makes_the_exit_status_1() -> None:
+    running = {"buffers": {"shop": RELAY_STATUS["buffers"]["shop"]}}
+    relay = sv.relay_entry("http://r:1", sv.Answer(running), sv.Answer(CONSUMERS), NOW)
+    assert relay["ready"] and relay["not_ready"] == []
+    assert sv.exit_status(sv.build_document([relay], [], NOW)) == 0
+    backoff = json.loads(json.dumps(running))
+    backoff["buffers"]["shop"]["fetcher"].update(state="backoff", last_error="refused")
+    entry = sv.relay_entry("http://r:1", sv.Answer(backoff), sv.Answer(CONSUMERS), NOW)
+    assert sv.exit_status(sv.build_document([entry], [], NOW)) == 1
+    # A fenced producer of a bootstrap service.
+    fenced = {**BOOT_STATUS, "components": {
+        "producer": {"state": "fenced", "errors": 0, "last_error": "token 1 is no longer"},
+        "applier": {"state": "running", "errors": 0, "last_error": None}}}
+    boot = sv.bootstrap_entry("http://b:1", sv.Answer(fenced))
+    [down] = boot["not_ready"]
+    assert (down["component"], down["error"]) == ("producer", "producer_fenced")
+    assert "fencing token" in down["fix"]
+    document = sv.build_document([relay], [boot], NOW)
+    assert document["ok"] and not document["ready"] and sv.exit_status(document) == 1
+    assert [r[2] for r in sv._service_rows(document)] == ["up", "NOT READY"]
+
+
+def test_replicators_in_the_view_and_their_readiness() -> None:
+    from databus._status_services import not_ready_rows, replicator_entry, replicator_rows
+
+    doc = {"replication": "copy", "state": "running", "target": "sqlite:///t.db",
+           "applied_scn": 90, "relay_max_scn": 100, "lag_scn": 10, "lag_ms": 250.0,
+           "batches": 5, "errors": 0, "last_error": None, "tables": {"shop.orders": {}}}
+    applying = replicator_entry("http://rep:1", sv.Answer(doc))
+    assert applying["ready"] and applying["lag_scn"] == 10 and applying["tables"] == 1
+    assert sv.exit_status(sv.build_document([], [], NOW, [applying])) == 0
+    retrying = replicator_entry("http://rep:1", sv.Answer(
+        {**doc, "state": "retrying", "last_error": "target down"}))
+    document = sv.build_document([], [], NOW, [retrying])
+    assert sv.exit_status(document) == 1
+    [row] = not_ready_rows(document)
+    assert row[:5] == ("replicator", "http://rep:1", "replicator", "retrying",
+                       "replicator_retrying") and row[5] == "target down"
+    assert replicator_rows(document)[0][2] == "retrying"
+    gone = replicator_entry("http://rep:1", sv.Answer(error="cannot connect"))
+    assert sv.exit_status(sv.build_document([], [], NOW, [gone])) == 1
+    console = Console(record=True, width=250, color_system=None)
+    console.print(sv.render(sv.build_document([], [], NOW, [applying])))
+    assert "Replicators" in console.export_text()
