@@ -78,7 +78,7 @@ _MYSQL_ALIASES = {
     "integer": "int", "boolean": "tinyint(1)", "bool": "tinyint(1)",
     "double precision": "double", "numeric": "decimal", "json": "longtext",
 }
-_SIZE = re.compile(r"^(?P<base>[a-z ]+?)\s*(?P<size>\([0-9, ]*\))?(?P<rest>.*)$")
+_SIZE = re.compile(r"^(?P<base>[a-z ]+)\s*(?P<size>\([0-9, ]*\))?(?P<rest>.*)$")
 _MYSQL_INT = ("tinyint", "smallint", "mediumint", "int", "bigint")
 
 
