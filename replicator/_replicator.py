@@ -51,9 +51,9 @@ log = logging.getLogger("databus.replicator")
 
 
 class ReplicationStopped(DatabusError):
-    """The replicator stopped on an error it cannot retry (an incompatible DDL with
-    ``on_ddl = "stop"``, a row the target refuses); the message names the table, the
-    change or key, and the SCN."""
+    """The replicator stopped on an error it cannot retry (a row the target refuses, a
+    value no column can hold); the message names the table, the key and the SCN. A
+    schema change it must not apply is ``SchemaChangeStopped`` (replicator/_reconcile.py)."""
 
     code = "replication_stopped"
 
