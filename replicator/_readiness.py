@@ -13,13 +13,14 @@ from databus._readiness import component
 
 __all__ = ["STATES", "components_of"]
 
-STATES = {"replicator": ("starting", "running", "retrying", "stopped", "failed")}
+STATES = {"replicator": ("starting", "running", "retrying", "stopped", "exited", "failed")}
 _FIX = {
     "starting": "wait: it is reading its position from the target and the relay's schemas",
     "retrying": "see the message: the target does not take the batch; it retries by "
                 "itself once the target answers again",
     "failed": "fix the cause in the message, then start the replicator again",
-    "stopped": "the replicator is stopping; start it again",
+    "stopped": "fix the cause in the message, then start the replicator again",
+    "exited": "the replicator was asked to stop; start it again",
 }
 
 
@@ -27,7 +28,8 @@ def components_of(status: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The replicator's one component (pure, from its ``/v1/status``): ready while it
     applies (``running``)."""
     state = str(status.get("state"))
+    # A stop on an error it must not pass carries its own message and fix.
     return [component("replicator", state, state == "running",
-                      message=status.get("last_error")
+                      message=status.get("message") or status.get("last_error")
                       or f"replication {status.get('replication')} is {state}",
-                      fix=_FIX.get(state))]
+                      fix=status.get("fix") or _FIX.get(state))]

@@ -35,10 +35,12 @@ from databus.client import (
     DataEvent,
 )
 from databus.client._headers import read_json
-from databus.config import ReplicateConfig, ReplicatedTableConfig
+from databus.config import ReplicateConfig
 from databus.errors import DatabusError
 from databus.replicator._fold import Folder, TableFold
 from databus.replicator._model import Batch, Dialect, TableMap
+from databus.replicator._reconcile import SchemaChangeStopped
+from databus.replicator._schema_sync import SchemaSync
 from databus.replicator._status import ReplicationStats, estimate_copies
 from databus.replicator.targets import Target
 from databus.schemas import Schema
@@ -49,9 +51,9 @@ log = logging.getLogger("databus.replicator")
 
 
 class ReplicationStopped(DatabusError):
-    """The replicator stopped on an error it cannot retry (an incompatible DDL with
-    ``on_ddl = "stop"``, a row the target refuses); the message names the table, the
-    change or key, and the SCN."""
+    """The replicator stopped on an error it cannot retry (a row the target refuses, a
+    value no column can hold); the message names the table, the key and the SCN. A
+    schema change it must not apply is ``SchemaChangeStopped`` (replicator/_reconcile.py)."""
 
     code = "replication_stopped"
 
@@ -106,6 +108,8 @@ class ApplyConsumer(Consumer):
         # Called when the flusher meets a fatal error: no callback answers ERROR_FATAL
         # then (none may come while the source is idle), so the client must be told.
         self.on_fatal: Callable[[], None] | None = None
+        # Whether a schema version of a source is older than another (SchemaSync).
+        self.is_older: Callable[[str, int, int], bool] | None = None
         self._flusher = threading.Thread(target=self._flush_when_idle, daemon=True,
                                          name="databus-replicator-flush")
 
@@ -148,13 +152,18 @@ class ApplyConsumer(Consumer):
         current = self.maps.get(source)
         if schema is None or current is None or schema.fingerprint == current.fingerprint:
             return CallbackResult.SUCCESS
+        if self.is_older is not None and self.is_older(source, schema.fingerprint,
+                                                       current.fingerprint):
+            # A window of an older version, replayed after a restart: folded with the
+            # current (newer) map; the target table never goes back to an older shape.
+            return CallbackResult.SUCCESS
         with self._lock:
             # A new schema version: the batch so far was folded with the old map.
             if not self._flush_locked():
                 return CallbackResult.ERROR_FATAL
             try:
                 fold = self._remap(source, schema)
-            except ReplicationStopped as exc:
+            except (ReplicationStopped, SchemaChangeStopped) as exc:
                 self.fatal = exc
                 return CallbackResult.ERROR_FATAL
             if fold is not None:
@@ -256,40 +265,59 @@ class Replicator:
 
             target = open_target(config.target)
         self.target = target
+        self.sync = SchemaSync(config, target)
+        self.stats = ReplicationStats(config.name)
         self.client: DatabusClient | None = None
         self.consumer: ApplyConsumer | None = None
-        # Created here, not with the consumer: the status server answers from the start.
-        self.stats = ReplicationStats(config.name)
+        self._halt: asyncio.Event | None = None
+        self._status_url = ""
         self._stopping = False
-        self._status_line: str | None = None
 
     def stop(self) -> None:
+        """Stop (a signal handler's call, in the event loop's thread)."""
         self._stopping = True
         if self.client is not None:
             self.client.stop()
+        if self._halt is not None:
+            self._halt.set()
 
     def run(self) -> None:
         asyncio.run(self.run_async())
 
     async def run_async(self) -> None:
-        """Safe start (DESIGN 17): the status port is bound before the target is opened
-        or anything is written, so a second replicator started by mistake on the same
-        port fails at once and touches nothing."""
+        """Run until stopped or an error it must not pass. Such a stop (an incompatible
+        schema change, a row the target refuses) is logged in one line and, when the
+        status server runs, kept in ``/v1/status`` (state "stopped", error, message,
+        fix) until the process is asked to stop: it never looks healthy while stopped."""
+        self._halt = asyncio.Event()
+        # Safe start (DESIGN 17): the status port is bound before the target is opened
+        # or anything is written, so a second replicator started by mistake on the same
+        # port fails at once and touches nothing. It says "starting" while the tables
+        # are reconciled, and "stopped" with the reason when that stops.
         serving = await self._serve_status()
         try:
-            await self._run()
+            await self._run_target()
+        except (ReplicationStopped, SchemaChangeStopped) as exc:
+            fix = (exc.fix if isinstance(exc, SchemaChangeStopped)
+                   else "fix the cause the message names, then restart")
+            self.stats.stopped(exc.code, str(exc), fix)
+            if serving is not None:
+                log.error("replication %s stopped: %s; status stays on %s until the "
+                          "process is stopped", self.config.name, exc, self._status_url)
+                await self._halt.wait()
+            raise
         finally:
+            if self.stats.state != "stopped":
+                self.stats.state = "exited"
             if serving is not None:
                 await serving.cleanup()
 
-    async def _run(self) -> None:
-        cfg = self.config
-        target = self.target
+    async def _run_target(self) -> None:
         # Then this replication's hold on the target, before anything is written: a
         # second replicator of it fails here in one line (AlreadyRunningError).
-        held = await asyncio.to_thread(target.hold, cfg.name)
-        if self._status_line is not None:
-            log.info("%s", self._status_line)
+        held = await asyncio.to_thread(self.target.hold, self.config.name)
+        if self._status_url:
+            log.info("replication %s: status on %s", self.config.name, self._status_url)
         try:
             await self._run_held()
         finally:
@@ -302,7 +330,8 @@ class Replicator:
         try:
             await asyncio.to_thread(target.ensure_state)
             relays = await relay_urls(cfg)
-            schemas = await fetch_schemas(relays, [t.source for t in cfg.tables])
+            schemas = await fetch_schemas(relays, [t.source for t in cfg.tables],
+                                          versions=self.sync.versions)
             maps = await asyncio.to_thread(self._prepare_tables, schemas)
             position = TargetPosition(await self._first_position(relays))
             client = DatabusClient(
@@ -318,11 +347,12 @@ class Replicator:
                                      lambda table: make_fold(table, dialect), self.stats)
             client.register(consumer)
             self.client, self.consumer = client, consumer
-            if self._stopping:
-                client.stop()  # SIGTERM while starting: stop before the first window
             consumer.on_fatal = client.stop
+            consumer.is_older = self.sync.is_older
             consumer.start()
-            consumer.stats.state = "running"
+            if self._stopping:
+                client.stop()  # asked to stop while starting: before the first window
+            self.stats.state = "running"
             # The copy's estimated size, from the bootstrap service (replicator/_status.py).
             estimating = (asyncio.create_task(estimate_copies(consumer.stats, cfg.bootstrap))
                           if cfg.bootstrap else None)
@@ -330,15 +360,14 @@ class Replicator:
                 await client.run_async()
             except DatabusError:
                 if consumer.fatal is not None:
-                    raise ReplicationStopped(str(consumer.fatal)) from consumer.fatal
+                    raise _stop_of(consumer.fatal) from consumer.fatal
                 raise
             finally:
                 if estimating is not None:
                     estimating.cancel()
-                consumer.stats.state = "stopped" if consumer.fatal is None else "failed"
                 await asyncio.to_thread(consumer.close)
             if consumer.fatal is not None:
-                raise ReplicationStopped(str(consumer.fatal)) from consumer.fatal
+                raise _stop_of(consumer.fatal) from consumer.fatal
         finally:
             await asyncio.to_thread(target.close)
 
@@ -357,14 +386,13 @@ class Replicator:
         from databus.replicator._readiness import components_of
         from databus.replicator._status import metrics_page, status_document
 
+        stats = self.stats
+
         def document() -> dict[str, Any]:
-            client = self.client
-            m = client.metrics if client is not None else None
-            return status_document(self.stats,
-                                   relay_max_scn=m.relay_max_scn if m is not None else None,
-                                   lag_ms=m.lag_ms if m is not None else None,
-                                   target=redact_uri(cfg.target),
-                                   lag_seconds=m.lag_seconds if m is not None else None)
+            m = self.client.metrics if self.client is not None else None
+            return status_document(stats, relay_max_scn=m.relay_max_scn if m else None,
+                                   lag_ms=m.lag_ms if m else None, target=redact_uri(cfg.target),
+                                   lag_seconds=m.lag_seconds if m else None)
 
         async def readyz(request: web.Request) -> web.Response:
             return readiness_response(components_of(document()))
@@ -377,7 +405,7 @@ class Replicator:
                                 content_type="text/plain", charset="utf-8")
 
         async def healthz(request: web.Request) -> web.Response:
-            return json_response({"status": self.stats.state})
+            return json_response({"status": stats.state})
 
         app = web.Application()
         app.router.add_get("/v1/status", status)
@@ -392,10 +420,12 @@ class Replicator:
             await runner.cleanup()
             raise ListenError(f"cannot listen on {cfg.metrics_host}:{cfg.metrics_port} "
                               f"(replicate.metrics_port): {exc.strerror or exc}") from None
-        # Logged once this process holds the replication (``_run``): a second one
-        # started by mistake says one line, its error.
-        self._status_line = (f"replication {cfg.name}: status on "
-                             f"http://{cfg.metrics_host}:{cfg.metrics_port}/v1/status")
+        except BaseException:
+            await runner.cleanup()
+            raise
+        # Logged once this process holds the replication (``_run_target``): a second
+        # one started by mistake says one line, its error.
+        self._status_url = f"http://{cfg.metrics_host}:{cfg.metrics_port}/v1/status"
         return runner
 
     async def _first_position(self, relays: tuple[str, ...]
@@ -419,64 +449,26 @@ class Replicator:
         return _checkpoint_of(self.target.load_checkpoint(self.config.name),
                               self.target.load_state(self.config.name))
 
-    def _table_config(self, source: str) -> ReplicatedTableConfig:
-        return next(t for t in self.config.tables if t.source == source)
-
     def _prepare_tables(self, schemas: Mapping[str, Schema]) -> dict[str, TableMap]:
-        """The table maps for the current source schemas; creates missing tables."""
-        from databus.replicator._mapping import table_map
-
-        maps: dict[str, TableMap] = {}
-        for cfg in self.config.tables:
-            schema = schemas[cfg.source]
-            probe = table_map(cfg, schema, self.target.dialect,
-                              target_schema=self.config.target_schema or None)
-            if self.target.table_exists(probe) and not cfg.key:
-                # An existing table's own primary key is the one to merge on.
-                key = self.target.table_key(probe)
-                if key:
-                    probe = table_map(cfg, schema, self.target.dialect,
-                                      target_schema=self.config.target_schema or None,
-                                      target_key=key)
-            if not self.target.table_exists(probe):
-                self.target.create_table(probe)
-                log.info("created target table %s for %s", probe.table, cfg.source)
-            maps[cfg.source] = probe
-        return maps
+        """The table maps for the current source schemas, each target table created or
+        reconciled with its schema (replicator/_schema_sync.py)."""
+        return {cfg.source: self.sync.first_map(cfg.source, schemas[cfg.source])
+                for cfg in self.config.tables}
 
     def _remap(self, source: str, schema: Schema) -> TableFold | None:
-        """A new source schema version: the new map, after the target's DDL (on_ddl)."""
-        from databus.replicator._ddl import plan_ddl
-        from databus.replicator._mapping import table_map
-
-        cfg = self._table_config(source)
+        """A new source schema version in the stream: the new fold, after the target
+        table was made to follow it (on_ddl)."""
         assert self.consumer is not None
         old = self.consumer.maps[source]
-        new = table_map(cfg, schema, self.target.dialect,
-                        target_schema=self.config.target_schema or None,
-                        target_key=old.key)
-        plan = plan_ddl(old, new)
-        if plan.incompatible:
-            if self.config.on_ddl == "ignore":
-                return None
-            raise ReplicationStopped(
-                f"{source}: the source schema changed in a way the target table "
-                f"{new.table} cannot follow: {'; '.join(plan.incompatible)}")
-        if plan.changes and self.config.on_ddl == "stop":
-            raise ReplicationStopped(
-                f"{source}: the source schema changed ({'; '.join(plan.describe())}) and "
-                "on_ddl = \"stop\"")
-        if self.config.on_ddl == "ignore":
-            return None
-        for column in plan.added:
-            self.target.add_column(new, column)
-        for name in plan.dropped:
-            self.target.drop_column(new, name)
-        for column in plan.widened:
-            self.target.widen_column(new, column)
-        log.info("%s: schema version %016x applied to %s (%s)", source, schema.fingerprint,
-                 new.table, "; ".join(plan.describe()) or "no column change")
+        new = self.sync.follow(source, schema, old.key)
         return make_fold(new, self.target.dialect)
+
+
+def _stop_of(fatal: BaseException) -> ReplicationStopped | SchemaChangeStopped:
+    """The error a run stops with, for the consumer's fatal error."""
+    if isinstance(fatal, SchemaChangeStopped):
+        return SchemaChangeStopped(str(fatal), fatal.fix)
+    return ReplicationStopped(str(fatal))
 
 
 def make_fold(table: TableMap, dialect: Dialect) -> TableFold:
@@ -517,8 +509,10 @@ class _NoSchemaYet(DatabusError):
 
 
 async def fetch_schemas(relays: tuple[str, ...], sources: list[str],
-                        wait_s: float = 15.0) -> dict[str, Schema]:
-    """The newest schema of each source, from the first relay that answers.
+                        wait_s: float = 15.0, versions: dict[str, list[int]] | None = None
+                        ) -> dict[str, Schema]:
+    """The newest schema of each source, from the first relay that answers; the
+    fingerprints of every version, oldest first, into ``versions`` when given.
 
     A relay that has just started knows a source's schema only once its fetcher
     has read it: that answer is asked again for up to ``wait_s`` seconds before
@@ -536,7 +530,7 @@ async def fetch_schemas(relays: tuple[str, ...], sources: list[str],
             waiting = False
             for relay in relays:
                 try:
-                    return await _schemas_from(session, relay, sources)
+                    return await _schemas_from(session, relay, sources, versions)
                 except (aiohttp.ClientError, TimeoutError, OSError, KeyError,
                         DatabusError) as exc:
                     last = exc
@@ -546,7 +540,8 @@ async def fetch_schemas(relays: tuple[str, ...], sources: list[str],
             await asyncio.sleep(0.2)
 
 
-async def _schemas_from(session: Any, relay: str, sources: list[str]) -> dict[str, Schema]:
+async def _schemas_from(session: Any, relay: str, sources: list[str],
+                        versions: dict[str, list[int]] | None = None) -> dict[str, Schema]:
     out: dict[str, Schema] = {}
     for source in sources:
         async with session.get(f"{relay.rstrip('/')}/v1/schemas",
@@ -555,8 +550,10 @@ async def _schemas_from(session: Any, relay: str, sources: list[str]) -> dict[st
             if resp.status != 200:
                 detail = doc.get("message") if isinstance(doc, dict) else doc
                 raise DatabusError(f"relay answered {resp.status} for {source}: {detail}")
-        versions = doc["versions"]
-        if not versions:
+        listed = doc["versions"]
+        if not listed:
             raise _NoSchemaYet(f"relay has no schema for {source} yet")
-        out[source] = Schema(versions[-1]["schema"])
+        out[source] = Schema(listed[-1]["schema"])
+        if versions is not None:
+            versions[source] = [Schema(v["schema"]).fingerprint for v in listed]
     return out

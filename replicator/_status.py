@@ -56,7 +56,11 @@ class ReplicationStats:
         self.errors = 0
         self.applied_scn: int | None = None
         self.last_error: str | None = None
+        # "starting" (reconciling the target tables), "running" (applying),
+        # "retrying" (the target does not take a batch), "stopped" (on an error it
+        # must not pass: ``stop_error`` is set), "exited" (asked to stop).
         self.state = "starting"
+        self.stop_error: dict[str, str] | None = None
         # The copy through the bootstrap service (the last one of this process).
         self._copy = 0
         self._copy_state: Literal["running", "done"] | None = None
@@ -85,6 +89,17 @@ class ReplicationStats:
         with self._lock:
             self.errors += 1
             self.last_error = error
+
+    def stopped(self, code: str, message: str, fix: str) -> None:
+        """The replicator stopped on an error it must not pass (``state`` "stopped")."""
+        with self._lock:
+            self.state = "stopped"
+            self.stop_error = {"code": code, "message": message, "fix": fix}
+
+    @property
+    def ready(self) -> bool:
+        """Whether the replicator does its job (``/readyz``): applying, not stopped."""
+        return self.state == "running"
 
     # -- the copy through the bootstrap service ----------------------------------------
 
@@ -182,6 +197,11 @@ def _document(stats: ReplicationStats, rates: dict[str, float], *,
     return {
         "replication": stats.name,
         "state": stats.state,
+        "ready": stats.ready,
+        # Set in state "stopped": the error code, its one-line message and the fix.
+        "error": None if stats.stop_error is None else stats.stop_error["code"],
+        "message": None if stats.stop_error is None else stats.stop_error["message"],
+        "fix": None if stats.stop_error is None else stats.stop_error["fix"],
         "target": target,
         "applied_scn": stats.applied_scn,
         "relay_max_scn": relay_max_scn,

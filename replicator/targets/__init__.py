@@ -74,7 +74,20 @@ class Target(Protocol):
     def load_checkpoint(self, replication: str) -> str | None:
         """The client checkpoint recorded with that SCN (``Batch.checkpoint``)."""
 
+    def load_schema(self, replication: str, source: str) -> str | None:
+        """The source schema (Avro JSON) the target table of ``source`` last followed."""
+
+    def save_schema(self, replication: str, source: str, fingerprint: int,
+                    schema_json: str) -> None:
+        """Record the source schema the target table of ``source`` now follows."""
+
     def table_exists(self, t: TableMap) -> bool: ...
+
+    def catalog(self, t: TableMap) -> list[tuple[str, str, bool]]:
+        """(name, catalog type, NULL-able) of every column, in order (empty: no table)."""
+
+    def shown(self, t: TableMap) -> str:
+        """The target table's name as messages show it."""
 
     def table_columns(self, t: TableMap) -> dict[str, str]:
         """Column name -> type as the target's catalog spells it, in table order."""

@@ -40,7 +40,7 @@ from databus.replicator.targets._errors import (
     TargetUnavailableError,
     show_key,
 )
-from databus.replicator.targets._sql import STATE_TABLE, SqlDialect
+from databus.replicator.targets._sql import SCHEMA_TABLE, STATE_TABLE, SqlDialect
 
 __all__ = ["Refused", "SqlTarget", "TableWork", "first_line"]
 
@@ -327,14 +327,39 @@ class SqlTarget(ABC):
     def _state_qname(self) -> str:
         return self.sql.qualified(self.default_schema, STATE_TABLE)
 
+    @property
+    def _schema_qname(self) -> str:
+        return self.sql.qualified(self.default_schema, SCHEMA_TABLE)
+
     def ensure_state(self) -> None:
-        """Create ``databus_replication_state`` if it is missing (in the target's default
-        schema: ``public`` or the URL's ``?schema=``, the URL's database, ``main``)."""
+        """Create ``databus_replication_state`` and ``databus_replication_schemas`` if
+        they are missing (in the target's default schema: ``public`` or the URL's
+        ``?schema=``, the URL's database, ``main``)."""
         with (self._lock, self._tx("creating the replication state table", write=True) as cur,
               self._serialized_ddl(cur)):
             self._ensure_schema(cur, self.default_schema)
-            cur.execute(self.sql.create_state_table(self._state_qname,
-                                                    suffix=self._table_suffix(cur)), ())
+            suffix = self._table_suffix(cur)
+            cur.execute(self.sql.create_state_table(self._state_qname, suffix=suffix), ())
+            cur.execute(self.sql.create_schema_table(self._schema_qname, suffix=suffix), ())
+
+    def load_schema(self, replication: str, source: str) -> str | None:
+        """The source schema (Avro JSON) ``replication`` last made ``source``'s target
+        table follow (``save_schema``); None: none recorded (a table made before the
+        record existed, or by hand)."""
+        with self._lock, self._tx("reading the recorded source schema") as cur:
+            if not self._table_exists(cur, self.default_schema, SCHEMA_TABLE):
+                return None
+            cur.execute(self.sql.load_schema(self._schema_qname), (replication, source))
+            row = cur.fetchone()
+        return None if row is None else str(row[0])
+
+    def save_schema(self, replication: str, source: str, fingerprint: int,
+                    schema_json: str) -> None:
+        """Record that ``source``'s target table now follows that schema version."""
+        signed = fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint
+        with self._lock, self._tx("recording the source schema", write=True) as cur:
+            cur.execute(self.sql.save_schema(self._schema_qname),
+                        (replication, source, signed, schema_json))
 
     def _read_state(self, replication: str) -> tuple[int, str | None] | None:
         with self._lock, self._tx("reading the replication state") as cur:
@@ -382,6 +407,16 @@ class SqlTarget(ABC):
         with self._lock, self._tx(f"reading the columns of {self._shown(t)}") as cur:
             return {name: nullable for name, _, nullable in
                     self._table_columns(cur, self._schema_of(t), t.table)}
+
+    def catalog(self, t: TableMap) -> list[tuple[str, str, bool]]:
+        """(name, type as the catalog spells it, NULL-able) of every column of ``t``'s
+        target table, in table order (empty: no table)."""
+        with self._lock, self._tx(f"reading the columns of {self._shown(t)}") as cur:
+            return self._table_columns(cur, self._schema_of(t), t.table)
+
+    def shown(self, t: TableMap) -> str:
+        """``t``'s target table as messages name it (``schema.table`` or ``table``)."""
+        return self._shown(t)
 
     def table_key(self, t: TableMap) -> tuple[str, ...]:
         """The primary key columns of the target table, in key order (empty: none, or

@@ -21,9 +21,12 @@ from dataclasses import dataclass
 from databus.errors import ConfigError
 from databus.replicator._model import ColumnMap, Dialect, TableMap
 
-__all__ = ["STATE_TABLE", "SqlDialect", "dialect_sql"]
+__all__ = ["SCHEMA_TABLE", "STATE_TABLE", "SqlDialect", "dialect_sql"]
 
 STATE_TABLE = "databus_replication_state"
+# The source schema each target table was last made to follow, per replication and
+# source (replicator/_reconcile.py compares it with the schema about to be applied).
+SCHEMA_TABLE = "databus_replication_schemas"
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,27 @@ class SqlDialect:
                 + ", ".join([one] * n) + ")")
 
     # -- state ----------------------------------------------------------------------------
+
+    def create_schema_table(self, qname: str, *, suffix: str = "") -> str:
+        text = "MEDIUMTEXT" if self.dialect == "mysql" else "TEXT"
+        name = "VARCHAR(255)" if self.dialect == "mysql" else "TEXT"
+        return (f"CREATE TABLE IF NOT EXISTS {qname} (replication {name} NOT NULL, "
+                f"source {name} NOT NULL, fingerprint BIGINT NOT NULL, "
+                f"schema_json {text} NOT NULL, PRIMARY KEY (replication, source)){suffix}")
+
+    def load_schema(self, qname: str) -> str:
+        p = self.param
+        return f"SELECT schema_json FROM {qname} WHERE replication = {p} AND source = {p}"
+
+    def save_schema(self, qname: str) -> str:
+        p = self.param
+        head = (f"INSERT INTO {qname} (replication, source, fingerprint, schema_json) "
+                f"VALUES ({p}, {p}, {p}, {p})")
+        if self.dialect == "mysql":
+            return head + (" ON DUPLICATE KEY UPDATE fingerprint = VALUES(fingerprint), "
+                           "schema_json = VALUES(schema_json)")
+        return head + (" ON CONFLICT (replication, source) DO UPDATE SET "
+                       "fingerprint = EXCLUDED.fingerprint, schema_json = EXCLUDED.schema_json")
 
     def load_state(self, qname: str) -> str:
         return f"SELECT scn, detail FROM {qname} WHERE replication = {self.param}"

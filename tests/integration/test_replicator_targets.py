@@ -265,6 +265,26 @@ def test_state_is_kept_per_replication_and_survives_reconnects(env: Env) -> None
                      "ORDER BY replication", ()) == [("a", 5), ("b", 7)]
 
 
+def test_the_schema_record_and_the_catalog_reconciliation_reads(env: Env) -> None:
+    """``databus_replication_schemas`` per replication and source (replicator/_reconcile
+    .py), and the catalog's spelling of each mapped type recognised as that type."""
+    from databus.replicator._reconcile import same_type
+
+    t = env.table("typed", [("id", "int", False), *((k, k, True) for k in TYPES[env.kind]
+                                                     if k != "int")], ["id"])
+    ready(env, t)
+    assert env.target.load_schema("a", "db.typed") is None
+    env.target.save_schema("a", "db.typed", (1 << 64) - 5, '{"v": 1}')  # a high fingerprint
+    env.target.save_schema("a", "db.typed", 12, '{"v": 2}')  # replaced
+    env.target.save_schema("b", "db.typed", 13, '{"v": 3}')
+    assert env.target.load_schema("a", "db.typed") == '{"v": 2}'
+    assert env.target.load_schema("b", "db.typed") == '{"v": 3}'
+    catalog = env.target.catalog(t)
+    assert [c[0] for c in catalog] == [c.target for c in t.columns]
+    for (name, spelled, _), column in zip(catalog, t.columns, strict=True):
+        assert same_type(spelled, column.target_type, env.target.dialect), (name, spelled)
+
+
 def test_values_round_trip(env: Env) -> None:
     t = env.table("vals", [("id", "int", False), ("name", "name", True),
                            ("amount", "decimal", True), ("data", "blob", True),

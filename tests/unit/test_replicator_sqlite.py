@@ -73,7 +73,7 @@ async def check_status(port: int, top: int) -> None:
             doc = await resp.json()
         async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
             page = await resp.text()
-    assert doc["replication"] == "shop-copy" and doc["state"] == "running"
+    assert doc["replication"] == "shop-copy" and doc["state"] == "running" and doc["ready"]
     assert doc["applied_scn"] >= top and doc["batches"] >= 1
     assert doc["tables"]["shop.orders"]["rows_applied"] > 0
     samples = {(s.name, s.labels.get("table")): s.value
