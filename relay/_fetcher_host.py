@@ -44,16 +44,24 @@ from typing import TYPE_CHECKING, Any, Literal
 from databus._limited_log import limited
 from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
-from databus.errors import ConfigError, DatabusError, SourceGapError
+from databus.errors import ConfigError, DatabusError, SourceGapError, SourceQuarantinedError
 from databus.fetchers._api import (
     ConfiguredSources,
     Fetcher,
     FetcherContext,
+    SourceFailure,
     WindowSink,
     fetcher_class,
 )
 from databus.relay._buffer import BufferState, EventBuffer
 from databus.relay._catalog import RelayCatalog
+from databus.relay._quarantine import (
+    QUARANTINE_FILENAME,
+    Quarantine,
+    QuarantineMarker,
+    QuarantineStore,
+)
+from databus.relay._quarantine_sink import QuarantineSink
 from databus.relay.dumps import DumpPort, DumpSink
 
 if TYPE_CHECKING:
@@ -144,6 +152,22 @@ def _seat(assignment: Assignment) -> tuple[str, str, int]:
             assignment.epoch if assignment.role == "leader" else 0)
 
 
+def _marker(record: Quarantine) -> QuarantineMarker:
+    return QuarantineMarker(record.source, "quarantined", record.scn, record.reason,
+                            record.fix)
+
+
+def _stop(failure: SourceFailure) -> None:
+    """``on_source_error = "stop"``: the fetcher fails (not retried), saying what and how
+    to fix it."""
+    raise SourceQuarantinedError(
+        f"source {failure.source} failed at SCN {failure.scn}: {failure.reason}. Fix: "
+        f"{failure.fix} (on_source_error = \"stop\" stops the whole buffer; "
+        f"\"quarantine\" would set this source aside and keep the others going)",
+        source=failure.source, scn=failure.scn, reason=failure.reason, fix=failure.fix,
+        retriable=False)
+
+
 # -- status ---------------------------------------------------------------------------
 
 
@@ -197,6 +221,8 @@ class _Runner:
         stop: threading.Event,
         backoff: Backoff,
         on_source_gap: Callable[[str], None] | None = None,
+        quarantines: QuarantineStore | None = None,
+        on_source_error: str = "quarantine",
     ) -> None:
         self.name = name
         # Called (with the buffer name) after a purged resume point was skipped over.
@@ -211,6 +237,19 @@ class _Runner:
         register_uri(uri)  # its password is cut out of every message from now on
         # The buffer behind the dump engine's watermark step (relay.dumps).
         self.sink = DumpSink(buffer, buffer.partition_id, on_window=self._window_landed)
+        # Per-source failure isolation (DESIGN 17, relay/_quarantine.py): what the
+        # fetcher writes to, in front of the dump step.
+        self.quarantines = quarantines
+        self.on_source_error = on_source_error
+        self._dropped: tuple[int, frozenset[int]] = (-1, frozenset())
+        self.qsink = QuarantineSink(self.sink, buffer.partition_id,
+                                    dropped_ids=self._dropped_ids,
+                                    on_marked=self._marked, on_upstream=self._upstream)
+        if quarantines is not None:
+            for record in quarantines.unmarked(name):  # set aside before a crash
+                self.qsink.queue(_marker(record))
+        self.restart_requested = False  # restart(): end the attempt, start a new one
+        self.attempts = 0  # attempts started (a heal waits for the one after its lift)
         self.last_window_at: float | None = None
         self.lock = threading.Lock()
         self.state: FetcherState = "starting"
@@ -256,7 +295,71 @@ class _Runner:
             report_details=self.report_details,
             flush_buffer=self.buffer.flush,
         )
+        if self.quarantines is not None:
+            context.quarantined = self.quarantined
+            if self.on_source_error == "quarantine":
+                context.quarantine = self.quarantine
+            else:
+                context.quarantine = _stop
         return (cls or self.cls)(uri or self.uri, context)
+
+    # -- quarantine (DESIGN 17) --------------------------------------------------------
+
+    def quarantined(self) -> frozenset[str]:
+        """``FetcherContext.quarantined``: the sources of this buffer set aside now."""
+        assert self.quarantines is not None
+        return frozenset(self.quarantines.active(self.name))
+
+    def quarantine(self, failure: SourceFailure) -> None:
+        """``FetcherContext.quarantine``: record durably, log one line, mark the stream."""
+        assert self.quarantines is not None
+        record = self.quarantines.add(self.name, failure)
+        if record is None:
+            return  # set aside already: the first failure stands
+        log.error("%s", record.log_line())
+        self.qsink.mark_now(_marker(record))
+
+    def _dropped_ids(self) -> frozenset[int]:
+        store = self.quarantines
+        if store is None:
+            return frozenset()
+        generation, ids = self._dropped
+        if generation != store.generation:
+            catalog = self.catalog.for_buffer(self.name, self.buffer.partition_id)
+            ids = frozenset(catalog.source_id(s) for s in store.active(self.name))
+            self._dropped = (store.generation, ids)
+        return ids
+
+    def _marked(self, marker: QuarantineMarker, scn: int) -> None:
+        if marker.state == "quarantined" and self.quarantines is not None:
+            self.quarantines.marked(self.name, marker.source, scn)
+
+    def _upstream(self, marker: QuarantineMarker, scn: int) -> None:
+        """A quarantine marker copied from an upstream relay: record it here too (a
+        chained relay, a cluster follower), or lift it when the upstream healed."""
+        store = self.quarantines
+        if store is None:
+            return
+        if marker.state == "healed":
+            if marker.source in store.active(self.name):
+                store.remove(self.name, marker.source)
+                log.warning("buffer %s: source %s healed upstream; out of quarantine here "
+                            "too (the upstream's dump follows)", self.name, marker.source)
+            return
+        record = store.add(self.name, SourceFailure(
+            marker.source, marker.scn if marker.scn is not None else scn,
+            marker.reason, marker.fix), marker_scn=scn)
+        if record is not None:
+            log.error("%s (as the upstream relay says)", record.log_line())
+
+    def restart(self) -> int:
+        """End the running attempt and start a new fetcher instance at once (after a
+        heal: it reloads what it caches, a table's schema included). Returns the number
+        of attempts started before; ``attempts`` goes past it when the new one runs."""
+        before = self.attempts
+        self.restart_requested = True
+        self.attempt_stop.set()
+        return before
 
     def report_source_scn(self, scn: int) -> None:
         self.source_scn = scn
@@ -300,7 +403,7 @@ class _Runner:
             landed = self.windows_landed
             error: BaseException | None = None
             fetcher: Fetcher | None = None
-            sink: WindowSink = self.sink
+            sink: WindowSink = self.qsink
             if self.assignments is not None:
                 self.attempt_stop.clear()
                 assignment = self.assignments()
@@ -317,7 +420,7 @@ class _Runner:
                         fetcher.close()  # built for the config checks only
                     fetcher = self.new_fetcher(assignment.uri, self.resolve(assignment.uri))
                     assignment.prepare()
-                    sink = assignment.wrap(self.sink)
+                    sink = assignment.wrap(self.qsink)
                 elif fetcher is None:
                     fetcher = self.new_fetcher()
                 with self.lock:
@@ -331,6 +434,7 @@ class _Runner:
                     if after is not None:
                         self.buffer.start_after(after)
                 self.set_state("running")
+                self.attempts += 1
                 fetcher.run(sink, after, self.attempt_stop)
             except Exception as exc:
                 error = exc
@@ -341,6 +445,14 @@ class _Runner:
                     self.close(fetcher)
             if self.stop.is_set():
                 break
+            if self.restart_requested:
+                self.restart_requested = False
+                if self.assignments is None:
+                    self.attempt_stop.clear()
+                    if self.stop.is_set():
+                        break
+                log.info("buffer %s: fetcher restarted (a source was healed)", self.name)
+                continue
             if self.assignments is not None and self.attempt_stop.is_set():
                 continue  # reassigned (relay/cluster): not a failure
             if error is None:
@@ -502,6 +614,7 @@ class FetcherHost:
         backoff_max: float = 5.0,
         healthy_after: float = 60.0,
         resolve: Callable[[str], type[Fetcher]] | None = None,
+        quarantines: QuarantineStore | None = None,
     ) -> None:
         missing = [b.name for b in config.buffers if b.name not in buffers]
         if missing:
@@ -511,6 +624,9 @@ class FetcherHost:
         self.config = config
         self.buffers = buffers
         self.catalog = catalog
+        # Quarantined sources (DESIGN 17): the relay's store, else one in the data dir.
+        self.quarantines = quarantines if quarantines is not None else QuarantineStore(
+            config.data_dir / QUARANTINE_FILENAME)
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.healthy_after = healthy_after
@@ -548,6 +664,8 @@ class FetcherHost:
                     Backoff(self.backoff_initial, self.backoff_max, self.healthy_after),
                     on_source_gap=(self._source_gap if buffer_config.on_source_gap == "dump"
                                    else None),
+                    quarantines=self.quarantines,
+                    on_source_error=buffer_config.on_source_error,
                 )
             self._declare(runners)
             for name, seat in self.seats.items():
@@ -626,6 +744,27 @@ class FetcherHost:
                            capacity_bytes=runner.buffer.capacity, flush=runner.buffer.flush)
             for name, runner in self._runners.items()
         }
+
+    def restart(self, buffer: str, *, wait_s: float = 10.0) -> bool:
+        """Restart the fetcher of ``buffer`` (a new instance) and wait up to ``wait_s``
+        for the new attempt to run; False when it did not start in time (it still
+        will, once its source answers)."""
+        runner = self._runners[buffer]
+        before = runner.restart()
+        deadline = time.monotonic() + wait_s
+        while runner.attempts <= before:
+            if time.monotonic() >= deadline or self._stop.is_set():
+                return False
+            time.sleep(0.02)
+        return True
+
+    def fetcher_class(self, buffer: str) -> type[Fetcher]:
+        """The fetcher class of ``buffer`` (after ``start``)."""
+        return self._runners[buffer].cls
+
+    def queue_marker(self, buffer: str, marker: QuarantineMarker) -> None:
+        """Write ``marker`` into the next window of ``buffer`` (a heal's)."""
+        self._runners[buffer].qsink.queue(marker)
 
     def status(self) -> dict[str, FetcherStatus]:
         """Per buffer name: the fetcher's state, restarts, last error and lag."""

@@ -8,9 +8,11 @@
                      "message": "...", "fix": "..."}, ...]}
 
 (``error`` and ``message`` at the top only when not ready.) Components: each buffer's
-fetcher (ready when ``running``), the ZooKeeper session of a cluster member (ready when
-connected), each worker process (ready when ``running``), and, answered by a worker
-itself, the main process (not ready when it stopped answering: relay/_liveness.py).
+fetcher (ready when ``running``), each quarantined source (never ready: component
+``source``, state ``quarantined``, error ``source_quarantined``), the ZooKeeper
+session of a cluster member (ready when connected), each worker process (ready when
+``running``), and, answered by a worker itself, the main process (not ready when it
+stopped answering: relay/_liveness.py).
 ``components_of`` is pure: it reads a ``/v1/status`` document.
 """
 
@@ -31,6 +33,7 @@ STATES = {
     "fetcher": ("starting", "running", "backoff", "standby", "stopped", "failed"),
     "zookeeper": ("connected", "disconnected"),
     "worker": ("starting", "running", "restarting", "stopped"),
+    "source": ("quarantined",),
 }
 
 _FETCHER_FIX = {
@@ -63,6 +66,14 @@ def components_of(status: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "fetcher", state, state == "running", buffer=name,
                 message=fetcher.get("last_error") or f"the fetcher of buffer {name} is {state}",
                 fix=_FETCHER_FIX.get(state)))
+        for q in buffer.get("quarantined", []):
+            # A source set aside (DESIGN 17): listed only while quarantined.
+            out.append(_component(
+                "source", "quarantined", False, buffer=name, source=q["source"],
+                message=f"source {q['source']} is quarantined at SCN {q['scn']}: "
+                        f"{q['reason']}",
+                fix=q.get("fix") or "fix the cause, then: databus relay heal --relay URL "
+                                    f"--source {q['source']}"))
         cluster = buffer.get("cluster")
         if cluster is not None:
             connected = bool(cluster.get("connected")) and connected is not False
@@ -85,13 +96,14 @@ def component_families(components: list[dict[str, Any]]) -> Iterator[Metric]:
     """``databus_component_up{daemon,component,buffer}`` (1/0) and the one-hot
     ``databus_component_state{daemon,component,buffer,state}`` of a relay's components
     (DESIGN 17). A worker is ``worker_<index>`` (no buffer), so that each has series of
-    its own."""
+    its own; a quarantined source is ``source:<name>``."""
     up = GaugeMetricFamily("databus_component_up", "1 when the component does its job",
                            labels=["daemon", "component", "buffer"])
     state = GaugeMetricFamily("databus_component_state", "The component's state (one-hot)",
                               labels=["daemon", "component", "buffer", "state"])
     for c in components:
-        name = c["component"] + (f"_{c['index']}" if "index" in c else "")
+        name = c["component"] + (f"_{c['index']}" if "index" in c else "") + (
+            f":{c['source']}" if c["component"] == "source" else "")
         buffer = str(c.get("buffer", ""))
         up.add_metric(["relay", name, buffer], 1.0 if c["ready"] else 0.0)
         known = STATES.get(c["component"], ())

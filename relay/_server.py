@@ -8,6 +8,7 @@ Endpoints (all JSON except ``/v1/stream`` and ``/metrics``; errors are always
 - ``GET /v1/status``, ``GET /v1/consumers``, ``GET /metrics``, ``GET /healthz``,
   ``GET /readyz``
 - ``POST /v1/admin/flush`` (bearer token)
+- ``POST /v1/admin/sources/{name}/heal`` (bearer token; relay/_quarantine_api.py)
 
 A stream response carries whole events in wire format and these headers:
 ``X-Databus-Checkpoint`` (the checkpoint after consuming the body, JSON),
@@ -71,6 +72,7 @@ from databus.relay._consumers import (
 from databus.relay._dump_api import add_dump_routes
 from databus.relay._liveness import MainUnavailable
 from databus.relay._metrics import relay_metrics
+from databus.relay._quarantine_api import add_quarantine_routes
 from databus.relay._readiness import components_of, readiness_response
 from databus.relay._relay import Relay, RelayReader
 from databus.relay._streaming import (
@@ -426,6 +428,7 @@ def _at_tail(buffer: EventBuffer, checkpoint: Checkpoint) -> bool:
 
 async def sources(request: web.Request) -> web.Response:
     relay = request.app[READER]
+    quarantined = {(b, s) for b in relay.buffers for s in relay.quarantines.active(b)}
     out = [
         {
             "name": e.name,
@@ -433,8 +436,9 @@ async def sources(request: web.Request) -> web.Response:
             "buffer": e.buffer,
             "partition_id": e.partition_id,
             "schema_fingerprint": fp_text(e.fingerprint),
-            # Additive: "pending" = configured, its table not seen at the source yet.
-            "state": e.state,
+            # Additive: "pending" = configured, its table not seen at the source yet;
+            # "quarantined" = set aside after a failure of its own (DESIGN 17).
+            "state": "quarantined" if (e.buffer, e.name) in quarantined else e.state,
         }
         for e in relay.catalog.sources()
     ]
@@ -595,5 +599,6 @@ def create_app(relay: Relay) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/admin/flush", admin_flush)
     add_dump_routes(app, RELAY)
+    add_quarantine_routes(app, RELAY)
     return app
 
