@@ -105,6 +105,10 @@ class FailoverPuller:
         # Sent as client_id with every stream request, so that relays can show this
         # consumer's lag (GET /v1/consumers); set by the owner (DatabusClient).
         self.client_id: str | None = None
+        # Sent as quarantine=pass when set (a chained relay, the bootstrap producer):
+        # every window is served, a quarantined source's marker with them, rather than
+        # the source_quarantined error at its SCN (docs/relay.md, "Quarantined sources").
+        self.pass_quarantine = False
 
     def stream_params(self, position: Checkpoint, max_bytes: int) -> dict[str, str]:
         """The query of a stream request: checkpoint, size, sources, filter, client id."""
@@ -115,6 +119,8 @@ class FailoverPuller:
             params["filter"] = self.filter_json
         if self.client_id:
             params["client_id"] = self.client_id
+        if self.pass_quarantine:
+            params["quarantine"] = "pass"
         return params
 
     async def schema(self, fingerprint: int) -> Schema:

@@ -5,6 +5,7 @@ Endpoints (all JSON except ``/v1/stream`` and ``/metrics``; errors are always
 
 - ``GET /v1/sources``; ``GET /v1/schemas/{fingerprint}``; ``GET /v1/schemas?source=NAME``
 - ``GET /v1/stream?checkpoint=JSON&sources=a,b&filter=JSON&max_bytes=N&wait_ms=M``
+  (``quarantine=pass``: no stop at a quarantined source, relay/_quarantine_read.py)
 - ``GET /v1/status``, ``GET /v1/consumers``, ``GET /metrics``, ``GET /healthz``,
   ``GET /readyz``
 - ``POST /v1/admin/flush`` (bearer token)
@@ -46,6 +47,7 @@ from databus._http import (
     json_response,
     metrics_response,
     parse_fingerprint,
+    query_param,
     source_param,
     sources_param,
 )
@@ -59,7 +61,13 @@ from databus._serving import (
 )
 from databus.batch import CompiledFilter, FilterPlan, compile_filter
 from databus.checkpoint import WHOLE_WINDOW, Checkpoint, Mode, decide
-from databus.errors import ConfigError, DatabusError, ScnNotFoundError, UnknownSourceError
+from databus.errors import (
+    ConfigError,
+    DatabusError,
+    ScnNotFoundError,
+    SourceQuarantinedError,
+    UnknownSourceError,
+)
 from databus.filters import SourceFilter
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
 from databus.relay._consumers import (
@@ -72,7 +80,9 @@ from databus.relay._consumers import (
 from databus.relay._dump_api import add_dump_routes
 from databus.relay._liveness import MainUnavailable
 from databus.relay._metrics import relay_metrics
+from databus.relay._quarantine import Quarantine
 from databus.relay._quarantine_api import add_quarantine_routes
+from databus.relay._quarantine_read import QUARANTINE_MODES, guard, including
 from databus.relay._readiness import components_of, readiness_response
 from databus.relay._relay import Relay, RelayReader
 from databus.relay._streaming import (
@@ -135,6 +145,23 @@ def _source_buffer(relay: RelayReader, name: str) -> tuple[str, int | None]:
             ) from None
         return buffer, None
     return entry.buffer, entry.id
+
+
+def _quarantine_stop(request: web.Request, relay: RelayReader, buffer: str
+                     ) -> Callable[[], Quarantine | None]:
+    """What a stream request stops at (relay/_quarantine_read.py): the first quarantine
+    among the sources it includes, asked at each read; never with ``quarantine=pass``."""
+    mode = query_param(request, "quarantine") or "error"
+    if mode not in QUARANTINE_MODES:
+        raise BadRequest(f"quarantine must be one of {', '.join(QUARANTINE_MODES)}")
+    if mode == "pass":
+        return _no_quarantine
+    names = sources_param(request)
+    return lambda: including(relay.quarantines.active(buffer), names)
+
+
+def _no_quarantine() -> Quarantine | None:
+    return None
 
 
 def _buffer_for(relay: RelayReader, request: web.Request) -> tuple[str, CompiledFilter | None]:
@@ -217,9 +244,10 @@ async def stream(request: web.Request) -> web.StreamResponse:
     buffer_name, select = _buffer_for(relay, request)
     buffer = relay.buffers[buffer_name]
     filter_key = (request.query.get("sources", ""), request.query.get("filter", ""))
+    quarantine = _quarantine_stop(request, relay, buffer_name)
     if follow:
         return await _follow(request, buffer_name, buffer, select, filter_key, checkpoint,
-                             max_bytes, heartbeat_ms)
+                             max_bytes, heartbeat_ms, quarantine)
     notifier = request.app[NOTIFIERS][buffer_name]
     stats = request.app[STATS]
     shared = request.app[SHARED_READS][buffer_name]
@@ -227,7 +255,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     bound = functools.partial(buffer.read, select=select)
 
     def read(position: Checkpoint, *, max_bytes: int) -> ReadResult:
-        return shared.read(bound, filter_key, position, max_bytes)
+        stop = quarantine()  # asked at each read: a heal lifts it, a failure sets it
+        return shared.read(guard(bound, stop), (*filter_key, stop and stop.scn), position,
+                           max_bytes)
 
     closing = request.app[CLOSING]
     alive = request.app[LIVENESS]
@@ -282,7 +312,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
 async def _follow(
     request: web.Request, buffer_name: str, buffer: EventBuffer,
     select: CompiledFilter | None, filter_key: tuple[str, str], checkpoint: Checkpoint,
-    max_bytes: int, heartbeat_ms: int,
+    max_bytes: int, heartbeat_ms: int, quarantine: Callable[[], Quarantine | None],
 ) -> web.StreamResponse:
     """A streaming subscription (relay/_streaming.py): one chunked response that stays
     open. A checkpoint already off the buffer is refused before the response starts,
@@ -297,7 +327,9 @@ async def _follow(
     bound = functools.partial(buffer.read, select=select)
 
     def read(position: Checkpoint, limit: int) -> SharedRead:
-        return shared.stream_read(bound, filter_key, position, limit)
+        stop = quarantine()
+        return shared.stream_read(guard(bound, stop), (*filter_key, stop and stop.scn),
+                                  position, limit)
 
     record = served_recorder(request, buffer_name=buffer_name, streaming=True)
 
@@ -395,7 +427,7 @@ async def _read_rest(
         async with lane:
             try:
                 more = read(checkpoint, max_bytes=limit)
-            except (ScnNotFoundError, BufferCorruptedError):
+            except (ScnNotFoundError, BufferCorruptedError, SourceQuarantinedError):
                 if not pieces:
                     raise
                 break

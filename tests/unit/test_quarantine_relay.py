@@ -6,14 +6,33 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from databus.event import (
+    DUMP_END_SOURCE_ID,
+    DUMP_START_SOURCE_ID,
+    ERROR_SOURCE_ID,
+    QUARANTINE_SOURCE_ID,
+    decode_event,
+    iter_events,
+)
+from databus.fetchers._api import FetcherContext
+from databus.fetchers.txlog import SqliteTxlogFetcher
+from databus.relay._catalog import RelayCatalog
 from databus.relay._fetcher_host import FetcherHost
+from databus.schemas import AvroCodec
 from tests.quarantine_support import FIX, REASON, use_poison_fetcher
-from tests.relay_harness import RunningRelay, relay_config, running_relay, stream_all
+from tests.relay_harness import (
+    ADMIN_TOKEN,
+    RunningRelay,
+    relay_config,
+    running_relay,
+    stream_all,
+)
 from tests.unit.test_txlog_support import BUFFER, SqliteSource
 from tests.waiting import async_wait_until
 
@@ -141,3 +160,188 @@ def test_config_refuses_an_unknown_on_source_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigFieldError, match="on_source_error"):
         BufferConfig(name="b", capacity_mb=1, source="synthetic://", on_source_error="skip")
     assert FetcherHost  # the host module imports with the quarantine parts
+
+
+# -- the in-band error, and healing ----------------------------------------------------
+
+
+async def _poll_until_error(r: RunningRelay, **params: Any
+                            ) -> tuple[list[int], int, dict[str, Any] | None]:
+    """Poll from the start until an error or nothing new: (window SCNs served, the last
+    status, its JSON error)."""
+    scns: list[int] = []
+    cp: str | None = None
+    while True:
+        query = dict(params)
+        if cp is not None:
+            query["checkpoint"] = cp
+        async with await r.get("/v1/stream", **query) as resp:
+            if resp.status != 200:
+                return scns, resp.status, await resp.json()
+            body = await resp.read()
+            cp = resp.headers["X-Databus-Checkpoint"]
+        if not body:
+            return scns, 200, None
+        scns += [h.scn for _, h in iter_events(body) if h.is_eow]
+
+
+async def _follow_until_end(r: RunningRelay, **params: Any
+                            ) -> tuple[list[int], dict[str, Any] | None]:
+    """A streaming subscription from the start, read until the relay ends it (or 3 s of
+    nothing but heartbeats): (window SCNs served, the in-band error)."""
+    body = b""
+    async with await r.get("/v1/stream", follow="true", heartbeat_ms="100", **params) as resp:
+        assert resp.status == 200
+        try:
+            async with asyncio.timeout(3):
+                async for chunk in resp.content.iter_any():
+                    body += chunk
+        except TimeoutError:
+            pass
+    scns, error = [], None
+    for offset, header in iter_events(body):
+        if header.is_eow:
+            scns.append(header.scn)
+        elif header.source_id == ERROR_SOURCE_ID:
+            error = json.loads(bytes(decode_event(body, offset).value))
+    return scns, error
+
+
+def _markers(body: bytes) -> list[tuple[int, dict[str, Any]]]:
+    return [(h.scn, json.loads(bytes(decode_event(body, off).value)))
+            for off, h in iter_events(body) if h.source_id == QUARANTINE_SOURCE_ID]
+
+
+def test_subscribers_of_the_source_get_the_error_at_its_scn_then_heal_converges(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    use_poison_fetcher(monkeypatch)
+    db = _source(tmp_path)
+    config = relay_config(tmp_path, {BUFFER: db.uri(TABLES)})
+    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
+        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
+
+    async def main() -> None:
+        async with running_relay(config) as r:
+            db.txn(item(1, "a"), item(3, "c"), tag("x", 1))
+            db.txn(item(666, "bad"), item(2, "b"), tag("y", 2))
+            db.txn(item(4, "d"), tag("z", 3))
+            await async_wait_until(lambda: _has_tag(r, "z"), "tag z", 20, max_interval=0.05)
+            (q,) = await _quarantined(r)
+            x = q["scn"]
+            body = await _body(r, quarantine="pass")
+            assert [m for _, m in _markers(body)] == [{
+                "fix": FIX, "reason": REASON, "scn": x, "source": "shop.items",
+                "state": "quarantined"}]
+            assert _markers(body)[0][0] == x  # in the window where it was met
+            everything = [h.scn for _, h in iter_events(body) if h.is_eow]
+            before = [s for s in everything if s < x]
+            for params in ({"sources": "shop.items"}, {}, {"sources": "shop.items,shop.tags"}):
+                scns, status, error = await _poll_until_error(r, **params)
+                assert (scns, status) == (before, 409), params
+                assert error is not None and error["error"] == "source_quarantined"
+                assert (error["source"], error["scn"], error["fix"]) == ("shop.items", x, FIX)
+                streamed, in_band = await _follow_until_end(r, **params)
+                assert streamed == before and in_band == error, params
+            # Consumers of the other table: nothing changes.
+            scns, status, error = await _poll_until_error(r, sources="shop.tags")
+            assert status == 200 and error is None and scns[-1] == everything[-1]
+            streamed, in_band = await _follow_until_end(r, sources="shop.tags")
+            assert in_band is None and streamed == scns
+            # The relay's own readers pass (chained relays, the bootstrap producer).
+            scns, status, _ = await _poll_until_error(r, quarantine="pass")
+            assert status == 200 and scns == everything
+            # Admin errors of the heal endpoint.
+            heal = r.url + "/v1/admin/sources/{}/heal"
+            auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            async with r.session.post(heal.format("shop.items")) as resp:
+                assert resp.status == 401
+                assert (await resp.json())["error"] == "unauthorized"
+            async with r.session.post(heal.format("shop.nothing"), headers=auth) as resp:
+                assert (resp.status, (await resp.json())["error"]) == (404, "unknown_source")
+            async with r.session.post(heal.format("shop.tags"), headers=auth) as resp:
+                assert (resp.status, (await resp.json())["error"]) == (409, "not_quarantined")
+            async with await r.get("/readyz") as resp:
+                assert resp.status == 503
+            # The operator fixes the cause (row 666 goes) while more changes are missed,
+            # then heals: the consumer's copy converges through the heal's dump.
+            db.txn("DELETE FROM items WHERE id = 666", "DELETE FROM items WHERE id = 1",
+                   "UPDATE items SET name = 'c2' WHERE id = 3", item(5, "e"))
+            async with r.session.post(heal.format("shop.items"), headers=auth) as resp:
+                assert resp.status == 200, await resp.text()
+                healed = await resp.json()
+            assert healed["healed"] and healed["quarantined_scn"] == x
+            assert healed["dump"]["reason"] == "heal"
+            await _wait_dump(r, healed["dump"]["id"])
+            assert await _quarantined(r) == []
+            async with await r.get("/readyz") as resp:
+                assert resp.status == 200, await resp.text()
+            db.txn(item(7, "g"), tag("end", 9))
+            await async_wait_until(lambda: _has_tag(r, "end"), "tag end", 20,
+                                   max_interval=0.05)
+            # After the heal the subscriber goes on past X and ends with the source's rows.
+            scns, status, error = await _poll_until_error(r, sources="shop.items")
+            assert status == 200 and error is None and scns[-1] > x
+            body = await _body(r)  # no quarantine left: no stop
+            assert ("shop.items", "healed") in [(m["source"], m["state"])
+                                               for _, m in _markers(body)]
+            replica = _replica(r, body, "shop.items")
+            assert replica == {row["id"]: row["name"] for row in db.rows("items")}
+
+    asyncio.run(main())
+
+
+async def _body(r: RunningRelay, **params: Any) -> bytes:
+    out, cp = b"", None
+    while True:
+        query = dict(params)
+        if cp is not None:
+            query["checkpoint"] = cp
+        async with await r.get("/v1/stream", **query) as resp:
+            assert resp.status == 200, await resp.text()
+            chunk = await resp.read()
+            cp = resp.headers["X-Databus-Checkpoint"]
+        if not chunk:
+            return out
+        out += chunk
+
+
+async def _has_tag(r: RunningRelay, word: str) -> bool:
+    return word in (await _names_in_stream(r, quarantine="pass")).get("shop.tags", [])
+
+
+async def _wait_dump(r: RunningRelay, dump_id: str) -> None:
+    async def done() -> bool:
+        return bool(r.relay.dumps.get(dump_id)["state"] == "done")
+
+    await async_wait_until(done, f"dump {dump_id} done", 30, max_interval=0.05)
+
+
+def _replica(r: RunningRelay, body: bytes, source: str) -> dict[Any, Any]:
+    """``source``'s rows as a consumer applying the stream keeps them, taking a dump of
+    the table as its whole state (rows the dump did not bring are dropped at its end:
+    a dump says what exists, docs/client.md "Quarantined sources")."""
+    names = {s.id: s.name for s in r.relay.catalog.sources()}
+    codec = AvroCodec(r.relay.catalog.registry)
+    rows: dict[Any, Any] = {}
+    dumped: set[Any] | None = None
+    for offset, header in iter_events(body):
+        event = decode_event(body, offset)
+        if header.source_id in (DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID):
+            marker = json.loads(bytes(event.value))
+            if marker["source"] != source:
+                continue
+            if header.source_id == DUMP_START_SOURCE_ID:
+                dumped = set()
+            elif dumped is not None:
+                rows = {k: v for k, v in rows.items() if k in dumped}
+                dumped = None
+            continue
+        if header.source_id < 0 or names[header.source_id] != source:
+            continue
+        if header.op == 2:
+            rows.pop(event.key, None)
+        else:
+            rows[event.key] = codec.decode(event.value, header.schema_fingerprint)["name"]
+            if dumped is not None:
+                dumped.add(event.key)
+    return rows
