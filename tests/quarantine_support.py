@@ -1,5 +1,5 @@
 """A real SQLite TxLog source whose fetcher quarantines a table on a "poison" row
-(key 666), as the fetchers do for a row their schema cannot hold (DESIGN 17), and the
+(an upsert of key 666), as the fetchers do for a row their schema cannot hold (DESIGN 17), and the
 helpers the quarantine tests share."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar
 
-from databus.event import HEADER_SIZE, KEY_KIND_MASK, KeyKind
+from databus.event import HEADER_SIZE, KEY_KIND_MASK, KeyKind, Op
 from databus.fetchers._api import FetcherContext, SourceFailure, WindowSink
 from databus.fetchers.txlog import SqliteTxlogFetcher
 
@@ -18,7 +18,8 @@ FIX = "delete row 666, then run: databus relay heal --relay URL --source shop.it
 
 def _poisoned(event: bytes) -> bool:
     key_length = int.from_bytes(event[52:56], "big")
-    return (event[3] & KEY_KIND_MASK == KeyKind.INT and key_length == 8
+    return (event[2] == Op.UPSERT and event[3] & KEY_KIND_MASK == KeyKind.INT
+            and key_length == 8
             and int.from_bytes(event[HEADER_SIZE:HEADER_SIZE + 8], "big", signed=True)
             == POISON)
 
