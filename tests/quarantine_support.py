@@ -79,7 +79,10 @@ class PoisonFetcher(SqliteTxlogFetcher):
 
 
 def use_poison_fetcher(monkeypatch: Any) -> None:
-    """Make every relay started in this test resolve ``sqlite://`` to ``PoisonFetcher``."""
+    """Make every relay started in this test resolve ``sqlite://`` to ``PoisonFetcher``
+    (other schemes as usual: a chained relay's ``relay+http://``)."""
     import databus.relay._fetcher_host as host
 
-    monkeypatch.setattr(host, "fetcher_class", lambda uri: PoisonFetcher)
+    real = host.fetcher_class
+    monkeypatch.setattr(host, "fetcher_class",
+                        lambda uri: PoisonFetcher if uri.startswith("sqlite:") else real(uri))
