@@ -32,6 +32,7 @@ loop and it only copies a few fields.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -326,7 +327,12 @@ class _Runner:
         generation, ids = self._dropped
         if generation != store.generation:
             catalog = self.catalog.for_buffer(self.name, self.buffer.partition_id)
-            ids = frozenset(catalog.source_id(s) for s in store.active(self.name))
+            found: set[int] = set()
+            for source in store.active(self.name):
+                # A name the relay cannot serve has no id (and no events).
+                with contextlib.suppress(ConfigError):
+                    found.add(catalog.source_id(source))
+            ids = frozenset(found)
             self._dropped = (store.generation, ids)
         return ids
 

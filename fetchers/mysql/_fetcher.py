@@ -13,6 +13,14 @@ captured table write no window. DDL writes no window either: it invalidates the 
 table layouts, and the next table map event of a changed table registers its new schema
 version (see ``_schema``).
 
+Per-source failures (DESIGN 17): an event of one captured table that cannot be
+captured (a change logged as a statement, a rows event that does not decode with the
+table's layout, a table the relay cannot name or whose columns it cannot read) sets that
+table aside through ``FetcherContext.quarantine``, in the window of the transaction it
+was met in (a window holding only the quarantine when nothing else was captured), and
+its rows are left out of that window and every later one; the other tables go on.
+Settings of the whole server (at start) stay failures of the fetcher.
+
 Failures: a lost connection the library cannot re-establish at once raises a retriable
 ``SourceError``; the fetcher host then starts a new fetcher after a backoff, from the
 buffer's max SCN, so a half-read transaction is read again from its start and nothing is
@@ -56,15 +64,17 @@ from pymysqlreplication.row_event import (
 from databus._limited_log import limited
 from databus._redact import register_uri
 from databus.batch import encode_event
-from databus.errors import DatabusError, SourceError
+from databus.errors import ConfigError, DatabusError, SourceError
 from databus.event import Key, Op
 from databus.fetchers._api import (
     ConfiguredSources,
     DumpSource,
     Fetcher,
     FetcherContext,
+    SourceFailure,
     WindowSink,
 )
+from databus.fetchers._failures import UNSERVABLE_NAME, heal_fix
 from databus.fetchers.mysql._avro_writers import encode_row
 from databus.fetchers.mysql._binlog_values import RowDecoder
 from databus.fetchers.mysql._errors import SourceMisconfiguredError
@@ -130,6 +140,9 @@ class _Txn:
 
     standalone: bool = False  # MariaDB: a single statement with no COMMIT (DDL)
     rows: list[tuple[int, Op, Key, bytes, int]] = field(default_factory=list)
+    # Sources set aside in this transaction: name -> (reason, fix), quarantined when
+    # its window (SCN) is written.
+    failures: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 # -- the fetcher ----------------------------------------------------------------------
@@ -290,6 +303,12 @@ class _Capture:
         self.registered: set[str] = set()
         self.next_poll = time.monotonic() + _POLL_INTERVAL_S
         self.table_map: dict[int, Any] | None = None
+        # Sources in quarantine (the host's, read once per run: a heal restarts the
+        # fetcher) and those set aside by this run, even before their window is written.
+        self.quarantined: set[str] = set(self.context.quarantined())
+        if self.quarantined:
+            log.warning("not capturing quarantined source(s) %s (databus relay heal)",
+                        ", ".join(sorted(self.quarantined)))
 
     # -- schemas ----------------------------------------------------------------------
 
@@ -321,7 +340,12 @@ class _Capture:
                                  exc)
             return
         for shape in shapes:
-            self._source_id(shape.source_name)
+            if shape.source_name in self.quarantined:
+                continue
+            try:
+                self._source_id(shape.source_name)
+            except ConfigError:
+                continue  # set aside at its first change (_table_map)
             self._schema(shape)
 
     def discover_new_tables(self) -> None:
@@ -343,8 +367,12 @@ class _Capture:
                                  self.config.address, exc)
             return
         for shape in shapes:
-            if shape.source_name not in self.registered:
-                self._source_id(shape.source_name)
+            if shape.source_name not in self.registered and (
+                    shape.source_name not in self.quarantined):
+                try:
+                    self._source_id(shape.source_name)
+                except ConfigError:
+                    continue  # set aside at its first change (_table_map)
                 self._schema(shape)
                 log.info("source %s: table created, now listed by the relay", shape.source_name)
 
@@ -422,10 +450,14 @@ class _Capture:
         position = event.packet.log_pos
         if isinstance(event, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
             if isinstance(event, PartialUpdateRowsEvent):
-                raise SourceMisconfiguredError(
-                    f"partial JSON update at {self.file}:{position}: set "
-                    "binlog_row_value_options='' on the server"
-                )
+                table = self.by_table_id.get(event.table_id)
+                if table is not None and table.source_id != _WATERMARK:
+                    self.fail(table.shape.source_name,
+                              f"a partial JSON update at {self.file}:{position} does not "
+                              "hold the whole row",
+                              "set binlog_row_value_options='' on the server and in "
+                              "every session")
+                return
             self._rows(event)
         elif isinstance(event, TableMapEvent):
             self._table_map(event)
@@ -455,7 +487,7 @@ class _Capture:
             if self.txn is not None and self.txn.rows:
                 limited(log).warning("binlog %s ended inside a transaction (server crash?): its "
                                      "%d rows were never committed", self.file, len(self.txn.rows))
-            self.txn = None
+            self._drop_txn()
             self.file = name
             self.file_number = binlog_file_number(name)
             self._forget_layouts()
@@ -480,7 +512,7 @@ class _Capture:
                 limited(log).warning("transaction ending at %s:%d was rolled back: its %d rows "
                                      "(non-transactional tables) are not captured", self.file,
                                      position, len(self.txn.rows))
-            self.txn = None
+            self._drop_txn()
         elif kind is QueryKind.XA:
             raise SourceMisconfiguredError(
                 f"XA transaction at {self.file}:{position}: XA PREPARE/COMMIT is not "
@@ -503,20 +535,65 @@ class _Capture:
             limited(log).warning("statement-format change at %s:%d not captured: %s", self.file,
                                  position, _shorten(event.query))
         elif self.config.selector.matches(*target):
-            raise SourceMisconfiguredError(
-                f"a change to {target[0]}.{target[1]} was logged as a statement at "
-                f"{self.file}:{position} (a session used binlog_format=STATEMENT or MIXED): "
-                "its rows are not in the binlog and cannot be captured"
-            )
+            source = f"{target[0]}.{target[1]}"
+            self.fail(source,
+                      f"a change to it was logged as a statement at {self.file}:{position} "
+                      "(a session used binlog_format=STATEMENT or MIXED): its rows are not "
+                      "in the binlog and cannot be captured",
+                      "make every session that writes it log rows (binlog_format=ROW; "
+                      "no SET SESSION binlog_format=STATEMENT or MIXED)")
+
+    # -- per-source failures (DESIGN 17) ------------------------------------------------
+
+    def _drop_txn(self) -> None:
+        """Forget the open transaction (rolled back, or cut by a crash): a failure met in
+        it concerned a change that did not happen."""
+        txn, self.txn = self.txn, None
+        if txn is not None and txn.failures:
+            self.quarantined.difference_update(txn.failures)
+            self._forget_layouts()  # their table ids map to None: read them again
+
+    def fail(self, source: str, reason: str, first_fix: str) -> None:
+        """Set ``source`` aside from the open transaction on: its rows are left out, and
+        it is quarantined when the transaction's window is written (its SCN)."""
+        if source in self.quarantined:
+            return
+        self.quarantined.add(source)
+        txn = self.txn
+        if txn is None:
+            txn = self.txn = _Txn()
+        txn.failures[source] = (reason, heal_fix(source, first_fix))
+        limited(log).error("source %s: %s; it is set aside, the other tables go on",
+                           source, reason, kind=f"fail {source}")
+        for table_id, table in list(self.by_table_id.items()):
+            if table is not None and table.shape.source_name == source:
+                self.by_table_id[table_id] = None
 
     def _table_map(self, event: TableMapEvent) -> None:
         if (event.schema, event.table) == self.config.watermark_table:
             self.by_table_id[event.table_id] = self._watermark_table(event)
             return
-        if not self.config.selector.matches(event.schema, event.table):
+        source = f"{event.schema}.{event.table}"
+        if not self.config.selector.matches(event.schema, event.table) or (
+                source in self.quarantined):
             self.by_table_id[event.table_id] = None
             return
-        self.by_table_id[event.table_id] = self._table(shape_from_table_map(event))
+        try:
+            table = self._table(shape_from_table_map(event))
+        except SourceMisconfiguredError:
+            raise  # binlog_row_metadata changed on the server: every table is concerned
+        except ConfigError:
+            self.by_table_id[event.table_id] = None
+            self.fail(source, UNSERVABLE_NAME,
+                      "rename the table (or leave it out of tables=)")
+            return
+        except SourceError as exc:
+            self.by_table_id[event.table_id] = None
+            self.fail(source, f"its layout in the binlog at {self.file}:"
+                      f"{event.packet.log_pos} cannot be read: {exc}",
+                      "change the column to a supported type (docs/binlog-fetcher.md)")
+            return
+        self.by_table_id[event.table_id] = table
 
     def _watermark_table(self, event: TableMapEvent) -> _Table:
         """The dump watermark table: its rows become ``sink.watermark`` calls (DESIGN 8.1),
@@ -558,16 +635,30 @@ class _Capture:
             return
         update = isinstance(event, UpdateRowsEvent)
         where = f"{self.file}:{event.packet.log_pos}"
+        source = table.shape.source_name
         if event.number_of_columns != len(table.shape.columns):
-            raise SourceError(f"rows event at {where} has {event.number_of_columns} columns, "
-                              f"its table map {len(table.shape.columns)}", retriable=False)
+            self.fail(source, f"a rows event at {where} has {event.number_of_columns} "
+                      f"columns, its table map {len(table.shape.columns)}",
+                      "check the table's definition and the server's binlog settings")
+            return
         if event.columns_present_bitmap != table.present or (
             update and event.columns_present_bitmap2 != table.present
         ):
-            raise SourceMisconfiguredError(
-                f"rows event at {where} ({table.shape.source_name}) lacks columns: a session "
-                "wrote it with binlog_row_image other than FULL"
-            )
+            self.fail(source, f"a rows event at {where} lacks columns: a session wrote it "
+                      "with binlog_row_image other than FULL",
+                      "make every session that writes it log full rows "
+                      "(binlog_row_image=FULL)")
+            return
+        try:
+            self._decode_rows(event, table, txn, update)
+        except Exception as exc:
+            # The values are not in the reason (they are a row's): only what failed.
+            self.fail(source, f"a rows event at {where} cannot be decoded with the "
+                      f"table's layout ({type(exc).__name__})",
+                      "check the table's definition against what the binlog holds "
+                      "(docs/binlog-fetcher.md, supported types)")
+
+    def _decode_rows(self, event: Any, table: _Table, txn: _Txn, update: bool) -> None:
         packet = event.packet
         body = packet.read(event.event_size - packet.read_bytes)
         decoder = table.decoder
@@ -602,21 +693,28 @@ class _Capture:
         if not position:
             return
         scn = make_scn(self.file_number, position)
-        if txn is not None and txn.rows:
+        if txn is not None and (txn.rows or txn.failures):
             if scn <= self.last_scn:
                 limited(log).warning("skipping the transaction ending at %s:%d: SCN %d is not "
                                      "after %d, already written", self.file, position, scn,
                                      self.last_scn)
             else:
-                self._write(scn, timestamp * 1_000_000_000, txn.rows)
+                self._write(scn, timestamp * 1_000_000_000, txn)
                 self.last_scn = scn
         self.read_scn = max(self.read_scn, scn)
 
-    def _write(self, scn: int, timestamp_ns: int, rows: list[tuple[int, Op, Key, bytes, int]]
-               ) -> None:
+    def _write(self, scn: int, timestamp_ns: int, txn: _Txn) -> None:
         sink = self.sink
         partition = self.context.partition_id
         sink.start_window(scn)
+        rows = txn.rows
+        if txn.failures:
+            # In the open window, so the quarantine is recorded at its SCN; the source's
+            # rows read before the failure are left out with the rest.
+            for source, (reason, fix) in txn.failures.items():
+                self.context.quarantine(SourceFailure(source, scn, reason, fix))
+            dropped = {self.source_ids[s] for s in txn.failures if s in self.source_ids}
+            rows = [row for row in rows if row[0] not in dropped]
         append = sink.append
         for source_id, op, key, value, fp in rows:
             if source_id == _WATERMARK:

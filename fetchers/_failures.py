@@ -1,0 +1,21 @@
+"""What a fetcher says when it sets one logical source aside (DESIGN 17,
+``FetcherContext.quarantine``): the fix text, ending with the heal command, and the
+wording of the failures every fetcher can meet."""
+
+from __future__ import annotations
+
+import shlex
+
+__all__ = ["UNSERVABLE_NAME", "heal_fix"]
+
+# The relay serves logical source names of printable characters, no whitespace or comma,
+# at most 255 characters (relay/_catalog.py): a table named otherwise cannot be served.
+UNSERVABLE_NAME = ("its name cannot be served by the relay (source names are at most 255 "
+                   "printable characters without whitespace or commas)")
+
+
+def heal_fix(source: str, first: str) -> str:
+    """``SourceFailure.fix``: ``first`` (what to change at the source), then the command
+    that takes ``source`` out of quarantine and dumps it."""
+    return (f"{first}; then databus relay heal --relay URL --source "
+            f"{shlex.quote(source)}")
