@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import shlex
 
-__all__ = ["UNSERVABLE_NAME", "heal_fix"]
+__all__ = ["UNSERVABLE_NAME", "heal_fix", "servable_name"]
 
 # The relay serves logical source names of printable characters, no whitespace or comma,
-# at most 255 characters (relay/_catalog.py): a table named otherwise cannot be served.
+# at most 255 characters (relay/_catalog.py; stream URLs list them comma-separated): a
+# table named otherwise cannot be served. tests/unit/test_source_failures.py holds the two
+# rules together.
+MAX_NAME = 255
 UNSERVABLE_NAME = ("its name cannot be served by the relay (source names are at most 255 "
                    "printable characters without whitespace or commas)")
 
@@ -19,3 +22,9 @@ def heal_fix(source: str, first: str) -> str:
     that takes ``source`` out of quarantine and dumps it."""
     return (f"{first}; then databus relay heal --relay URL --source "
             f"{shlex.quote(source)}")
+
+
+def servable_name(name: str) -> bool:
+    """Whether the relay can serve a logical source named ``name``."""
+    return bool(name) and len(name) <= MAX_NAME and "," not in name and not any(
+        c.isspace() or not c.isprintable() for c in name)

@@ -222,7 +222,9 @@ class LogicalFetcher(Fetcher):
         log.info("streaming slot %s of %s from %s", src.slot, src.redacted,
                  format_lsn(start_lsn) if start_lsn else "its confirmed position")
         stream = ChangeStream(sink, self.context.catalog, self.context.partition_id,
-                              src.matches, self._table_info, start_after_scn)
+                              src.matches, self._table_info, start_after_scn,
+                              quarantine=self.context.quarantine,
+                              quarantined=self.context.quarantined())
         confirmed = 0
         last_confirm = last_stats = time.monotonic()
         last_progress = time.monotonic()

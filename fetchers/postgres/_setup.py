@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from databus.fetchers._failures import UNSERVABLE_NAME, servable_name
 from databus.fetchers.postgres._uri import LogicalSource, TableName
 
 __all__ = [
@@ -352,7 +353,17 @@ def _resolve_tables(b: _Builder, source: LogicalSource, facts: CatalogFacts
             b.ok("table", f"{wanted} exists" + (" (partitioned)" if table.kind == "p"
                                                else ""), str(wanted))
             out.append(table)
-    return out
+    servable = [t for t in out if servable_name(str(t.name))]
+    for t in out:
+        if t not in servable:
+            # Refused before anything is published (issue 28): the relay could not serve
+            # its changes, and at runtime it would be quarantined at its first change.
+            b.error("name", f"{t.sql}: the relay cannot serve a source named "
+                    f"{t.name!s}: {UNSERVABLE_NAME}",
+                    f"rename it (ALTER TABLE {t.sql} RENAME TO <a name without "
+                    "whitespace or commas>), or name the other tables in tables= one "
+                    "by one instead of a pattern", str(t.name))
+    return servable
 
 
 def _leaves(table: TableFacts) -> tuple[TableFacts, ...]:

@@ -232,6 +232,23 @@ def test_a_table_without_primary_key_is_reported_and_nothing_is_created(
     assert db.nothing_created()
 
 
+def test_a_table_name_the_relay_cannot_serve_is_refused_before_anything_is_published(
+        db: Db, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28: ``shop."a b"`` under ``shop.*`` was published, then stopped the relay's
+    buffer at its first change (``ws.ok`` beside it with it)."""
+    db.run(*SHOP, 'CREATE TABLE shop."a b" (id int PRIMARY KEY)')
+    code, body = pg_json(capsys, "setup", "--source", db.uri("shop.*"))
+    assert code == 1
+    errors = [c for c in body["checks"] if c["verdict"] == "error"]
+    assert [(c["name"], c["subject"]) for c in errors] == [("name", "shop.a b")]
+    assert "cannot serve a source named shop.a b" in errors[0]["message"]
+    assert errors[0]["fix"].startswith('rename it (ALTER TABLE shop."a b" RENAME TO')
+    assert db.nothing_created()
+    db.run('ALTER TABLE shop."a b" RENAME TO a_b')
+    assert pg(capsys, "setup", "--source", db.uri("shop.*"))[0] == 0
+    assert db.published() == {"shop.orders", "shop.notes", "shop.a_b"}
+
+
 def test_replica_identity_full_option(db: Db, capsys: pytest.CaptureFixture[str]) -> None:
     db.run(*SHOP, "CREATE TABLE shop.log (at timestamptz, what int)")
     uri = db.uri("shop.*")
