@@ -28,3 +28,13 @@ def servable_name(name: str) -> bool:
     """Whether the relay can serve a logical source named ``name``."""
     return bool(name) and len(name) <= MAX_NAME and "," not in name and not any(
         c.isspace() or not c.isprintable() for c in name)
+
+
+def catalog_refusal(source: str, error: Exception) -> tuple[str, str]:
+    """(reason, what to fix) when the relay's catalog refuses ``source`` (``ConfigError``
+    of ``SourceCatalog.source_id``/``register_schema``): a name it cannot serve, or a
+    source another buffer of the relay feeds already."""
+    if not servable_name(source):
+        return UNSERVABLE_NAME, "rename the table (or leave it out of tables=)"
+    return (f"the relay's catalog refuses it: {error}",
+            "capture it in one buffer only (its tables= and no other's)")

@@ -74,7 +74,7 @@ from databus.fetchers._api import (
     SourceFailure,
     WindowSink,
 )
-from databus.fetchers._failures import UNSERVABLE_NAME, heal_fix
+from databus.fetchers._failures import catalog_refusal, heal_fix
 from databus.fetchers.mysql._avro_writers import encode_row
 from databus.fetchers.mysql._binlog_values import RowDecoder
 from databus.fetchers.mysql._errors import SourceMisconfiguredError
@@ -582,10 +582,9 @@ class _Capture:
             table = self._table(shape_from_table_map(event))
         except SourceMisconfiguredError:
             raise  # binlog_row_metadata changed on the server: every table is concerned
-        except ConfigError:
+        except ConfigError as exc:
             self.by_table_id[event.table_id] = None
-            self.fail(source, UNSERVABLE_NAME,
-                      "rename the table (or leave it out of tables=)")
+            self.fail(source, *catalog_refusal(source, exc))
             return
         except SourceError as exc:
             self.by_table_id[event.table_id] = None

@@ -48,7 +48,7 @@ from databus.batch import encode_event
 from databus.errors import ConfigError, DatabusError, SchemaError
 from databus.event import Key, Op
 from databus.fetchers._api import SourceCatalog, SourceFailure, WindowSink
-from databus.fetchers._failures import UNSERVABLE_NAME, heal_fix
+from databus.fetchers._failures import catalog_refusal, heal_fix
 from databus.fetchers._keys import normalize_key
 from databus.fetchers.postgres._pgoutput import (
     UNCHANGED_TOAST,
@@ -456,9 +456,10 @@ class ChangeStream:
                             "numeric)")
         except TableCaptureError as exc:
             self._set_aside(oid, exc.reason, exc.fix)
-        except ConfigError:
-            self._set_aside(oid, UNSERVABLE_NAME,
-                            "rename the table (databus pg setup refuses such names)")
+        except ConfigError as exc:
+            relation = self.relations[oid]
+            self._set_aside(oid, *catalog_refusal(f"{relation.namespace}.{relation.name}",
+                                                  exc))
 
     def _capture_change(self, oid: int, change: Insert | Update | Delete) -> None:
         assert self.txn is not None
