@@ -74,7 +74,12 @@ from databus.fetchers._api import (
     SourceFailure,
     WindowSink,
 )
-from databus.fetchers._failures import catalog_refusal, heal_fix
+from databus.fetchers._failures import (
+    catalog_refusal,
+    heal_fix,
+    healed_since,
+    remember_quarantined,
+)
 from databus.fetchers.mysql._avro_writers import encode_row
 from databus.fetchers.mysql._binlog_values import RowDecoder
 from databus.fetchers.mysql._errors import SourceMisconfiguredError
@@ -117,6 +122,7 @@ def _no_key(values: Any, encoded: bytes) -> Key:
     return b""
 
 _POLL_INTERVAL_S = 1.0
+_HEALED = "binlog_quarantine_read"  # FetcherContext.memory key (healed_since)
 
 
 # -- tables ---------------------------------------------------------------------------
@@ -263,6 +269,7 @@ class BinlogFetcher(Fetcher):
                      start, start_after_scn)
             capture.follow(stream)
         finally:
+            capture.remember()
             # Also when close() ran meanwhile: the library may have reconnected after it.
             with contextlib.suppress(Exception):
                 stream.close()
@@ -309,6 +316,10 @@ class _Capture:
         if self.quarantined:
             log.warning("not capturing quarantined source(s) %s (databus relay heal)",
                         ", ".join(sorted(self.quarantined)))
+        # Sources healed since the last run: what the last run had read of them (up to
+        # that SCN) after the buffer's end is skipped, since the heal's dump brings it;
+        # else a failure it met there would set the source aside again.
+        self.healed = healed_since(self.context, _HEALED, self.quarantined)
 
     # -- schemas ----------------------------------------------------------------------
 
@@ -553,10 +564,25 @@ class _Capture:
             self.quarantined.difference_update(txn.failures)
             self._forget_layouts()  # their table ids map to None: read them again
 
+    def remember(self) -> None:
+        """At the end of the run: what a heal must skip (``healed_since``)."""
+        remember_quarantined(self.context, _HEALED, self.quarantined, self.healed,
+                             self.read_scn)
+
+    def _skips_healed(self, source: str, position: int) -> bool:
+        """Whether ``source`` was healed and this event was read before the heal."""
+        through = self.healed.get(source)
+        if through is None:
+            return False
+        if make_scn(self.file_number, position) <= through:
+            return True
+        del self.healed[source]
+        return False
+
     def fail(self, source: str, reason: str, first_fix: str) -> None:
         """Set ``source`` aside from the open transaction on: its rows are left out, and
         it is quarantined when the transaction's window is written (its SCN)."""
-        if source in self.quarantined:
+        if source in self.quarantined or self._skips_healed(source, self.position):
             return
         self.quarantined.add(source)
         txn = self.txn
@@ -575,7 +601,8 @@ class _Capture:
             return
         source = f"{event.schema}.{event.table}"
         if not self.config.selector.matches(event.schema, event.table) or (
-                source in self.quarantined):
+                source in self.quarantined) or (
+                self.healed and self._skips_healed(source, event.packet.log_pos)):
             self.by_table_id[event.table_id] = None
             return
         try:

@@ -285,7 +285,8 @@ class ChangeStream:
                  table_info: Callable[[Relation], TableInfo],
                  skip_through: int | None, *,
                  quarantine: Callable[[SourceFailure], None] = _stop,
-                 quarantined: frozenset[str] = frozenset()) -> None:
+                 quarantined: frozenset[str] = frozenset(),
+                 healed: dict[str, int] | None = None) -> None:
         self.sink = sink
         self.catalog = catalog
         self.partition_id = partition_id
@@ -310,6 +311,11 @@ class ChangeStream:
         self.quarantine = quarantine
         self.quarantined: set[str] = set(quarantined)
         self.window_sources: set[int] = set()  # source ids with events in the window
+        # Sources healed since the last run -> the commit LSN up to which their changes
+        # are skipped (fetchers/_failures.py, healed_since); those of the open txn.
+        self.healed: dict[str, int] = dict(healed or {})
+        self.healed_skip: frozenset[str] = frozenset()
+        self.read_lsn = self.skip_through  # the newest commit read
 
     @property
     def in_transaction(self) -> bool:
@@ -323,7 +329,8 @@ class ChangeStream:
         gives exactly the general path's event or declines; all else is decoded and
         fed."""
         txn = self.txn
-        if (_FAST_PATH and txn is not None and not self.skipping and len(payload) > 5
+        if (_FAST_PATH and txn is not None and not self.skipping and not self.healed_skip
+                and len(payload) > 5
                 and (payload[0] == 0x49 or payload[0] == 0x55)):  # 'I', 'U'
             found = self.fast.get(int.from_bytes(payload[1:5], "big"))
             if found is not None:
@@ -366,6 +373,9 @@ class ChangeStream:
         self.skipping = begin.final_lsn <= self.skip_through
         self.window_open = False
         self.window_sources.clear()
+        if self.healed:
+            self.healed = {s: t for s, t in self.healed.items() if t >= begin.final_lsn}
+            self.healed_skip = frozenset(self.healed)
 
     def _open_window(self) -> None:
         if not self.window_open:
@@ -388,7 +398,9 @@ class ChangeStream:
         self.txn = None
         self.window_open = False
         self.skipping = False
+        self.healed_skip = frozenset()
         self.confirmable = commit.end_lsn
+        self.read_lsn = max(self.read_lsn, commit.commit_lsn)
 
     def _message(self, message: LogicalMessage, wal_start: int) -> None:
         if not message.transactional and self.txn is None:
@@ -443,6 +455,8 @@ class ChangeStream:
         oid = change.relation_oid
         if self.skipping or oid in self.ignored_oids:
             return
+        if self.healed_skip and self._healed_now(oid):
+            return
         if oid in self.watermark_oids:
             if isinstance(change, Insert):
                 self._watermark(oid, change.new)
@@ -493,6 +507,13 @@ class ChangeStream:
         self.window_sources.add(source_id)
 
     # -- per-source failures (DESIGN 17) ------------------------------------------------
+
+    def _healed_now(self, oid: int) -> bool:
+        """Whether the open transaction's change of ``oid`` is one of a source healed
+        since the last run, read by it before the heal (its dump brings it)."""
+        relation = self.relations.get(oid)
+        return relation is not None and (
+            f"{relation.namespace}.{relation.name}" in self.healed_skip)
 
     def _set_aside(self, oid: int, reason: str, first_fix: str) -> None:
         """Quarantine the table of ``oid`` in the open transaction's window and skip its
@@ -579,7 +600,8 @@ class ChangeStream:
             return
         captured = [self.relations[o] for o in truncate.relation_oids
                     if o in self.relations and o not in self.ignored_oids
-                    and o not in self.watermark_oids]
+                    and o not in self.watermark_oids
+                    and not (self.healed_skip and self._healed_now(o))]
         if captured and self.txn is None:
             raise CaptureError("pgoutput sent a Truncate outside a transaction")
         for relation in captured:
