@@ -16,6 +16,7 @@ from typing import Any
 import psycopg2
 import pytest
 
+from databus.cli import main as databus_main
 from tests.fixtures.servers import PostgresServer
 from tests.integration.pg_logical_support import (
     PgDatabase,
@@ -26,9 +27,11 @@ from tests.integration.pg_logical_support import (
     wait_for,
 )
 from tests.integration.test_pg_logical_failures import drop_slot
-from tests.relay_harness import parse_windows
+from tests.relay_harness import RelayProcess, parse_windows
 
 pytestmark = pytest.mark.integration
+
+TOKEN = "pg-quarantine-token"
 
 
 @pytest.fixture
@@ -130,7 +133,10 @@ def test_a_table_name_the_relay_cannot_serve_is_quarantined_and_ok_flows(
            f'CREATE PUBLICATION {db.publication} FOR TABLE ws.ok, ws."a b" '
            "WITH (publish = 'insert, update, delete')",
            f"SELECT pg_create_logical_replication_slot('{db.slot}', 'pgoutput')")
-    with logical_relay(tmp_path, db.uri("ws.*")) as relay:
+    relay = RelayProcess(tmp_path, {"pg": db.uri("ws.*")}, capacity_mb=32, workers=1,
+                         admin_token=TOKEN)
+    relay.start()
+    try:
         db.txn("INSERT INTO ws.ok VALUES (1)")
         db.txn('INSERT INTO ws."a b" VALUES (1)', "INSERT INTO ws.ok VALUES (2)")
         db.txn('INSERT INTO ws."a b" VALUES (2)')
@@ -141,3 +147,15 @@ def test_a_table_name_the_relay_cannot_serve_is_quarantined_and_ok_flows(
         assert q["source"] == "ws.a b" and q["scn"] == windows[1][0], q
         assert "cannot be served" in q["reason"] and q["fix"].endswith("--source 'ws.a b'")
         assert fetcher_of(relay)["state"] == "running"
+        # The fix: rename it; the heal lifts the quarantine (nothing to dump under a
+        # name no consumer can ask for), and the renamed table is captured.
+        db.run('ALTER TABLE ws."a b" RENAME TO a_b')
+        assert databus_main(["relay", "heal", "--relay", relay.url, "--source", "ws.a b",
+                             "--token", TOKEN]) == 0
+        wait_for(lambda: not _quarantined(relay), "the quarantine lifted")
+        db.txn("INSERT INTO ws.a_b VALUES (4)", "INSERT INTO ws.ok VALUES (5)")
+        windows = consume(relay, ["ws.ok", "ws.a_b"], lambda w: len(w) >= 4).windows
+        assert [k for _s, _o, k, _v in windows[-1][1]] == [4, 5]
+    finally:
+        if relay.proc is not None and relay.proc.poll() is None:
+            relay.kill()
