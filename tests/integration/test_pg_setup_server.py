@@ -174,7 +174,7 @@ def test_setup_creates_the_publication_and_slot_once(
     assert out.splitlines()[-1] == "-- done: ran 2 statements (1 warning)"
     # The TOAST warning names the column and the fix, and does not fail setup.
     assert "shop.notes: TOASTable columns body (text): an UPDATE that leaves such a " \
-           "column unchanged stops the fetcher" in out
+           "column unchanged quarantines the table" in out
     assert "fix: ALTER TABLE shop.notes REPLICA IDENTITY FULL" in out
 
     assert db.slot() == ("pgoutput", db.name, None)
