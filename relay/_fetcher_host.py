@@ -338,8 +338,9 @@ class _Runner:
         """A quarantine marker copied from an upstream relay: record it here too (a
         chained relay, a cluster follower), or lift it when the upstream healed."""
         store = self.quarantines
-        if store is None:
-            return
+        if store is None or (self.configured is not None
+                             and not self.configured.matches(marker.source)):
+            return  # a source this relay does not copy (markers pass every filter)
         if marker.state == "healed":
             if marker.source in store.active(self.name):
                 store.remove(self.name, marker.source)

@@ -5,7 +5,8 @@
 "dump": <the heal's dump, as GET /v1/dumps/{id} shows it>}``; 401/403 without the
 admin token; 404 ``unknown_source``; 409 ``not_quarantined`` (nothing to heal),
 ``dump_unsupported`` (the buffer's source cannot be dumped: heal at the relay that
-reads the database) or ``conflict`` (a dump of the source is already active).
+reads the database), ``not_leader`` (a relay cluster member that does not lead the
+buffer: heal at its leader) or ``conflict`` (a dump of the source is already active).
 """
 
 from __future__ import annotations

@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from databus.config import RelayConfig
-from databus.errors import DumpConflictError, DumpUnsupportedError, UnknownSourceError
+from databus.errors import (
+    DumpConflictError,
+    DumpUnsupportedError,
+    NotLeaderError,
+    UnknownSourceError,
+)
 from databus.fetchers._api import Fetcher
 from databus.relay._buffer import EventBuffer
 from databus.relay._catalog import RelayCatalog, SourceEntry
@@ -174,8 +179,9 @@ class Relay:
         the table (reason ``heal``), so that every consumer's copy converges.
 
         ``UnknownSourceError`` for a source this relay does not know,
-        ``NotQuarantinedError`` when it is not in quarantine, ``DumpUnsupportedError``
-        when its source cannot be dumped, ``DumpConflictError`` when a dump of it is
+        ``NotQuarantinedError`` when it is not in quarantine, ``NotLeaderError`` on a
+        cluster member that does not lead its buffer, ``DumpUnsupportedError`` when its
+        source cannot be dumped, ``DumpConflictError`` when a dump of it is
         active. Durable in this order: the record marked healing (the fetcher captures
         the source again from its next attempt), the dump recorded in ``dumps.json``,
         then the record removed; a relay restarted in between finishes the heal."""
@@ -188,8 +194,13 @@ class Relay:
             from databus.errors import NotQuarantinedError
 
             raise NotQuarantinedError(f"source {source} is not quarantined; nothing to heal")
-        config = self.config.buffer(buffer)
-        assert config is not None
+        if self.cluster is not None:
+            seat = self.cluster.buffer_status(buffer)
+            if seat.get("role") not in ("leader", "independent"):
+                raise NotLeaderError(
+                    f"this relay does not lead buffer {buffer} (it is {seat.get('role')}); "
+                    f"heal at its leader ({seat.get('leader') or 'none elected yet'}): "
+                    "its followers follow the heal")
         cls = self.fetchers.fetcher_class(buffer)
         if cls.open_dump_source is Fetcher.open_dump_source:
             raise DumpUnsupportedError(

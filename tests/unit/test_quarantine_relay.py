@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from databus.errors import NotLeaderError
 from databus.event import (
     DUMP_END_SOURCE_ID,
     ERROR_SOURCE_ID,
@@ -261,6 +262,14 @@ def test_subscribers_of_the_source_get_the_error_at_its_scn_then_heal_converges(
                 assert (resp.status, (await resp.json())["error"]) == (409, "not_quarantined")
             async with await r.get("/readyz") as resp:
                 assert resp.status == 503
+            # A cluster member that does not lead the buffer refuses (its followers copy
+            # the leader's windows: a dump of its own would make them differ).
+            r.relay.cluster = _Follower()  # type: ignore[assignment]
+            try:
+                with pytest.raises(NotLeaderError, match="heal at its leader"):
+                    r.relay.heal("shop.items")
+            finally:
+                r.relay.cluster = None
             # The operator fixes the cause (row 666 goes) while more changes are missed,
             # then heals: the consumer's copy converges through the heal's dump.
             db.txn("DELETE FROM items WHERE id = 666", "DELETE FROM items WHERE id = 1",
@@ -287,6 +296,11 @@ def test_subscribers_of_the_source_get_the_error_at_its_scn_then_heal_converges(
             assert replica == {row["id"]: row["name"] for row in db.rows("items")}
 
     asyncio.run(main())
+
+
+class _Follower:
+    def buffer_status(self, buffer: str) -> dict[str, Any]:
+        return {"role": "follower", "leader": "http://leader:11190"}
 
 
 async def _body(r: RunningRelay, **params: Any) -> bytes:
