@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -163,6 +163,18 @@ def decode_quarantine_marker(header: EventHeader, payload: bytes | memoryview) -
 
 # -- the file -------------------------------------------------------------------------
 
+_EMPTY: dict[str, Quarantine] = {}
+
+
+def _by_buffer(records: Iterable[Quarantine]) -> dict[str, dict[str, Quarantine]]:
+    """Active (not healing) records by buffer, then by source."""
+    out: dict[str, dict[str, Quarantine]] = {}
+    for r in records:
+        if not r.healing:
+            out.setdefault(r.buffer, {})[r.source] = r
+    return out
+
+
 
 def _load(path: Path) -> list[Quarantine]:
     try:
@@ -193,12 +205,26 @@ class QuarantineStore:
         self._records: dict[tuple[str, str], Quarantine] = {
             (r.buffer, r.source): r for r in records}
         self.generation = 0  # bumped at each change (caches of ids key on it)
+        # Per buffer, its active records: read on every stream read, so built once per
+        # change (replaced whole: readers need no lock).
+        self._active: dict[str, dict[str, Quarantine]] = _by_buffer(records)
 
-    def _save(self) -> None:
-        doc = {"version": _VERSION,
-               "quarantined": [r.to_record() for r in self._records.values()]}
+    def _commit(self, records: dict[tuple[str, str], Quarantine]) -> None:
+        """Write ``records`` (durably), then make them the store's: a failed write
+        changes nothing, so the caller's retry records it again."""
+        doc = {"version": _VERSION, "quarantined": [r.to_record() for r in records.values()]}
         write_atomically(self.path, json.dumps(doc, indent=1).encode())
+        self._records = records
+        self._active = _by_buffer(records.values())
         self.generation += 1
+
+    def _with(self, key: tuple[str, str], record: Quarantine | None) -> None:
+        records = dict(self._records)
+        if record is None:
+            records.pop(key, None)
+        else:
+            records[key] = record
+        self._commit(records)
 
     def add(self, buffer: str, failure: SourceFailure, *, marker_scn: int | None = None
             ) -> Quarantine | None:
@@ -211,8 +237,7 @@ class QuarantineStore:
             record = Quarantine(buffer, failure.source, failure.scn,
                                 _text(redact(failure.reason)), _text(redact(failure.fix)),
                                 time.time(), marker_scn)
-            self._records[(buffer, failure.source)] = record
-            self._save()
+            self._with((buffer, failure.source), record)
             return record
 
     def marked(self, buffer: str, source: str, scn: int) -> None:
@@ -220,8 +245,7 @@ class QuarantineStore:
         with self._lock:
             record = self._records.get((buffer, source))
             if record is not None and record.marker_scn is None and not record.healing:
-                self._records[(buffer, source)] = replace(record, marker_scn=scn)
-                self._save()
+                self._with((buffer, source), replace(record, marker_scn=scn))
 
     def begin_heal(self, buffer: str, source: str) -> Quarantine:
         """Lift the quarantine of ``source`` (``NotQuarantinedError`` when it is not in
@@ -231,20 +255,17 @@ class QuarantineStore:
             if record is None or record.healing:
                 raise NotQuarantinedError(f"source {source} is not quarantined")
             record = replace(record, healing=True)
-            self._records[(buffer, source)] = record
-            self._save()
+            self._with((buffer, source), record)
             return record
 
     def remove(self, buffer: str, source: str) -> None:
         with self._lock:
-            if self._records.pop((buffer, source), None) is not None:
-                self._save()
+            if (buffer, source) in self._records:
+                self._with((buffer, source), None)
 
     def active(self, buffer: str) -> dict[str, Quarantine]:
-        """The sources of ``buffer`` in quarantine now, by name."""
-        with self._lock:
-            return {r.source: r for r in self._records.values()
-                    if r.buffer == buffer and not r.healing}
+        """The sources of ``buffer`` in quarantine now, by name (do not change it)."""
+        return self._active.get(buffer, _EMPTY)
 
     def unmarked(self, buffer: str) -> list[Quarantine]:
         """Active records of ``buffer`` whose marker has not landed yet."""
@@ -263,24 +284,24 @@ class QuarantineView:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._stamp: tuple[int, int, int] | None = None
-        self._records: list[Quarantine] = []
+        self._active: dict[str, dict[str, Quarantine]] = {}
         self.refresh()
 
     def refresh(self) -> None:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            self._stamp, self._records = None, []
+            self._stamp, self._active = None, {}
             return
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return
         try:
-            self._records = _load(self.path)
+            self._active = _by_buffer(_load(self.path))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("reading %s: %s (keeping what was read before)", self.path, exc)
             return
         self._stamp = stamp
 
     def active(self, buffer: str) -> dict[str, Quarantine]:
-        return {r.source: r for r in self._records if r.buffer == buffer and not r.healing}
+        return self._active.get(buffer, _EMPTY)

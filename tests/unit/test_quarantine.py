@@ -283,3 +283,22 @@ def test_an_upstream_marker_is_stored_as_it_came_and_reported(buffer: EventBuffe
     sink.start_window(5)
     sink.end_window()
     assert [scn for scn, _ in _markers(buffer)] == [4]  # the queued one was that one
+
+
+def test_a_failed_write_records_nothing_so_a_retry_records_it(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    import databus.relay._quarantine as module
+
+    store = QuarantineStore(tmp_path / "quarantine.json")
+
+    def full(path: Path, data: bytes, **_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(module, "write_atomically", full)
+    with pytest.raises(OSError):
+        store.add("b", FAILURE)
+    assert store.active("b") == {}
+    monkeypatch.undo()
+    assert store.add("b", FAILURE) is not None  # the fetcher's next attempt: recorded
+    assert list(QuarantineStore(tmp_path / "quarantine.json").active("b")) == ["shop.items"]
