@@ -763,6 +763,10 @@ class FetcherHost:
         """The fetcher class of ``buffer`` (after ``start``)."""
         return self._runners[buffer].cls
 
+    def new_fetcher(self, buffer: str) -> Fetcher:
+        """A fresh fetcher instance of ``buffer`` (never run: for its dump source)."""
+        return self._runners[buffer].new_fetcher()
+
     def queue_marker(self, buffer: str, marker: QuarantineMarker) -> None:
         """Write ``marker`` into the next window of ``buffer`` (a heal's)."""
         self._runners[buffer].qsink.queue(marker)

@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from databus.config import RelayConfig
 from databus.errors import (
+    ConnectionLostError,
+    DatabusError,
     DumpConflictError,
+    DumpSetupError,
     DumpUnsupportedError,
     NotLeaderError,
     UnknownSourceError,
@@ -201,12 +204,7 @@ class Relay:
                     f"this relay does not lead buffer {buffer} (it is {seat.get('role')}); "
                     f"heal at its leader ({seat.get('leader') or 'none elected yet'}): "
                     "its followers follow the heal")
-        cls = self.fetchers.fetcher_class(buffer)
-        if cls.open_dump_source is Fetcher.open_dump_source:
-            raise DumpUnsupportedError(
-                f"buffer {buffer}'s source cannot be dumped, so {source} cannot be healed "
-                "here; heal it at the relay that reads the database (a chained relay "
-                "follows that heal by itself)")
+        self._check_dumpable(buffer, source)
         if self.dumps.has_active_source(buffer, source):
             raise DumpConflictError(f"a dump of {source} is queued or running; cancel it "
                                     "or wait for it, then heal")
@@ -220,6 +218,38 @@ class Relay:
         return {"source": source, "buffer": buffer, "quarantined_scn": record.scn,
                 "healed": True, "fetcher_restarted": restarted,
                 "dump": None if dump is None else self.dumps.get(dump)}
+
+    def _check_dumpable(self, buffer: str, source: str) -> None:
+        """Before lifting anything: the heal's dump can run. ``DumpUnsupportedError``
+        (no dump support: a chained relay), ``DumpSetupError`` (no watermark table, a
+        missing grant: its message names the fix), ``ConnectionLostError`` (the source
+        does not answer now)."""
+        if self.fetchers.fetcher_class(buffer).open_dump_source is Fetcher.open_dump_source:
+            raise DumpUnsupportedError(
+                f"buffer {buffer}'s source cannot be dumped, so {source} cannot be healed "
+                "here; heal it at the relay that reads the database (a chained relay "
+                "follows that heal by itself)")
+        fetcher = self.fetchers.new_fetcher(buffer)
+        try:
+            dump_source = fetcher.open_dump_source()
+            if dump_source is None:
+                raise DumpUnsupportedError(f"buffer {buffer}'s source cannot be dumped, "
+                                           f"so {source} cannot be healed here")
+            try:
+                dump_source.check()
+            finally:
+                dump_source.close()
+        except DumpSetupError:
+            raise
+        except (DatabusError, OSError) as exc:
+            if isinstance(exc, DumpUnsupportedError):
+                raise
+            raise ConnectionLostError(
+                f"cannot check the dump setup of buffer {buffer}'s source ({exc}); the "
+                f"quarantine of {source} is kept: heal again once the source answers",
+                retriable=True) from None
+        finally:
+            fetcher.close()
 
     def _heal_dump(self, record: Quarantine) -> str | None:
         """Record the heal's dump of ``record.source`` (unless one is active), then

@@ -111,6 +111,15 @@ def test_a_poisoned_table_is_quarantined_and_the_others_flow(tmp_path: Path,
 
             await async_wait_until(seen_w, "tag w served", 20, max_interval=0.05)
             assert (await _names_in_stream(r, quarantine="pass"))["shop.items"] == [1]
+            # No watermark table (databus dump setup): the heal's dump could not run, so
+            # nothing is lifted.
+            async with r.session.post(r.url + "/v1/admin/sources/shop.items/heal",
+                                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+                                      ) as resp:
+                assert resp.status == 409
+                doc = await resp.json()
+            assert doc["error"] == "dump_setup" and "databus dump setup" in doc["message"]
+            assert [q["source"] for q in await _quarantined(r)] == ["shop.items"]
 
     async def second_run() -> None:
         async with running_relay(config) as r:
