@@ -416,6 +416,8 @@ class _Runner:
                 assignment = None
             try:
                 fetcher, self.first = self.first, None
+                # A cluster follower copies the leader's markers and writes none.
+                self.qsink.own_markers = assignment is None or assignment.role != "follower"
                 if assignment is not None:
                     if fetcher is not None:
                         fetcher.close()  # built for the config checks only

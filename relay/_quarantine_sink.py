@@ -53,6 +53,9 @@ class QuarantineSink:
         self._in_window: list[QuarantineMarker] = []
         self._scn: int | None = None
         self.dropped = 0  # data events of quarantined sources left out
+        # False while this buffer copies another relay's windows as a cluster follower:
+        # its windows stay byte-identical to the leader's, whose markers it copies.
+        self.own_markers = True
 
     # -- the host's side --------------------------------------------------------------
 
@@ -80,6 +83,8 @@ class QuarantineSink:
     def _write_pending(self) -> None:
         scn = self._scn
         assert scn is not None
+        if not self.own_markers:
+            return
         with self._lock:
             todo = [m for m in self._pending if m not in self._in_window]
         for marker in todo:

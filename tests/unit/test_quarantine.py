@@ -302,3 +302,19 @@ def test_a_failed_write_records_nothing_so_a_retry_records_it(tmp_path: Path,
     monkeypatch.undo()
     assert store.add("b", FAILURE) is not None  # the fetcher's next attempt: recorded
     assert list(QuarantineStore(tmp_path / "quarantine.json").active("b")) == ["shop.items"]
+
+
+def test_a_cluster_follower_writes_no_marker_of_its_own(buffer: EventBuffer) -> None:
+    """Its windows stay byte-identical to its leader's (it copies the leader's markers);
+    what it had queued is written once it leads."""
+    seen = _Seen()
+    sink = _sink(buffer, seen)
+    sink.own_markers = False
+    sink.queue(QuarantineMarker("shop.items", "quarantined", 2, "why", "fix"))
+    sink.start_window(3)
+    sink.end_window()
+    assert _markers(buffer) == [] and seen.marked == []
+    sink.own_markers = True
+    sink.start_window(4)
+    sink.end_window()
+    assert [scn for scn, _ in _markers(buffer)] == [4] and seen.marked == [("shop.items", 4)]
