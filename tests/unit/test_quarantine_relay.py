@@ -361,3 +361,31 @@ def _replica(r: RunningRelay, body: bytes, source: str, x: int) -> dict[Any, Any
         else:
             rows[event.key] = codec.decode(event.value, header.schema_fingerprint)["name"]
     return rows
+
+
+def test_a_heal_cut_short_by_a_crash_is_finished_at_start(tmp_path: Path,
+                                                          monkeypatch: Any) -> None:
+    """The heal marked the record healing, then the relay died before it recorded its
+    dump: the restarted relay dumps the source and drops the record."""
+    use_poison_fetcher(monkeypatch)
+    db = _source(tmp_path)
+    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
+        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
+    db.txn(item(1, "a"), item(2, "b"), tag("x", 1))
+    config = relay_config(tmp_path, {BUFFER: db.uri(TABLES)})
+    config.data_dir.mkdir(parents=True)
+    (config.data_dir / "quarantine.json").write_text(json.dumps({"version": 1, "quarantined": [
+        {"buffer": BUFFER, "source": "shop.items", "scn": 1, "reason": REASON, "fix": FIX,
+         "since": 0.0, "marker_scn": 1, "healing": True}]}))
+
+    async def main() -> None:
+        async with running_relay(config) as r:
+            assert await _quarantined(r) == []  # lifted: captured, served
+            (dump,) = r.relay.dumps.list_dumps()
+            assert (dump["reason"], dump["sources"]) == ("heal", ["shop.items"])
+            await _wait_dump(r, dump["id"])
+            assert r.relay.quarantines.healing() == []
+            body = await _body(r, sources="shop.items")
+            assert _replica(r, body, "shop.items", 1) == {1: "a", 2: "b"}
+
+    asyncio.run(main())
