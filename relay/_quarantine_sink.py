@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 
 from databus._limited_log import limited
+from databus.errors import EventFormatError
 from databus.event import QUARANTINE_SOURCE_ID, decode_event
 from databus.relay._quarantine import (
     QuarantineMarker,
@@ -107,7 +108,12 @@ class QuarantineSink:
         marker is reported to the host too."""
         decoded = decode_event(event)
         if decoded.header.source_id == QUARANTINE_SOURCE_ID:
-            marker = decode_quarantine_marker(decoded.header, decoded.value)
+            try:
+                marker = decode_quarantine_marker(decoded.header, decoded.value)
+            except EventFormatError as exc:
+                # A bad answer of the upstream: roll back, ask again (maybe elsewhere).
+                exc.retriable = True
+                raise
             assert self._scn is not None
             self._on_upstream(marker, self._scn)
             with self._lock:

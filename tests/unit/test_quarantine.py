@@ -318,3 +318,13 @@ def test_a_cluster_follower_writes_no_marker_of_its_own(buffer: EventBuffer) -> 
     sink.start_window(4)
     sink.end_window()
     assert [scn for scn, _ in _markers(buffer)] == [4] and seen.marked == [("shop.items", 4)]
+
+
+def test_a_malformed_upstream_marker_is_a_retriable_bad_answer(buffer: EventBuffer) -> None:
+    sink = _sink(buffer, _Seen())
+    sink.start_window(3)
+    with pytest.raises(EventFormatError) as caught:
+        sink.append_control(encode_control(scn=3, source_id=QUARANTINE_SOURCE_ID,
+                                           payload=b'{"source":"a.b"}'))
+    assert caught.value.retriable
+    sink.rollback()
