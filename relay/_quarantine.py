@@ -8,12 +8,15 @@ resumed past the failing SCN still knows. ``quarantine.json`` in the data dir::
 
     {"version": 1, "quarantined": [
         {"buffer": "shop", "source": "shop.orders", "scn": 1234, "reason": "...",
-         "fix": "...", "since": 1700000000.0, "marker_scn": 1234, "healing": false}]}
+         "fix": "...", "since": 1700000000.0, "marker_scn": 1234, "healing": false,
+         "heal_dump": null, "heal_marked": false}]}
 
 ``marker_scn`` is the window that holds the record's marker (None until one landed);
-``healing`` is set by ``databus relay heal`` when it lifts the quarantine, and the
-record is removed once the heal's dump is recorded (a crash between the two finishes
-the heal at start). Written atomically with fsync (databus/_fileio.py).
+``healing`` is set by ``databus relay heal`` when it lifts the quarantine; the record
+is removed once both the heal's dump is recorded (``heal_dump``: its id, ``""`` when a
+dump of the source was active already) and the heal marker has landed
+(``heal_marked``): a relay that dies in between finishes the heal at start (``heal_step``).
+Written atomically with fsync (databus/_fileio.py).
 
 The **marker** is a control event (source id -8, docs/wire-format.md) written into the
 window in which the source was set aside, and into the first window after a heal:
@@ -71,6 +74,8 @@ class Quarantine:
     since: float  # time.time() when it was set aside
     marker_scn: int | None = None
     healing: bool = False
+    heal_dump: str | None = None  # the heal's dump, once recorded ("": none needed)
+    heal_marked: bool = False  # the heal marker landed in a window
 
     def to_json(self) -> dict[str, Any]:
         """As ``/v1/status`` lists it under the buffer's ``quarantined``."""
@@ -80,19 +85,22 @@ class Quarantine:
     def to_record(self) -> dict[str, Any]:
         return {"buffer": self.buffer, "source": self.source, "scn": self.scn,
                 "reason": self.reason, "fix": self.fix, "since": self.since,
-                "marker_scn": self.marker_scn, "healing": self.healing}
+                "marker_scn": self.marker_scn, "healing": self.healing,
+                "heal_dump": self.heal_dump, "heal_marked": self.heal_marked}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Quarantine:
         buffer, source, scn = record["buffer"], record["source"], record["scn"]
-        marker = record.get("marker_scn")
+        marker, dump = record.get("marker_scn"), record.get("heal_dump")
         if not (isinstance(buffer, str) and isinstance(source, str) and buffer and source
                 and isinstance(scn, int) and not isinstance(scn, bool)
-                and (marker is None or isinstance(marker, int))):
+                and (marker is None or isinstance(marker, int))
+                and (dump is None or isinstance(dump, str))):
             raise ValueError("bad quarantine record")
         return cls(buffer, source, scn, str(record.get("reason", "")),
                    str(record.get("fix", "")), float(record.get("since", 0.0)),
-                   marker, bool(record.get("healing", False)))
+                   marker, bool(record.get("healing", False)), dump,
+                   bool(record.get("heal_marked", False)))
 
     def error(self) -> SourceQuarantinedError:
         """What a consumer of this source gets (in-band, or as a poll's JSON error):
@@ -249,7 +257,8 @@ class QuarantineStore:
 
     def begin_heal(self, buffer: str, source: str) -> Quarantine:
         """Lift the quarantine of ``source`` (``NotQuarantinedError`` when it is not in
-        one): kept, marked healing, until ``remove`` once its dump is recorded."""
+        one): kept, marked healing, until ``heal_step`` says its dump is recorded and its
+        heal marker landed."""
         with self._lock:
             record = self._records.get((buffer, source))
             if record is None or record.healing:
@@ -257,6 +266,19 @@ class QuarantineStore:
             record = replace(record, healing=True)
             self._with((buffer, source), record)
             return record
+
+    def heal_step(self, buffer: str, source: str, *, dump: str | None = None,
+                  marked: bool = False) -> None:
+        """A step of a heal done: its dump recorded (``dump``: the id, ``""`` for none
+        needed) or its marker landed (``marked``); the record goes once both are."""
+        with self._lock:
+            record = self._records.get((buffer, source))
+            if record is None or not record.healing:
+                return
+            record = replace(record, heal_dump=record.heal_dump if dump is None else dump,
+                             heal_marked=record.heal_marked or marked)
+            done = record.heal_dump is not None and record.heal_marked
+            self._with((buffer, source), None if done else record)
 
     def remove(self, buffer: str, source: str) -> None:
         with self._lock:

@@ -88,6 +88,8 @@ class BufferQuarantine:
     def _marked(self, marker: QuarantineMarker, scn: int) -> None:
         if marker.state == "quarantined":
             self.store.marked(self.name, marker.source, scn)
+        else:
+            self.store.heal_step(self.name, marker.source, marked=True)
 
     def _upstream(self, marker: QuarantineMarker, scn: int) -> None:
         """A quarantine marker copied from an upstream relay: record it here too (a

@@ -167,12 +167,15 @@ class Relay:
                                     reason="initial_dump"),
                         buffer_of=self.fetchers.configured_buffer)
             for record in self.quarantines.healing():
-                # A heal that lifted the quarantine but did not record its dump.
+                # A heal that lifted the quarantine but did not finish: its dump not
+                # recorded, or its marker not written yet.
                 log.warning("buffer %s: finishing the heal of source %s", record.buffer,
                             record.source)
-                self.fetchers.queue_marker(record.buffer,
-                                           QuarantineMarker(record.source, "healed"))
-                self._heal_dump(record)
+                if not record.heal_marked:
+                    self.fetchers.queue_marker(record.buffer,
+                                               QuarantineMarker(record.source, "healed"))
+                if record.heal_dump is None:
+                    self._heal_dump(record)
 
     # -- quarantine (DESIGN 17, relay/_quarantine.py) -----------------------------------
 
@@ -186,8 +189,9 @@ class Relay:
         cluster member that does not lead its buffer, ``DumpUnsupportedError`` when its
         source cannot be dumped, ``DumpConflictError`` when a dump of it is
         active. Durable in this order: the record marked healing (the fetcher captures
-        the source again from its next attempt), the dump recorded in ``dumps.json``,
-        then the record removed; a relay restarted in between finishes the heal."""
+        the source again from its next attempt), the dump recorded in ``dumps.json``;
+        the record goes once that is done and the heal marker landed in a window; a
+        relay restarted in between finishes the heal."""
         buffer = self._buffer_of(source)
         if buffer is None:
             raise UnknownSourceError(f"unknown source {source!r}: this relay does not "
@@ -252,8 +256,8 @@ class Relay:
             fetcher.close()
 
     def _heal_dump(self, record: Quarantine) -> str | None:
-        """Record the heal's dump of ``record.source`` (unless one is active), then
-        drop the quarantine record. Returns the dump id."""
+        """Record the heal's dump of ``record.source`` (unless one is active), then say
+        so to the record (it goes once the heal marker landed too). Returns the dump id."""
         config = self.config.buffer(record.buffer)
         dump_id: str | None = None
         if config is not None and not self.dumps.has_active_source(record.buffer,
@@ -263,7 +267,7 @@ class Relay:
                             chunk_rows=config.dump_chunk_rows,
                             delay_ms=config.dump_delay_ms, reason="heal"),
                 buffer_of=lambda name: record.buffer).id
-        self.quarantines.remove(record.buffer, record.source)
+        self.quarantines.heal_step(record.buffer, record.source, dump=dump_id or "")
         return dump_id
 
     def _buffer_of(self, source: str) -> str | None:

@@ -58,7 +58,7 @@ def test_the_store_keeps_quarantines_across_reopening(tmp_path: Path) -> None:
                               "fix": "heal it", "since": kept.since}
 
 
-def test_a_heal_is_durable_in_two_steps(tmp_path: Path) -> None:
+def test_a_heal_is_durable_in_steps(tmp_path: Path) -> None:
     path = tmp_path / "quarantine.json"
     store = QuarantineStore(path)
     with pytest.raises(NotQuarantinedError):
@@ -68,12 +68,28 @@ def test_a_heal_is_durable_in_two_steps(tmp_path: Path) -> None:
     assert store.active("b") == {}  # captured again from the next attempt
     with pytest.raises(NotQuarantinedError):
         store.begin_heal("b", "shop.items")
-    # A crash here: the relay finishes the heal at start.
+    # A crash here: the relay finishes the heal at start (its dump, its marker).
     (healing,) = QuarantineStore(path).healing()
-    assert healing.source == "shop.items" and healing.healing
-    store.remove("b", "shop.items")
-    assert QuarantineStore(path).healing() == []
+    assert (healing.source, healing.heal_dump, healing.heal_marked) == ("shop.items", None,
+                                                                        False)
+    store.heal_step("b", "shop.items", marked=True)
+    (healing,) = QuarantineStore(path).healing()
+    assert (healing.heal_dump, healing.heal_marked) == (None, True)
+    store.heal_step("b", "shop.items", dump="d1")  # both done: the record goes
+    assert QuarantineStore(path).healing() == [] and store.healing() == []
     assert store.add("b", FAILURE) is not None  # may be quarantined again later
+    store.heal_step("b", "shop.items", dump="d2")  # not healing: no effect
+    assert list(store.active("b")) == ["shop.items"]
+
+
+def test_a_new_failure_during_a_heal_stands(tmp_path: Path) -> None:
+    store = QuarantineStore(tmp_path / "quarantine.json")
+    store.add("b", FAILURE)
+    store.begin_heal("b", "shop.items")
+    again = store.add("b", SourceFailure("shop.items", 20, "still bad", "fix"))
+    assert again is not None and again.scn == 20
+    store.heal_step("b", "shop.items", dump="d1", marked=True)  # the old heal's steps
+    assert store.active("b")["shop.items"].scn == 20
 
 
 def test_a_damaged_file_is_refused_not_guessed(tmp_path: Path) -> None:
