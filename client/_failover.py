@@ -204,13 +204,15 @@ class FailoverPuller:
         self._failures += 1
         failed_url = self.url
         if isinstance(error, SourceQuarantinedError):
+            # Not the relay's failure: asked again (maybe of another relay, which may
+            # not have it quarantined) with backoff, but not counted as a failover.
             self._note_quarantine(error)
         else:
             limited(log).warning("%s %s failed (%s); trying the next one", self.service,
                                  failed_url, describe_failure(error, self.request_timeout),
                                  kind=failed_url)
+            self.failovers += 1
         self._catalogs.pop(failed_url, None)
-        self.failovers += 1
         if self._leaving is not None:
             # It had left the list already: the next one is the one set_urls picked.
             self._leaving = None

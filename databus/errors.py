@@ -179,6 +179,14 @@ class DumpUnsupportedError(DatabusError):
     http_status = 409
 
 
+class NotLeaderError(DatabusError):
+    """An admin action that writes into a buffer (``databus relay heal``) asked of a
+    relay cluster member that does not lead that buffer: ask its leader."""
+
+    code = "not_leader"
+    http_status = 409
+
+
 class ConnectionLostError(DatabusError):
     """A server (relay, bootstrap, database) went away; the operation may be retried."""
 

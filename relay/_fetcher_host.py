@@ -32,7 +32,6 @@ loop and it only copies a few fields.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import threading
@@ -45,23 +44,18 @@ from typing import TYPE_CHECKING, Any, Literal
 from databus._limited_log import limited
 from databus._redact import redact, register_uri
 from databus.config import RelayConfig, redact_uri
-from databus.errors import ConfigError, DatabusError, SourceGapError, SourceQuarantinedError
+from databus.errors import ConfigError, DatabusError, SourceGapError
 from databus.fetchers._api import (
     ConfiguredSources,
     Fetcher,
     FetcherContext,
-    SourceFailure,
     WindowSink,
     fetcher_class,
 )
 from databus.relay._buffer import BufferState, EventBuffer
 from databus.relay._catalog import RelayCatalog
-from databus.relay._quarantine import (
-    QUARANTINE_FILENAME,
-    Quarantine,
-    QuarantineMarker,
-    QuarantineStore,
-)
+from databus.relay._quarantine import QUARANTINE_FILENAME, QuarantineMarker, QuarantineStore
+from databus.relay._quarantine_host import BufferQuarantine
 from databus.relay._quarantine_sink import QuarantineSink
 from databus.relay.dumps import DumpPort, DumpSink
 
@@ -153,20 +147,8 @@ def _seat(assignment: Assignment) -> tuple[str, str, int]:
             assignment.epoch if assignment.role == "leader" else 0)
 
 
-def _marker(record: Quarantine) -> QuarantineMarker:
-    return QuarantineMarker(record.source, "quarantined", record.scn, record.reason,
-                            record.fix)
-
-
-def _stop(failure: SourceFailure) -> None:
-    """``on_source_error = "stop"``: the fetcher fails (not retried), saying what and how
-    to fix it."""
-    raise SourceQuarantinedError(
-        f"source {failure.source} failed at SCN {failure.scn}: {failure.reason}. Fix: "
-        f"{failure.fix} (on_source_error = \"stop\" stops the whole buffer; "
-        f"\"quarantine\" would set this source aside and keep the others going)",
-        source=failure.source, scn=failure.scn, reason=failure.reason, fix=failure.fix,
-        retriable=False)
+def _ignore(*_: object) -> None:
+    """No quarantine store (a host built without one): markers are nobody's business."""
 
 
 # -- status ---------------------------------------------------------------------------
@@ -240,15 +222,14 @@ class _Runner:
         self.sink = DumpSink(buffer, buffer.partition_id, on_window=self._window_landed)
         # Per-source failure isolation (DESIGN 17, relay/_quarantine.py): what the
         # fetcher writes to, in front of the dump step.
-        self.quarantines = quarantines
-        self.on_source_error = on_source_error
-        self._dropped: tuple[int, frozenset[int]] = (-1, frozenset())
-        self.qsink = QuarantineSink(self.sink, buffer.partition_id,
-                                    dropped_ids=self._dropped_ids,
-                                    on_marked=self._marked, on_upstream=self._upstream)
-        if quarantines is not None:
-            for record in quarantines.unmarked(name):  # set aside before a crash
-                self.qsink.queue(_marker(record))
+        self.quarantine = BufferQuarantine(
+            name, quarantines, on_source_error, self.sink, buffer.partition_id,
+            catalog=lambda: catalog.for_buffer(name, buffer.partition_id),
+            configured=lambda: self.configured) if quarantines is not None else None
+        self.qsink = (self.quarantine.sink if self.quarantine is not None else
+                      QuarantineSink(self.sink, buffer.partition_id,
+                                     dropped_ids=frozenset, on_marked=_ignore,
+                                     on_upstream=_ignore))
         self.restart_requested = False  # restart(): end the attempt, start a new one
         self.attempts = 0  # attempts started (a heal waits for the one after its lift)
         self.last_window_at: float | None = None
@@ -296,67 +277,9 @@ class _Runner:
             report_details=self.report_details,
             flush_buffer=self.buffer.flush,
         )
-        if self.quarantines is not None:
-            context.quarantined = self.quarantined
-            if self.on_source_error == "quarantine":
-                context.quarantine = self.quarantine
-            else:
-                context.quarantine = _stop
+        if self.quarantine is not None:
+            self.quarantine.attach(context)
         return (cls or self.cls)(uri or self.uri, context)
-
-    # -- quarantine (DESIGN 17) --------------------------------------------------------
-
-    def quarantined(self) -> frozenset[str]:
-        """``FetcherContext.quarantined``: the sources of this buffer set aside now."""
-        assert self.quarantines is not None
-        return frozenset(self.quarantines.active(self.name))
-
-    def quarantine(self, failure: SourceFailure) -> None:
-        """``FetcherContext.quarantine``: record durably, log one line, mark the stream."""
-        assert self.quarantines is not None
-        record = self.quarantines.add(self.name, failure)
-        if record is None:
-            return  # set aside already: the first failure stands
-        log.error("%s", record.log_line())
-        self.qsink.mark_now(_marker(record))
-
-    def _dropped_ids(self) -> frozenset[int]:
-        store = self.quarantines
-        if store is None:
-            return frozenset()
-        generation, ids = self._dropped
-        if generation != store.generation:
-            catalog = self.catalog.for_buffer(self.name, self.buffer.partition_id)
-            found: set[int] = set()
-            for source in store.active(self.name):
-                # A name the relay cannot serve has no id (and no events).
-                with contextlib.suppress(ConfigError):
-                    found.add(catalog.source_id(source))
-            ids = frozenset(found)
-            self._dropped = (store.generation, ids)
-        return ids
-
-    def _marked(self, marker: QuarantineMarker, scn: int) -> None:
-        if marker.state == "quarantined" and self.quarantines is not None:
-            self.quarantines.marked(self.name, marker.source, scn)
-
-    def _upstream(self, marker: QuarantineMarker, scn: int) -> None:
-        """A quarantine marker copied from an upstream relay: record it here too (a
-        chained relay, a cluster follower), or lift it when the upstream healed."""
-        store = self.quarantines
-        if store is None:
-            return
-        if marker.state == "healed":
-            if marker.source in store.active(self.name):
-                store.remove(self.name, marker.source)
-                log.warning("buffer %s: source %s healed upstream; out of quarantine here "
-                            "too (the upstream's dump follows)", self.name, marker.source)
-            return
-        record = store.add(self.name, SourceFailure(
-            marker.source, marker.scn if marker.scn is not None else scn,
-            marker.reason, marker.fix), marker_scn=scn)
-        if record is not None:
-            log.error("%s (as the upstream relay says)", record.log_line())
 
     def restart(self) -> int:
         """End the running attempt and start a new fetcher instance at once (after a
@@ -421,6 +344,8 @@ class _Runner:
                 assignment = None
             try:
                 fetcher, self.first = self.first, None
+                # A cluster follower copies the leader's markers and writes none.
+                self.qsink.own_markers = assignment is None or assignment.role != "follower"
                 if assignment is not None:
                     if fetcher is not None:
                         fetcher.close()  # built for the config checks only
@@ -767,6 +692,10 @@ class FetcherHost:
     def fetcher_class(self, buffer: str) -> type[Fetcher]:
         """The fetcher class of ``buffer`` (after ``start``)."""
         return self._runners[buffer].cls
+
+    def new_fetcher(self, buffer: str) -> Fetcher:
+        """A fresh fetcher instance of ``buffer`` (never run: for its dump source)."""
+        return self._runners[buffer].new_fetcher()
 
     def queue_marker(self, buffer: str, marker: QuarantineMarker) -> None:
         """Write ``marker`` into the next window of ``buffer`` (a heal's)."""

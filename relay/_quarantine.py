@@ -8,12 +8,15 @@ resumed past the failing SCN still knows. ``quarantine.json`` in the data dir::
 
     {"version": 1, "quarantined": [
         {"buffer": "shop", "source": "shop.orders", "scn": 1234, "reason": "...",
-         "fix": "...", "since": 1700000000.0, "marker_scn": 1234, "healing": false}]}
+         "fix": "...", "since": 1700000000.0, "marker_scn": 1234, "healing": false,
+         "heal_dump": null, "heal_marked": false}]}
 
 ``marker_scn`` is the window that holds the record's marker (None until one landed);
-``healing`` is set by ``databus relay heal`` when it lifts the quarantine, and the
-record is removed once the heal's dump is recorded (a crash between the two finishes
-the heal at start). Written atomically with fsync (databus/_fileio.py).
+``healing`` is set by ``databus relay heal`` when it lifts the quarantine; the record
+is removed once both the heal's dump is recorded (``heal_dump``: its id, ``""`` when a
+dump of the source was active already) and the heal marker has landed
+(``heal_marked``): a relay that dies in between finishes the heal at start (``heal_step``).
+Written atomically with fsync (databus/_fileio.py).
 
 The **marker** is a control event (source id -8, docs/wire-format.md) written into the
 window in which the source was set aside, and into the first window after a heal:
@@ -33,7 +36,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -71,6 +74,8 @@ class Quarantine:
     since: float  # time.time() when it was set aside
     marker_scn: int | None = None
     healing: bool = False
+    heal_dump: str | None = None  # the heal's dump, once recorded ("": none needed)
+    heal_marked: bool = False  # the heal marker landed in a window
 
     def to_json(self) -> dict[str, Any]:
         """As ``/v1/status`` lists it under the buffer's ``quarantined``."""
@@ -80,19 +85,22 @@ class Quarantine:
     def to_record(self) -> dict[str, Any]:
         return {"buffer": self.buffer, "source": self.source, "scn": self.scn,
                 "reason": self.reason, "fix": self.fix, "since": self.since,
-                "marker_scn": self.marker_scn, "healing": self.healing}
+                "marker_scn": self.marker_scn, "healing": self.healing,
+                "heal_dump": self.heal_dump, "heal_marked": self.heal_marked}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Quarantine:
         buffer, source, scn = record["buffer"], record["source"], record["scn"]
-        marker = record.get("marker_scn")
+        marker, dump = record.get("marker_scn"), record.get("heal_dump")
         if not (isinstance(buffer, str) and isinstance(source, str) and buffer and source
                 and isinstance(scn, int) and not isinstance(scn, bool)
-                and (marker is None or isinstance(marker, int))):
+                and (marker is None or isinstance(marker, int))
+                and (dump is None or isinstance(dump, str))):
             raise ValueError("bad quarantine record")
         return cls(buffer, source, scn, str(record.get("reason", "")),
                    str(record.get("fix", "")), float(record.get("since", 0.0)),
-                   marker, bool(record.get("healing", False)))
+                   marker, bool(record.get("healing", False)), dump,
+                   bool(record.get("heal_marked", False)))
 
     def error(self) -> SourceQuarantinedError:
         """What a consumer of this source gets (in-band, or as a poll's JSON error):
@@ -163,6 +171,18 @@ def decode_quarantine_marker(header: EventHeader, payload: bytes | memoryview) -
 
 # -- the file -------------------------------------------------------------------------
 
+_EMPTY: dict[str, Quarantine] = {}
+
+
+def _by_buffer(records: Iterable[Quarantine]) -> dict[str, dict[str, Quarantine]]:
+    """Active (not healing) records by buffer, then by source."""
+    out: dict[str, dict[str, Quarantine]] = {}
+    for r in records:
+        if not r.healing:
+            out.setdefault(r.buffer, {})[r.source] = r
+    return out
+
+
 
 def _load(path: Path) -> list[Quarantine]:
     try:
@@ -193,12 +213,26 @@ class QuarantineStore:
         self._records: dict[tuple[str, str], Quarantine] = {
             (r.buffer, r.source): r for r in records}
         self.generation = 0  # bumped at each change (caches of ids key on it)
+        # Per buffer, its active records: read on every stream read, so built once per
+        # change (replaced whole: readers need no lock).
+        self._active: dict[str, dict[str, Quarantine]] = _by_buffer(records)
 
-    def _save(self) -> None:
-        doc = {"version": _VERSION,
-               "quarantined": [r.to_record() for r in self._records.values()]}
+    def _commit(self, records: dict[tuple[str, str], Quarantine]) -> None:
+        """Write ``records`` (durably), then make them the store's: a failed write
+        changes nothing, so the caller's retry records it again."""
+        doc = {"version": _VERSION, "quarantined": [r.to_record() for r in records.values()]}
         write_atomically(self.path, json.dumps(doc, indent=1).encode())
+        self._records = records
+        self._active = _by_buffer(records.values())
         self.generation += 1
+
+    def _with(self, key: tuple[str, str], record: Quarantine | None) -> None:
+        records = dict(self._records)
+        if record is None:
+            records.pop(key, None)
+        else:
+            records[key] = record
+        self._commit(records)
 
     def add(self, buffer: str, failure: SourceFailure, *, marker_scn: int | None = None
             ) -> Quarantine | None:
@@ -211,8 +245,7 @@ class QuarantineStore:
             record = Quarantine(buffer, failure.source, failure.scn,
                                 _text(redact(failure.reason)), _text(redact(failure.fix)),
                                 time.time(), marker_scn)
-            self._records[(buffer, failure.source)] = record
-            self._save()
+            self._with((buffer, failure.source), record)
             return record
 
     def marked(self, buffer: str, source: str, scn: int) -> None:
@@ -220,31 +253,41 @@ class QuarantineStore:
         with self._lock:
             record = self._records.get((buffer, source))
             if record is not None and record.marker_scn is None and not record.healing:
-                self._records[(buffer, source)] = replace(record, marker_scn=scn)
-                self._save()
+                self._with((buffer, source), replace(record, marker_scn=scn))
 
     def begin_heal(self, buffer: str, source: str) -> Quarantine:
         """Lift the quarantine of ``source`` (``NotQuarantinedError`` when it is not in
-        one): kept, marked healing, until ``remove`` once its dump is recorded."""
+        one): kept, marked healing, until ``heal_step`` says its dump is recorded and its
+        heal marker landed."""
         with self._lock:
             record = self._records.get((buffer, source))
             if record is None or record.healing:
                 raise NotQuarantinedError(f"source {source} is not quarantined")
             record = replace(record, healing=True)
-            self._records[(buffer, source)] = record
-            self._save()
+            self._with((buffer, source), record)
             return record
+
+    def heal_step(self, buffer: str, source: str, *, dump: str | None = None,
+                  marked: bool = False) -> None:
+        """A step of a heal done: its dump recorded (``dump``: the id, ``""`` for none
+        needed) or its marker landed (``marked``); the record goes once both are."""
+        with self._lock:
+            record = self._records.get((buffer, source))
+            if record is None or not record.healing:
+                return
+            record = replace(record, heal_dump=record.heal_dump if dump is None else dump,
+                             heal_marked=record.heal_marked or marked)
+            done = record.heal_dump is not None and record.heal_marked
+            self._with((buffer, source), None if done else record)
 
     def remove(self, buffer: str, source: str) -> None:
         with self._lock:
-            if self._records.pop((buffer, source), None) is not None:
-                self._save()
+            if (buffer, source) in self._records:
+                self._with((buffer, source), None)
 
     def active(self, buffer: str) -> dict[str, Quarantine]:
-        """The sources of ``buffer`` in quarantine now, by name."""
-        with self._lock:
-            return {r.source: r for r in self._records.values()
-                    if r.buffer == buffer and not r.healing}
+        """The sources of ``buffer`` in quarantine now, by name (do not change it)."""
+        return self._active.get(buffer, _EMPTY)
 
     def unmarked(self, buffer: str) -> list[Quarantine]:
         """Active records of ``buffer`` whose marker has not landed yet."""
@@ -263,24 +306,24 @@ class QuarantineView:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._stamp: tuple[int, int, int] | None = None
-        self._records: list[Quarantine] = []
+        self._active: dict[str, dict[str, Quarantine]] = {}
         self.refresh()
 
     def refresh(self) -> None:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            self._stamp, self._records = None, []
+            self._stamp, self._active = None, {}
             return
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return
         try:
-            self._records = _load(self.path)
+            self._active = _by_buffer(_load(self.path))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("reading %s: %s (keeping what was read before)", self.path, exc)
             return
         self._stamp = stamp
 
     def active(self, buffer: str) -> dict[str, Quarantine]:
-        return {r.source: r for r in self._records if r.buffer == buffer and not r.healing}
+        return self._active.get(buffer, _EMPTY)

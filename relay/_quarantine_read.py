@@ -42,6 +42,8 @@ Read = Callable[..., ReadResult]
 def including(active: Mapping[str, Quarantine], names: Iterable[str]) -> Quarantine | None:
     """The quarantine a subscription meets first (the lowest SCN) among the sources it
     includes: ``names``, or every source of the buffer when ``names`` is empty."""
+    if not active:
+        return None  # the common case, on every read
     wanted = set(names)
     hit = [q for s, q in active.items() if not wanted or s in wanted]
     return min(hit, key=lambda q: (q.scn, q.source)) if hit else None

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 
 from databus._limited_log import limited
+from databus.errors import EventFormatError
 from databus.event import QUARANTINE_SOURCE_ID, decode_event
 from databus.relay._quarantine import (
     QuarantineMarker,
@@ -53,6 +54,9 @@ class QuarantineSink:
         self._in_window: list[QuarantineMarker] = []
         self._scn: int | None = None
         self.dropped = 0  # data events of quarantined sources left out
+        # False while this buffer copies another relay's windows as a cluster follower:
+        # its windows stay byte-identical to the leader's, whose markers it copies.
+        self.own_markers = True
 
     # -- the host's side --------------------------------------------------------------
 
@@ -80,6 +84,8 @@ class QuarantineSink:
     def _write_pending(self) -> None:
         scn = self._scn
         assert scn is not None
+        if not self.own_markers:
+            return
         with self._lock:
             todo = [m for m in self._pending if m not in self._in_window]
         for marker in todo:
@@ -102,7 +108,12 @@ class QuarantineSink:
         marker is reported to the host too."""
         decoded = decode_event(event)
         if decoded.header.source_id == QUARANTINE_SOURCE_ID:
-            marker = decode_quarantine_marker(decoded.header, decoded.value)
+            try:
+                marker = decode_quarantine_marker(decoded.header, decoded.value)
+            except EventFormatError as exc:
+                # A bad answer of the upstream: roll back, ask again (maybe elsewhere).
+                exc.retriable = True
+                raise
             assert self._scn is not None
             self._on_upstream(marker, self._scn)
             with self._lock:

@@ -120,7 +120,8 @@ def readiness_response(components: list[dict[str, Any]]) -> web.Response:
     if down:
         doc["error"] = "not_ready"
         doc["message"] = "; ".join(
-            f"{c['component']}" + (f" of buffer {c['buffer']}" if "buffer" in c else "")
+            f"{c['component']}" + (f" {c['source']}" if c["component"] == "source" else "")
+            + (f" of buffer {c['buffer']}" if "buffer" in c else "")
             + f": {c['state']}" for c in down)
     doc["components"] = components
     return json_response(doc, status=503 if down else 200)

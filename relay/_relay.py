@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from databus.config import RelayConfig
-from databus.errors import DumpConflictError, DumpUnsupportedError, UnknownSourceError
+from databus.errors import (
+    ConnectionLostError,
+    DatabusError,
+    DumpConflictError,
+    DumpSetupError,
+    DumpUnsupportedError,
+    NotLeaderError,
+    UnknownSourceError,
+)
 from databus.fetchers._api import Fetcher
 from databus.relay._buffer import EventBuffer
 from databus.relay._catalog import RelayCatalog, SourceEntry
@@ -159,12 +167,15 @@ class Relay:
                                     reason="initial_dump"),
                         buffer_of=self.fetchers.configured_buffer)
             for record in self.quarantines.healing():
-                # A heal that lifted the quarantine but did not record its dump.
+                # A heal that lifted the quarantine but did not finish: its dump not
+                # recorded, or its marker not written yet.
                 log.warning("buffer %s: finishing the heal of source %s", record.buffer,
                             record.source)
-                self.fetchers.queue_marker(record.buffer,
-                                           QuarantineMarker(record.source, "healed"))
-                self._heal_dump(record)
+                if not record.heal_marked:
+                    self.fetchers.queue_marker(record.buffer,
+                                               QuarantineMarker(record.source, "healed"))
+                if record.heal_dump is None:
+                    self._heal_dump(record)
 
     # -- quarantine (DESIGN 17, relay/_quarantine.py) -----------------------------------
 
@@ -174,11 +185,13 @@ class Relay:
         the table (reason ``heal``), so that every consumer's copy converges.
 
         ``UnknownSourceError`` for a source this relay does not know,
-        ``NotQuarantinedError`` when it is not in quarantine, ``DumpUnsupportedError``
-        when its source cannot be dumped, ``DumpConflictError`` when a dump of it is
+        ``NotQuarantinedError`` when it is not in quarantine, ``NotLeaderError`` on a
+        cluster member that does not lead its buffer, ``DumpUnsupportedError`` when its
+        source cannot be dumped, ``DumpConflictError`` when a dump of it is
         active. Durable in this order: the record marked healing (the fetcher captures
-        the source again from its next attempt), the dump recorded in ``dumps.json``,
-        then the record removed; a relay restarted in between finishes the heal."""
+        the source again from its next attempt), the dump recorded in ``dumps.json``;
+        the record goes once that is done and the heal marker landed in a window; a
+        relay restarted in between finishes the heal."""
         buffer = self._buffer_of(source)
         if buffer is None:
             raise UnknownSourceError(f"unknown source {source!r}: this relay does not "
@@ -188,14 +201,14 @@ class Relay:
             from databus.errors import NotQuarantinedError
 
             raise NotQuarantinedError(f"source {source} is not quarantined; nothing to heal")
-        config = self.config.buffer(buffer)
-        assert config is not None
-        cls = self.fetchers.fetcher_class(buffer)
-        if cls.open_dump_source is Fetcher.open_dump_source:
-            raise DumpUnsupportedError(
-                f"buffer {buffer}'s source cannot be dumped, so {source} cannot be healed "
-                "here; heal it at the relay that reads the database (a chained relay "
-                "follows that heal by itself)")
+        if self.cluster is not None:
+            seat = self.cluster.buffer_status(buffer)
+            if seat.get("role") not in ("leader", "independent"):
+                raise NotLeaderError(
+                    f"this relay does not lead buffer {buffer} (it is {seat.get('role')}); "
+                    f"heal at its leader ({seat.get('leader') or 'none elected yet'}): "
+                    "its followers follow the heal")
+        self._check_dumpable(buffer, source)
         if self.dumps.has_active_source(buffer, source):
             raise DumpConflictError(f"a dump of {source} is queued or running; cancel it "
                                     "or wait for it, then heal")
@@ -210,9 +223,41 @@ class Relay:
                 "healed": True, "fetcher_restarted": restarted,
                 "dump": None if dump is None else self.dumps.get(dump)}
 
+    def _check_dumpable(self, buffer: str, source: str) -> None:
+        """Before lifting anything: the heal's dump can run. ``DumpUnsupportedError``
+        (no dump support: a chained relay), ``DumpSetupError`` (no watermark table, a
+        missing grant: its message names the fix), ``ConnectionLostError`` (the source
+        does not answer now)."""
+        if self.fetchers.fetcher_class(buffer).open_dump_source is Fetcher.open_dump_source:
+            raise DumpUnsupportedError(
+                f"buffer {buffer}'s source cannot be dumped, so {source} cannot be healed "
+                "here; heal it at the relay that reads the database (a chained relay "
+                "follows that heal by itself)")
+        fetcher = self.fetchers.new_fetcher(buffer)
+        try:
+            dump_source = fetcher.open_dump_source()
+            if dump_source is None:
+                raise DumpUnsupportedError(f"buffer {buffer}'s source cannot be dumped, "
+                                           f"so {source} cannot be healed here")
+            try:
+                dump_source.check()
+            finally:
+                dump_source.close()
+        except DumpSetupError:
+            raise
+        except (DatabusError, OSError) as exc:
+            if isinstance(exc, DumpUnsupportedError):
+                raise
+            raise ConnectionLostError(
+                f"cannot check the dump setup of buffer {buffer}'s source ({exc}); the "
+                f"quarantine of {source} is kept: heal again once the source answers",
+                retriable=True) from None
+        finally:
+            fetcher.close()
+
     def _heal_dump(self, record: Quarantine) -> str | None:
-        """Record the heal's dump of ``record.source`` (unless one is active), then
-        drop the quarantine record. Returns the dump id."""
+        """Record the heal's dump of ``record.source`` (unless one is active), then say
+        so to the record (it goes once the heal marker landed too). Returns the dump id."""
         config = self.config.buffer(record.buffer)
         dump_id: str | None = None
         if config is not None and not self.dumps.has_active_source(record.buffer,
@@ -222,7 +267,7 @@ class Relay:
                             chunk_rows=config.dump_chunk_rows,
                             delay_ms=config.dump_delay_ms, reason="heal"),
                 buffer_of=lambda name: record.buffer).id
-        self.quarantines.remove(record.buffer, record.source)
+        self.quarantines.heal_step(record.buffer, record.source, dump=dump_id or "")
         return dump_id
 
     def _buffer_of(self, source: str) -> str | None:

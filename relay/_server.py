@@ -47,7 +47,6 @@ from databus._http import (
     json_response,
     metrics_response,
     parse_fingerprint,
-    query_param,
     source_param,
     sources_param,
 )
@@ -81,8 +80,8 @@ from databus.relay._dump_api import add_dump_routes
 from databus.relay._liveness import MainUnavailable
 from databus.relay._metrics import relay_metrics
 from databus.relay._quarantine import Quarantine
-from databus.relay._quarantine_api import add_quarantine_routes
-from databus.relay._quarantine_read import QUARANTINE_MODES, guard, including
+from databus.relay._quarantine_api import add_quarantine_routes, quarantine_stop
+from databus.relay._quarantine_read import guard
 from databus.relay._readiness import components_of, readiness_response
 from databus.relay._relay import Relay, RelayReader
 from databus.relay._streaming import (
@@ -145,23 +144,6 @@ def _source_buffer(relay: RelayReader, name: str) -> tuple[str, int | None]:
             ) from None
         return buffer, None
     return entry.buffer, entry.id
-
-
-def _quarantine_stop(request: web.Request, relay: RelayReader, buffer: str
-                     ) -> Callable[[], Quarantine | None]:
-    """What a stream request stops at (relay/_quarantine_read.py): the first quarantine
-    among the sources it includes, asked at each read; never with ``quarantine=pass``."""
-    mode = query_param(request, "quarantine") or "error"
-    if mode not in QUARANTINE_MODES:
-        raise BadRequest(f"quarantine must be one of {', '.join(QUARANTINE_MODES)}")
-    if mode == "pass":
-        return _no_quarantine
-    names = sources_param(request)
-    return lambda: including(relay.quarantines.active(buffer), names)
-
-
-def _no_quarantine() -> Quarantine | None:
-    return None
 
 
 def _buffer_for(relay: RelayReader, request: web.Request) -> tuple[str, CompiledFilter | None]:
@@ -244,7 +226,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     buffer_name, select = _buffer_for(relay, request)
     buffer = relay.buffers[buffer_name]
     filter_key = (request.query.get("sources", ""), request.query.get("filter", ""))
-    quarantine = _quarantine_stop(request, relay, buffer_name)
+    quarantine = quarantine_stop(request, relay, buffer_name)
     if follow:
         return await _follow(request, buffer_name, buffer, select, filter_key, checkpoint,
                              max_bytes, heartbeat_ms, quarantine)

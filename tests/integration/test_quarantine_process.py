@@ -9,6 +9,8 @@ the quarantine SCN until the heal."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -21,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from databus.cli import main
 from databus.event import DUMP_END_SOURCE_ID, QUARANTINE_SOURCE_ID, decode_event, iter_events
 from databus.fetchers._api import FetcherContext
 from databus.fetchers.txlog import SqliteTxlogFetcher
@@ -59,13 +62,36 @@ def _poll(relay: str, **params: str) -> tuple[bytes, int, dict[str, Any] | None]
         cp = headers["X-Databus-Checkpoint"]
 
 
-def _heal(relay: str, token: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "DATABUS_ADMIN_TOKEN"}
+def _heal(relay: str, token: str | None) -> tuple[int, str, str]:
+    """``databus relay heal`` (in this process: the CLI's main): (exit, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    saved = os.environ.pop("DATABUS_ADMIN_TOKEN", None)
     if token is not None:
-        env["DATABUS_ADMIN_TOKEN"] = token
-    exe = str(Path(sys.executable).with_name("databus"))
-    return subprocess.run([exe, "relay", "heal", "--relay", relay, "--source", "shop.items"],
-                          capture_output=True, text=True, env=env, timeout=60)
+        os.environ["DATABUS_ADMIN_TOKEN"] = token
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["relay", "heal", "--relay", relay, "--source", "shop.items"])
+    finally:
+        os.environ.pop("DATABUS_ADMIN_TOKEN", None)
+        if saved is not None:
+            os.environ["DATABUS_ADMIN_TOKEN"] = saved
+    return code, out.getvalue(), err.getvalue()
+
+
+def tail_heal(relay: RelayProcess, tail: subprocess.Popen[bytes], tail_out: Path) -> None:
+    """The CLI: no token, then the heal; the waiting tail prints the heal's dump."""
+    code, _, stderr = _heal(relay.url, None)
+    assert code == 1 and "admin token" in stderr
+    code, stdout, stderr = _heal(relay.url, TOKEN)
+    assert code == 0, stderr
+    assert "out of quarantine" in stdout and "dump" in stdout
+
+    def dumped() -> bool:
+        return any(json.loads(line).get("marker") == "dump_end"
+                   for line in tail_out.read_text().splitlines())
+
+    wait_until(dumped, "tail prints the heal's dump", 30)
+    assert tail.poll() is None
 
 
 def test_a_restarted_relay_keeps_the_quarantine_and_heals_from_the_cli(tmp_path: Path) -> None:
@@ -105,15 +131,30 @@ def test_a_restarted_relay_keeps_the_quarantine_and_heals_from_the_cli(tmp_path:
             assert (error["error"], error["scn"], error["fix"]) == ("source_quarantined", x, FIX)
             assert all(h.scn < x for _, h in iter_events(body))
         assert _get(relay.url + "/readyz")[0] == 503
-        # The CLI: no token, then the heal.
-        refused = _heal(relay.url, None)
-        assert refused.returncode == 1 and "admin token" in refused.stderr
-        db.txn("UPDATE items SET name = 'c2' WHERE id = 3")
-        healed = _heal(relay.url, TOKEN)
-        assert healed.returncode == 0, healed.stderr
-        assert "out of quarantine" in healed.stdout and "dump" in healed.stdout
-        again = _heal(relay.url, TOKEN)
-        assert again.returncode == 1 and "not_quarantined" in again.stderr
+        # databus tail of the source: what came before X, one line about the quarantine,
+        # then it waits (and after the heal prints the dump).
+        exe = str(Path(sys.executable).with_name("databus"))
+        tail_out, tail_err = tmp_path / "tail.out", tmp_path / "tail.err"
+        with open(tail_out, "wb") as out, open(tail_err, "wb") as err:
+            tail = subprocess.Popen([exe, "tail", "--relay", relay.url, "--sources",
+                                     "shop.items", "--from-earliest"], stdout=out, stderr=err)
+        try:
+            wait_until(lambda: "quarantined at the relay" in tail_err.read_text(),
+                       "tail says the source is quarantined", 20)
+            time.sleep(1.0)  # retries meanwhile: still one line
+            assert tail.poll() is None
+            lines = [line for line in tail_err.read_text().splitlines()
+                     if "quarantined at the relay" in line]
+            assert len(lines) == 1 and FIX in lines[0] and f"SCN {x}" in lines[0]
+            printed = [json.loads(line) for line in tail_out.read_text().splitlines()]
+            assert [p["key"] for p in printed if "key" in p] == [1, 3]
+            tail_heal(relay, tail, tail_out)
+        finally:
+            if tail.poll() is None:
+                tail.send_signal(signal.SIGTERM)
+                tail.wait(timeout=20)
+        code, _, stderr = _heal(relay.url, TOKEN)
+        assert code == 1 and "not_quarantined" in stderr
 
         def converged() -> bool:
             body, status, _ = _poll(relay.url, sources="shop.items")

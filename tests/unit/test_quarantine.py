@@ -58,7 +58,7 @@ def test_the_store_keeps_quarantines_across_reopening(tmp_path: Path) -> None:
                               "fix": "heal it", "since": kept.since}
 
 
-def test_a_heal_is_durable_in_two_steps(tmp_path: Path) -> None:
+def test_a_heal_is_durable_in_steps(tmp_path: Path) -> None:
     path = tmp_path / "quarantine.json"
     store = QuarantineStore(path)
     with pytest.raises(NotQuarantinedError):
@@ -68,12 +68,28 @@ def test_a_heal_is_durable_in_two_steps(tmp_path: Path) -> None:
     assert store.active("b") == {}  # captured again from the next attempt
     with pytest.raises(NotQuarantinedError):
         store.begin_heal("b", "shop.items")
-    # A crash here: the relay finishes the heal at start.
+    # A crash here: the relay finishes the heal at start (its dump, its marker).
     (healing,) = QuarantineStore(path).healing()
-    assert healing.source == "shop.items" and healing.healing
-    store.remove("b", "shop.items")
-    assert QuarantineStore(path).healing() == []
+    assert (healing.source, healing.heal_dump, healing.heal_marked) == ("shop.items", None,
+                                                                        False)
+    store.heal_step("b", "shop.items", marked=True)
+    (healing,) = QuarantineStore(path).healing()
+    assert (healing.heal_dump, healing.heal_marked) == (None, True)
+    store.heal_step("b", "shop.items", dump="d1")  # both done: the record goes
+    assert QuarantineStore(path).healing() == [] and store.healing() == []
     assert store.add("b", FAILURE) is not None  # may be quarantined again later
+    store.heal_step("b", "shop.items", dump="d2")  # not healing: no effect
+    assert list(store.active("b")) == ["shop.items"]
+
+
+def test_a_new_failure_during_a_heal_stands(tmp_path: Path) -> None:
+    store = QuarantineStore(tmp_path / "quarantine.json")
+    store.add("b", FAILURE)
+    store.begin_heal("b", "shop.items")
+    again = store.add("b", SourceFailure("shop.items", 20, "still bad", "fix"))
+    assert again is not None and again.scn == 20
+    store.heal_step("b", "shop.items", dump="d1", marked=True)  # the old heal's steps
+    assert store.active("b")["shop.items"].scn == 20
 
 
 def test_a_damaged_file_is_refused_not_guessed(tmp_path: Path) -> None:
@@ -283,3 +299,48 @@ def test_an_upstream_marker_is_stored_as_it_came_and_reported(buffer: EventBuffe
     sink.start_window(5)
     sink.end_window()
     assert [scn for scn, _ in _markers(buffer)] == [4]  # the queued one was that one
+
+
+def test_a_failed_write_records_nothing_so_a_retry_records_it(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    import databus.relay._quarantine as module
+
+    store = QuarantineStore(tmp_path / "quarantine.json")
+
+    def full(path: Path, data: bytes, **_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(module, "write_atomically", full)
+    with pytest.raises(OSError):
+        store.add("b", FAILURE)
+    assert store.active("b") == {}
+    monkeypatch.undo()
+    assert store.add("b", FAILURE) is not None  # the fetcher's next attempt: recorded
+    assert list(QuarantineStore(tmp_path / "quarantine.json").active("b")) == ["shop.items"]
+
+
+def test_a_cluster_follower_writes_no_marker_of_its_own(buffer: EventBuffer) -> None:
+    """Its windows stay byte-identical to its leader's (it copies the leader's markers);
+    what it had queued is written once it leads."""
+    seen = _Seen()
+    sink = _sink(buffer, seen)
+    sink.own_markers = False
+    sink.queue(QuarantineMarker("shop.items", "quarantined", 2, "why", "fix"))
+    sink.start_window(3)
+    sink.end_window()
+    assert _markers(buffer) == [] and seen.marked == []
+    sink.own_markers = True
+    sink.start_window(4)
+    sink.end_window()
+    assert [scn for scn, _ in _markers(buffer)] == [4] and seen.marked == [("shop.items", 4)]
+
+
+def test_a_malformed_upstream_marker_is_a_retriable_bad_answer(buffer: EventBuffer) -> None:
+    sink = _sink(buffer, _Seen())
+    sink.start_window(3)
+    with pytest.raises(EventFormatError) as caught:
+        sink.append_control(encode_control(scn=3, source_id=QUARANTINE_SOURCE_ID,
+                                           payload=b'{"source":"a.b"}'))
+    assert caught.value.retriable
+    sink.rollback()

@@ -43,14 +43,18 @@ def test_a_chained_relay_mirrors_the_quarantine_and_its_heal(tmp_path: Path,
     async def main() -> None:
         async with running_relay(up_config) as up:
             chain = f"relay+{up.url}/?sources=shop.items,shop.tags&heartbeat_ms=100"
+            tags_only = f"relay+{up.url}/?sources=shop.tags&heartbeat_ms=100"
             async with running_relay(relay_config(tmp_path / "down",
-                                                  {BUFFER: chain})) as down:
-                await _scenario(db, up, down)
+                                                  {BUFFER: chain})) as down, \
+                    running_relay(relay_config(tmp_path / "tags",
+                                               {BUFFER: tags_only})) as tags:
+                await _scenario(db, up, down, tags)
 
     asyncio.run(main())
 
 
-async def _scenario(db: SqliteSource, up: RunningRelay, down: RunningRelay) -> None:
+async def _scenario(db: SqliteSource, up: RunningRelay, down: RunningRelay,
+                    tags: RunningRelay) -> None:
     db.txn(item(1, "a"), item(3, "c"), tag("x", 1))
     db.txn(item(666, "bad"), item(2, "b"), tag("y", 2))
     db.txn(item(4, "d"), tag("z", 3))
@@ -61,6 +65,13 @@ async def _scenario(db: SqliteSource, up: RunningRelay, down: RunningRelay) -> N
     assert {k: q_down[k] for k in ("source", "scn", "reason", "fix")} == {
         "source": "shop.items", "scn": q_up["scn"], "reason": REASON, "fix": FIX}
     x = q_up["scn"]
+    # A chained relay that does not copy the quarantined source: not its quarantine
+    # (the marker is stored there, as every marker, and ignored).
+    await async_wait_until(lambda: _has_tag(tags, "z"), "the tags-only chain copies z", 20,
+                           max_interval=0.05)
+    assert await _quarantined(tags) == []
+    async with await tags.get("/readyz") as resp:
+        assert resp.status == 200
     async with await down.get("/readyz") as resp:
         assert resp.status == 503
     # The chain's consumers: the same windows before X and the same error as upstream's.

@@ -115,6 +115,7 @@ def test_a_consumer_waits_out_the_quarantine_and_converges_after_heal(
                 await asyncio.sleep(0.5)  # a few retries: still nothing after X, no error
                 assert items.rows["shop.items"] == {1: "a", 3: "c"}
                 assert all(s < x for s in items.scns) and not items.errors
+                assert items_client.metrics.failovers == 0  # a pause, not a relay failure
                 lines = [rec for rec in caplog.records if "quarantined at the relay"
                          in rec.getMessage()]
                 assert len(lines) == 1 and FIX in lines[0].getMessage()

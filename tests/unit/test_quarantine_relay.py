@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from databus.errors import NotLeaderError
 from databus.event import (
     DUMP_END_SOURCE_ID,
     ERROR_SOURCE_ID,
@@ -110,6 +111,15 @@ def test_a_poisoned_table_is_quarantined_and_the_others_flow(tmp_path: Path,
 
             await async_wait_until(seen_w, "tag w served", 20, max_interval=0.05)
             assert (await _names_in_stream(r, quarantine="pass"))["shop.items"] == [1]
+            # No watermark table (databus dump setup): the heal's dump could not run, so
+            # nothing is lifted.
+            async with r.session.post(r.url + "/v1/admin/sources/shop.items/heal",
+                                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+                                      ) as resp:
+                assert resp.status == 409
+                doc = await resp.json()
+            assert doc["error"] == "dump_setup" and "databus dump setup" in doc["message"]
+            assert [q["source"] for q in await _quarantined(r)] == ["shop.items"]
 
     async def second_run() -> None:
         async with running_relay(config) as r:
@@ -261,6 +271,14 @@ def test_subscribers_of_the_source_get_the_error_at_its_scn_then_heal_converges(
                 assert (resp.status, (await resp.json())["error"]) == (409, "not_quarantined")
             async with await r.get("/readyz") as resp:
                 assert resp.status == 503
+            # A cluster member that does not lead the buffer refuses (its followers copy
+            # the leader's windows: a dump of its own would make them differ).
+            r.relay.cluster = _Follower()  # type: ignore[assignment]
+            try:
+                with pytest.raises(NotLeaderError, match="heal at its leader"):
+                    r.relay.heal("shop.items")
+            finally:
+                r.relay.cluster = None
             # The operator fixes the cause (row 666 goes) while more changes are missed,
             # then heals: the consumer's copy converges through the heal's dump.
             db.txn("DELETE FROM items WHERE id = 666", "DELETE FROM items WHERE id = 1",
@@ -287,6 +305,11 @@ def test_subscribers_of_the_source_get_the_error_at_its_scn_then_heal_converges(
             assert replica == {row["id"]: row["name"] for row in db.rows("items")}
 
     asyncio.run(main())
+
+
+class _Follower:
+    def buffer_status(self, buffer: str) -> dict[str, Any]:
+        return {"role": "follower", "leader": "http://leader:11190"}
 
 
 async def _body(r: RunningRelay, **params: Any) -> bytes:
@@ -338,3 +361,35 @@ def _replica(r: RunningRelay, body: bytes, source: str, x: int) -> dict[Any, Any
         else:
             rows[event.key] = codec.decode(event.value, header.schema_fingerprint)["name"]
     return rows
+
+
+def test_a_heal_cut_short_by_a_crash_is_finished_at_start(tmp_path: Path,
+                                                          monkeypatch: Any) -> None:
+    """The heal marked the record healing, then the relay died before it recorded its
+    dump: the restarted relay dumps the source and drops the record."""
+    use_poison_fetcher(monkeypatch)
+    db = _source(tmp_path)
+    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
+        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
+    db.txn(item(1, "a"), item(2, "b"), tag("x", 1))
+    config = relay_config(tmp_path, {BUFFER: db.uri(TABLES)})
+    config.data_dir.mkdir(parents=True)
+    (config.data_dir / "quarantine.json").write_text(json.dumps({"version": 1, "quarantined": [
+        {"buffer": BUFFER, "source": "shop.items", "scn": 1, "reason": REASON, "fix": FIX,
+         "since": 0.0, "marker_scn": 1, "healing": True}]}))
+
+    async def main() -> None:
+        async with running_relay(config) as r:
+            assert await _quarantined(r) == []  # lifted: captured, served
+            (dump,) = r.relay.dumps.list_dumps()
+            assert (dump["reason"], dump["sources"]) == ("heal", ["shop.items"])
+            await _wait_dump(r, dump["id"])
+            body = await _body(r, sources="shop.items")
+            assert _replica(r, body, "shop.items", 1) == {1: "a", 2: "b"}
+            # Its heal marker too (a chained relay lifts the quarantine by it); then the
+            # record goes.
+            assert [m for _, m in _markers(body)] == [{"source": "shop.items",
+                                                       "state": "healed"}]
+            assert r.relay.quarantines.healing() == []
+
+    asyncio.run(main())
