@@ -133,6 +133,7 @@ def test_a_table_name_the_relay_cannot_serve_is_quarantined_and_ok_flows(
            f'CREATE PUBLICATION {db.publication} FOR TABLE ws.ok, ws."a b" '
            "WITH (publish = 'insert, update, delete')",
            f"SELECT pg_create_logical_replication_slot('{db.slot}', 'pgoutput')")
+    assert databus_main(["dump", "setup", "--source", db.uri("ws.*")]) == 0  # for heal
     relay = RelayProcess(tmp_path, {"pg": db.uri("ws.*")}, capacity_mb=32, workers=1,
                          admin_token=TOKEN)
     relay.start()
