@@ -90,6 +90,7 @@ from databus.fetchers.mysql._schema import (
     classify_query,
     dml_target,
     shape_from_table_map,
+    truncate_target,
 )
 from databus.fetchers.mysql._scn import BinlogPosition, binlog_file_number, make_scn
 from databus.fetchers.mysql._server import (
@@ -505,7 +506,7 @@ class _Capture:
         self.position = event.position
 
     def _begin(self, event: Any, *, standalone: bool) -> None:
-        if self.txn is not None and self.txn.rows:
+        if self.txn is not None and (self.txn.rows or self.txn.failures):
             # A group with rows but no XID/COMMIT (not written by MariaDB or MySQL as far
             # as we know): it ended where this one starts.
             self._commit(self.position, event.timestamp)
@@ -534,13 +535,26 @@ class _Capture:
         elif kind is QueryKind.OTHER:
             self._forget_layouts()
             log.info("DDL at %s:%d: %s", self.file, position, _shorten(event.query))
+            self._truncate(event, position)
             self.discover_new_tables()
             if self.txn is not None and self.txn.standalone:
                 self._commit(position, event.timestamp)
 
+    def _truncate(self, event: QueryEvent, position: int) -> None:
+        """A TRUNCATE of a captured table deletes its rows with no row event: consumers
+        would keep them. The table is set aside; the heal's dump re-sends what exists."""
+        target = truncate_target(event.query, _default_database(event))
+        if target is not None and self.config.selector.matches(*target):
+            if self.txn is None:
+                self.txn = _Txn(standalone=True)
+            self.fail(f"{target[0]}.{target[1]}",
+                      f"TRUNCATE TABLE at {self.file}:{position} deleted its rows with no "
+                      "row event, so consumers would keep them",
+                      "nothing to change at the source (use DELETE FROM to keep a table "
+                      "captured); the heal's dump re-sends the rows that exist")
+
     def _statement_dml(self, event: QueryEvent, position: int) -> None:
-        default_db = event.schema.decode("utf-8", "replace") if isinstance(
-            event.schema, bytes) else str(event.schema)
+        default_db = _default_database(event)
         target = dml_target(event.query, default_db)
         if target is None:
             limited(log).warning("statement-format change at %s:%d not captured: %s", self.file,
@@ -756,6 +770,11 @@ def _pymysql_connect(**kwargs: Any) -> pymysql.Connection[Any]:
     if "db" in kwargs:
         kwargs["database"] = kwargs.pop("db")
     return pymysql.connect(**kwargs)
+
+
+def _default_database(event: QueryEvent) -> str:
+    schema = event.schema
+    return schema.decode("utf-8", "replace") if isinstance(schema, bytes) else str(schema)
 
 
 def _shorten(query: str, limit: int = 200) -> str:

@@ -110,3 +110,32 @@ def test_a_table_the_relay_cannot_name_is_quarantined(mariadb_server: MariaDBSer
 
     asyncio.run(scenario())
     sql.close()
+
+
+def test_a_truncate_of_a_captured_table_quarantines_it(mariadb_server: MariaDBServer,
+                                                      tmp_path: Path) -> None:
+    """TRUNCATE deletes every row with no row event (consumers would keep them all): the
+    table is set aside at its SCN, the other table goes on."""
+    db = f"{DB}_t"
+    sql = fresh_database(mariadb_server, db)
+    sql.run("CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE u (id INT PRIMARY KEY)")
+
+    async def scenario() -> None:
+        async with binlog_relay(tmp_path, source_uri(mariadb_server, f"{db}.t,{db}.u")) as r:
+            sql.txn("INSERT INTO t VALUES (1)", "INSERT INTO u VALUES (1)")
+            sql.run("TRUNCATE TABLE t")
+            bad = sql.position()
+            sql.txn("INSERT INTO t VALUES (2)", "INSERT INTO u VALUES (2)")
+            last = sql.txn("INSERT INTO u VALUES (3)")
+            await wait_for_scn(r, last)
+            doc = await status(r)
+            [q] = doc["quarantined"]
+            assert q["source"] == f"{db}.t" and q["scn"] == bad, q
+            assert q["reason"].startswith("TRUNCATE TABLE at "), q
+            windows, _ = await captured(r, quarantine="pass")
+            rows = _by_source(windows)
+            assert [k for _, _, k in rows[f"{db}.u"]] == [1, 2, 3]
+            assert [k for _, _, k in rows[f"{db}.t"]] == [1]
+
+    asyncio.run(scenario())
+    sql.close()
