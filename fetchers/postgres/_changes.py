@@ -187,6 +187,7 @@ class TableCodec:
             field["sql_name"] = column.name
             field["sql_type"] = mapping.sql_type
             fields.append(field)
+        self.required = frozenset(self.required_positions)
         namespace, _, table = source_name.rpartition(".")
         record: dict[str, Any] = {
             "type": "record", "name": avro_names([table])[0],
@@ -576,7 +577,7 @@ class ChangeStream:
         codec.check_old_key(values, "UPDATE of the replica identity's columns")
         # NULL in a nullable key column (FULL without a primary key) is a value; in a
         # NOT NULL one it means "not sent".
-        required = codec.required_positions
+        required = codec.required
         if not values or any(v is UNCHANGED_TOAST or (v is None and i in required)
                              for i, v in zip(codec.key_positions, values, strict=True)):
             return None
