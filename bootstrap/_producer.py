@@ -203,6 +203,9 @@ class LogProducer(BackgroundComponent):
                              backoff_max=self.backoff_max)
         # Relays list the producer among their consumers under this id (with its lag).
         puller.client_id = f"databus-bootstrap-producer@{socket.gethostname()}:{os.getpid()}"
+        # Every window: a quarantined source stops no one here (its events after the
+        # quarantine SCN are not in the relay; the heal's dump brings its state back).
+        puller.pass_quarantine = True
         self._known_fingerprints = {fp for fp, _, _ in
                                     await asyncio.to_thread(storage.schemas)}
         stored = await asyncio.to_thread(storage.producer_checkpoint)

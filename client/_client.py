@@ -360,6 +360,7 @@ class DatabusClient:
             )
             # The puller keeps the per-source states up to date; the metrics show them.
             metrics.source_states = pullers.relay.source_states
+            metrics.quarantined = pullers.relay.quarantined
             pullers.relay.client_id = self.client_id
             if pullers.bootstrap is not None:
                 pullers.bootstrap.client_id = self.client_id

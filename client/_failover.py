@@ -33,6 +33,7 @@ from databus.errors import (
     ConnectionLostError,
     DatabusError,
     ScnNotFoundError,
+    SourceQuarantinedError,
     UnknownSchemaError,
     UnknownSourceError,
 )
@@ -105,6 +106,14 @@ class FailoverPuller:
         # Sent as client_id with every stream request, so that relays can show this
         # consumer's lag (GET /v1/consumers); set by the owner (DatabusClient).
         self.client_id: str | None = None
+        # Sent as quarantine=pass when set (a chained relay, the bootstrap producer):
+        # every window is served, a quarantined source's marker with them, rather than
+        # the source_quarantined error at its SCN (docs/relay.md, "Quarantined sources").
+        self.pass_quarantine = False
+        # Per wanted source the server says is quarantined (DESIGN 17): its
+        # source_quarantined error as JSON (source, scn, reason, fix). The client keeps
+        # asking, with backoff, delivering nothing after that SCN; cleared once served.
+        self.quarantined: dict[str, dict[str, object]] = {}
 
     def stream_params(self, position: Checkpoint, max_bytes: int) -> dict[str, str]:
         """The query of a stream request: checkpoint, size, sources, filter, client id."""
@@ -115,6 +124,8 @@ class FailoverPuller:
             params["filter"] = self.filter_json
         if self.client_id:
             params["client_id"] = self.client_id
+        if self.pass_quarantine:
+            params["quarantine"] = "pass"
         return params
 
     async def schema(self, fingerprint: int) -> Schema:
@@ -192,11 +203,16 @@ class FailoverPuller:
         self.last_error = error
         self._failures += 1
         failed_url = self.url
-        limited(log).warning("%s %s failed (%s); trying the next one", self.service,
-                             failed_url, describe_failure(error, self.request_timeout),
-                             kind=failed_url)
+        if isinstance(error, SourceQuarantinedError):
+            # Not the relay's failure: asked again (maybe of another relay, which may
+            # not have it quarantined) with backoff, but not counted as a failover.
+            self._note_quarantine(error)
+        else:
+            limited(log).warning("%s %s failed (%s); trying the next one", self.service,
+                                 failed_url, describe_failure(error, self.request_timeout),
+                                 kind=failed_url)
+            self.failovers += 1
         self._catalogs.pop(failed_url, None)
-        self.failovers += 1
         if self._leaving is not None:
             # It had left the list already: the next one is the one set_urls picked.
             self._leaving = None
@@ -211,6 +227,30 @@ class FailoverPuller:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay * random.uniform(0.5, 1.0)):
                     await self._urls_changed.wait()
+
+    def _note_quarantine(self, error: SourceQuarantinedError) -> None:
+        """A source of the subscription is quarantined at the relay: one line (rate
+        limited per source), its state ``quarantined``; the caller retries with
+        backoff (the quarantine ends with ``databus relay heal``)."""
+        source = error.source or "?"
+        self.quarantined[source] = error.to_json()
+        self.source_states[source] = "quarantined"
+        limited(log).error(
+            "source %s is quarantined at the %s (SCN %s): %s; nothing after that SCN is "
+            "delivered until it is healed, and nothing is skipped: retrying with backoff. "
+            "Fix: %s", source, self.service, error.scn, error.reason or error.message,
+            error.fix or "see the relay's status", kind=f"quarantined {source}")
+
+    def served(self) -> None:
+        """An answer without a quarantine error: the quarantine of the wanted sources,
+        if any, is over."""
+        self._failures = 0
+        if self.quarantined:
+            for source in self.quarantined:
+                if self.source_states.get(source) == "quarantined":
+                    self.source_states[source] = "active"
+                log.info("source %s: served again (healed at the relay)", source)
+            self.quarantined.clear()
 
     async def _retrying(self, attempt: Callable[[str], Awaitable[T]]) -> T:
         """Run ``attempt(url)`` until one server answers; retriable failures move on to
@@ -228,7 +268,7 @@ class FailoverPuller:
                     TypeError, RecursionError) as exc:
                 await self.failed(exc)  # connection trouble, or an answer not as expected
                 continue
-            self._failures = 0
+            self.served()
             return result
 
     async def _get_json(self, url: str) -> object:
@@ -266,6 +306,13 @@ class FailoverPuller:
             return UnknownSourceError(message)
         if code == "unknown_schema":
             return UnknownSchemaError(message)
+        if code == "source_quarantined":
+            scn = doc.get("scn")
+            return SourceQuarantinedError(
+                message, source=str(doc.get("source", "")),
+                scn=scn if isinstance(scn, int) and not isinstance(scn, bool) else None,
+                reason=str(doc.get("reason", "")), fix=str(doc.get("fix", "")),
+                retriable=True)
         return self.error_class(f"{self.service} answered {status} {code}: {message}")
 
     @property

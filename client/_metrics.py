@@ -38,6 +38,9 @@ class ClientMetrics:
     # Per subscribed source: "active", or "pending" while the relay is configured for it
     # but its table does not exist yet (the client waits for it).
     source_states: dict[str, str] = field(default_factory=dict)
+    # Per subscribed source quarantined at the relay (DESIGN 17): its source_quarantined
+    # error (source, scn, reason, fix); the client retries until it is healed.
+    quarantined: dict[str, dict[str, object]] = field(default_factory=dict)
     # Consumer groups: the partitions this member runs, and its rebalances so far.
     group_partitions: tuple[int, ...] = ()
     rebalances: int = 0
@@ -160,6 +163,6 @@ class _ClientCollector(Collector):
                                    "1 for a subscribed source's current state",
                                    labels=["client", "source", "state"])
         for source, current in sorted(m.source_states.items()):
-            for state in ("pending", "active"):
+            for state in ("pending", "active", "quarantined"):
                 states.add_metric([client, source, state], float(current == state))
         yield states

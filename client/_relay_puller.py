@@ -153,7 +153,9 @@ class RelayPuller(FailoverPuller):
                 # Not listed: configured by a pattern (tables=db.*) and not created yet,
                 # or not configured at all: the relay's stream answer tells which.
                 await self._probe(relay, name)
-            states[name] = "active" if listed.get(name) == "active" else "pending"
+            # "quarantined" (DESIGN 17): its stream stops at the quarantine SCN.
+            state = listed.get(name)
+            states[name] = state if state in ("active", "quarantined") else "pending"
         self.note_source_states(relay, states)
         self._catalogs[relay] = names
         return names
@@ -253,7 +255,7 @@ class RelayPuller(FailoverPuller):
                 await self.close_stream()
                 await self.failed(exc)
                 continue
-            self._failures = 0
+            self.served()  # a relay's write or heartbeat: no quarantine stops it now
             stream.position = batch.checkpoint
             return batch
 

@@ -47,6 +47,8 @@ def not_ready(components: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]
 
 
 def _where(c: Mapping[str, Any]) -> str:
+    if c.get("buffer") and c.get("source"):  # a relay's quarantined source
+        return f" {c['source']} of buffer {c['buffer']}"
     if c.get("buffer"):
         return f" of buffer {c['buffer']}"
     if c.get("source"):
@@ -76,14 +78,16 @@ def component_families(daemon: str, components: list[dict[str, Any]],
     """``databus_component_up{daemon,component,buffer}`` (1/0) and the one-hot
     ``databus_component_state{daemon,component,buffer,state}``: one series per state
     ``states`` lists for the kind of component (and the current one if it is not
-    listed). A component with an ``index`` (a relay's worker) is ``<component>_<index>``,
-    so that each has series of its own; ``buffer`` is the buffer, or empty."""
+    listed). A component with an ``index`` (a relay's worker) is ``<component>_<index>``
+    and a relay's quarantined source ``source:<name>``, so that each has series of its
+    own; ``buffer`` is the buffer, or empty."""
     up = GaugeMetricFamily("databus_component_up", "1 when the component does its job",
                            labels=["daemon", "component", "buffer"])
     state = GaugeMetricFamily("databus_component_state", "The component's state (one-hot)",
                               labels=["daemon", "component", "buffer", "state"])
     for c in components:
-        name = c["component"] + (f"_{c['index']}" if "index" in c else "")
+        name = c["component"] + (f"_{c['index']}" if "index" in c else "") + (
+            f":{c['source']}" if c["component"] == "source" and "source" in c else "")
         buffer = str(c.get("buffer", ""))
         up.add_metric([daemon, name, buffer], 1.0 if c["ready"] else 0.0)
         known = states.get(c["component"], ())

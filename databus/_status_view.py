@@ -186,7 +186,25 @@ def _buffer(name: str, doc: Mapping[str, Any], now: float) -> dict[str, Any]:
         "fetcher": _fetcher(doc.get("fetcher"), now),
         "dumps": [d for d in (dump_entry(x) for x in dumps) if d is not None]
         if isinstance(dumps, list) else [],
+        "quarantined": _quarantined(doc.get("quarantined"), now),
     }
+
+
+def _quarantined(items: Any, now: float) -> list[dict[str, Any]]:
+    """A buffer's quarantined sources (DESIGN 17): never ready."""
+    if not isinstance(items, list):
+        return []
+    out = []
+    for q in items:
+        if not isinstance(q, Mapping) or not isinstance(q.get("source"), str):
+            continue
+        since = _number(q.get("since"))
+        out.append({"source": q["source"], "scn": _int(q.get("scn")),
+                    "reason": redact(str(q.get("reason") or "")),
+                    "fix": redact(str(q.get("fix") or "")),
+                    "since": since, "age_s": None if since is None else max(0.0, now - since),
+                    "state": "quarantined", "ready": False})
+    return out
 
 
 def _down(url: str, error: str) -> dict[str, Any]:
@@ -479,6 +497,14 @@ def bootstrap_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+def quarantine_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """(relay, buffer, source, state, SCN, since, reason, fix) per quarantined source."""
+    return [(relay["url"], b["name"], q["source"], Styled("QUARANTINED", ALERT),
+             _count(q["scn"]), _ago(q["age_s"]), q["reason"], q["fix"])
+            for relay in document["relays"] for b in relay.get("buffers", ())
+            for q in b.get("quarantined", ())]
+
+
 def dump_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
     return [(relay["url"], b["name"], d["id"], dump_cells(d))
             for relay in document["relays"] for b in relay.get("buffers", ())
@@ -515,6 +541,8 @@ def render(document: Mapping[str, Any]) -> Group:
         ("Fetchers", ("relay", "buffer", "state", "lag", "source SCN", "lag SCN",
                       "last window", "restarts", "last error"), fetcher_rows(document),
          (3, 4, 5, 7)),
+        ("Quarantined sources", ("relay", "buffer", "source", "state", "SCN", "since",
+                                 "reason", "fix"), quarantine_rows(document), (4,)),
         ("Consumers", ("relay", "client id", "buffer", "SCN", "lag SCN", "lag", "events/s",
                        "last seen", "mode"), consumer_rows(document), (3, 4, 5, 6)),
         ("Dumps", ("relay", "buffer", "dump", "progress"), dump_rows(document), ()),

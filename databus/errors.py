@@ -163,6 +163,30 @@ class SourceQuarantinedError(DatabusError):
                 "scn": self.scn, "reason": self.reason, "fix": self.fix}
 
 
+class NotQuarantinedError(DatabusError):
+    """``databus relay heal`` of a source that is not in quarantine (nothing to heal)."""
+
+    code = "not_quarantined"
+    http_status = 409
+
+
+class DumpUnsupportedError(DatabusError):
+    """A dump was asked of a buffer whose source cannot be dumped (its fetcher has no
+    ``open_dump_source``: a chained relay's, a synthetic source): e.g. ``databus relay
+    heal``, which heals by a dump. Heal at the relay that reads the database."""
+
+    code = "dump_unsupported"
+    http_status = 409
+
+
+class NotLeaderError(DatabusError):
+    """An admin action that writes into a buffer (``databus relay heal``) asked of a
+    relay cluster member that does not lead that buffer: ask its leader."""
+
+    code = "not_leader"
+    http_status = 409
+
+
 class ConnectionLostError(DatabusError):
     """A server (relay, bootstrap, database) went away; the operation may be retried."""
 

@@ -77,6 +77,9 @@ HEARTBEAT_SOURCE_ID = -5
 # Dump markers (DESIGN 8.1): a table's dump starts / ends in this window.
 DUMP_START_SOURCE_ID = -6
 DUMP_END_SOURCE_ID = -7
+# Quarantine marker (DESIGN 17): a source is set aside (or healed) in this window
+# (relay/_quarantine.py).
+QUARANTINE_SOURCE_ID = -8
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1

@@ -109,6 +109,7 @@ from databus.event import (
     EOW_SOURCE_ID,
     HEADER,
     HEADER_SIZE,
+    QUARANTINE_SOURCE_ID,
     WindowChecksum,
     decode_header,
     encode_eow,
@@ -466,14 +467,17 @@ class EventBuffer:
         self._win_last_ts = struct.unpack_from(">q", event, 24)[0]
 
     def append_control(self, event: bytes) -> None:
-        """Append a dump start/end marker (DESIGN 8.1) to the open window. Markers are
+        """Append a dump start/end marker (DESIGN 8.1) or a quarantine marker (DESIGN 17,
+        relay/_quarantine.py) to the open window. Markers are
         control events: not counted in the window's EOW, passed by every filter."""
         scn = self._win_scn
         if scn is None:
             raise BufferError_("append_control() outside a window")
         header = decode_header(event)
-        if header.source_id not in (DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID):
-            raise BufferError_("only dump markers are appended as control events")
+        if header.source_id not in (DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID,
+                                    QUARANTINE_SOURCE_ID):
+            raise BufferError_("only dump and quarantine markers are appended as "
+                               "control events")
         if header.scn != scn or header.total_length != len(event):
             raise BufferError_(f"marker SCN or length differs from the open window's {scn}")
         self._put(event)

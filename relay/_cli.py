@@ -1,4 +1,10 @@
-"""``databus relay --config relay.toml``: run a relay until SIGINT/SIGTERM."""
+"""``databus relay --config relay.toml``: run a relay until SIGINT/SIGTERM.
+
+``databus relay heal --relay URL --source NAME [--token TOKEN]``: take a quarantined
+source out of quarantine and dump it (DESIGN 17; ``POST /v1/admin/sources/{name}/heal``).
+The admin token comes from ``--token`` or ``DATABUS_ADMIN_TOKEN``, as for ``databus
+dump``. Exit 0 with what was done, 1 with the relay's error (``not_quarantined``,
+``unknown_source``, ...)."""
 
 from __future__ import annotations
 
@@ -20,12 +26,42 @@ LOCK_FILENAME = "relay.lock"
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("relay", help="run a relay (buffers, fetchers, HTTP API)")
-    parser.add_argument("--config", required=True, help="TOML file with a [relay] section")
+    parser.add_argument("--config", help="TOML file with a [relay] section (required to "
+                        "run a relay)")
     parser.add_argument("--host", help="override relay.host")
     parser.add_argument("--port", type=int, help="override relay.port")
     # How the main process starts a worker (relay/_workers.py); not for people.
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.set_defaults(handler=run)
+    actions = parser.add_subparsers(dest="relay_command", metavar="ACTION")
+    heal = actions.add_parser(
+        "heal", help="take a quarantined source out of quarantine and dump it")
+    heal.add_argument("--relay", required=True, help="the relay's URL, e.g. "
+                      "http://127.0.0.1:11190")
+    heal.add_argument("--source", required=True, help="the quarantined source (db.table)")
+    heal.add_argument("--token", help="admin token (default: $DATABUS_ADMIN_TOKEN)")
+    heal.set_defaults(handler=run_heal)
+
+
+def run_heal(args: argparse.Namespace) -> int:
+    import urllib.parse
+
+    from databus.relay.dumps._admin_client import TOKEN_ENV, RelayAdmin
+
+    admin = RelayAdmin(args.relay, args.token or os.environ.get(TOKEN_ENV) or None,
+                       timeout=30.0)
+    path = f"/v1/admin/sources/{urllib.parse.quote(args.source, safe='')}/heal"
+    doc = admin.request("POST", path, {}, admin=True)
+    dump = doc.get("dump") or {}
+    print(f"source {doc['source']} (buffer {doc['buffer']}) is out of quarantine (it was "
+          f"quarantined at SCN {doc['quarantined_scn']}); its changes are captured again.")
+    if dump.get("id"):
+        print(f"healing dump {dump['id']} started: follow it with "
+              f"databus dump status --relay {args.relay} {dump['id']}")
+    if not doc.get("fetcher_restarted", True):
+        print("warning: the buffer's fetcher has not started again yet; see its state "
+              "in databus status")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from databus.relay._relay import Relay
     from databus.relay._server import create_app
 
+    if not args.config:
+        raise ConfigError("databus relay needs --config FILE (or an action: heal)")
     config = load_config(args.config).relay
     if config is None:
         raise ConfigError(f"{args.config}: no [relay] section")

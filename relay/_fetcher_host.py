@@ -54,6 +54,9 @@ from databus.fetchers._api import (
 )
 from databus.relay._buffer import BufferState, EventBuffer
 from databus.relay._catalog import RelayCatalog
+from databus.relay._quarantine import QUARANTINE_FILENAME, QuarantineMarker, QuarantineStore
+from databus.relay._quarantine_host import BufferQuarantine
+from databus.relay._quarantine_sink import QuarantineSink
 from databus.relay.dumps import DumpPort, DumpSink
 
 if TYPE_CHECKING:
@@ -160,6 +163,10 @@ def _seat(assignment: Assignment) -> tuple[str, str, int]:
             assignment.epoch if assignment.role == "leader" else 0)
 
 
+def _ignore(*_: object) -> None:
+    """No quarantine store (a host built without one): markers are nobody's business."""
+
+
 # -- status ---------------------------------------------------------------------------
 
 
@@ -219,6 +226,8 @@ class _Runner:
         stop: threading.Event,
         backoff: Backoff,
         on_source_gap: Callable[[str], None] | None = None,
+        quarantines: QuarantineStore | None = None,
+        on_source_error: str = "quarantine",
     ) -> None:
         self.name = name
         # Called (with the buffer name) after a purged resume point was skipped over.
@@ -233,6 +242,18 @@ class _Runner:
         register_uri(uri)  # its password is cut out of every message from now on
         # The buffer behind the dump engine's watermark step (relay.dumps).
         self.sink = DumpSink(buffer, buffer.partition_id, on_window=self._window_landed)
+        # Per-source failure isolation (DESIGN 17, relay/_quarantine.py): what the
+        # fetcher writes to, in front of the dump step.
+        self.quarantine = BufferQuarantine(
+            name, quarantines, on_source_error, self.sink, buffer.partition_id,
+            catalog=lambda: catalog.for_buffer(name, buffer.partition_id),
+            configured=lambda: self.configured) if quarantines is not None else None
+        self.qsink = (self.quarantine.sink if self.quarantine is not None else
+                      QuarantineSink(self.sink, buffer.partition_id,
+                                     dropped_ids=frozenset, on_marked=_ignore,
+                                     on_upstream=_ignore))
+        self.restart_requested = False  # restart(): end the attempt, start a new one
+        self.attempts = 0  # attempts started (a heal waits for the one after its lift)
         self.last_window_at: float | None = None
         self.lock = threading.Lock()
         self.state: FetcherState = "starting"
@@ -287,7 +308,18 @@ class _Runner:
             report_details=self.report_details,
             flush_buffer=self.buffer.flush,
         )
+        if self.quarantine is not None:
+            self.quarantine.attach(context)
         return (cls or self.cls)(uri or self.uri, context)
+
+    def restart(self) -> int:
+        """End the running attempt and start a new fetcher instance at once (after a
+        heal: it reloads what it caches, a table's schema included). Returns the number
+        of attempts started before; ``attempts`` goes past it when the new one runs."""
+        before = self.attempts
+        self.restart_requested = True
+        self.attempt_stop.set()
+        return before
 
     def report_source_scn(self, scn: int) -> None:
         self.source_scn = scn
@@ -369,7 +401,7 @@ class _Runner:
             landed = self.windows_landed
             error: BaseException | None = None
             fetcher: Fetcher | None = None
-            sink: WindowSink = self.sink
+            sink: WindowSink = self.qsink
             if self.assignments is not None:
                 self.attempt_stop.clear()
                 assignment = self.assignments()
@@ -381,12 +413,14 @@ class _Runner:
                 assignment = None
             try:
                 fetcher, self.first = self.first, None
+                # A cluster follower copies the leader's markers and writes none.
+                self.qsink.own_markers = assignment is None or assignment.role != "follower"
                 if assignment is not None:
                     if fetcher is not None:
                         fetcher.close()  # built for the config checks only
                     fetcher = self.new_fetcher(assignment.uri, self.resolve(assignment.uri))
                     assignment.prepare()
-                    sink = assignment.wrap(self.sink)
+                    sink = assignment.wrap(self.qsink)
                 elif fetcher is None:
                     fetcher = self.new_fetcher()
                 with self.lock:
@@ -403,6 +437,7 @@ class _Runner:
                 self.attempt_reports = 0
                 if not self.fixing:  # else "running" once it reads (``_confirm``)
                     self.set_state("running")
+                self.attempts += 1
                 fetcher.run(sink, after, self.attempt_stop)
             except Exception as exc:
                 error = exc
@@ -414,6 +449,14 @@ class _Runner:
                     self.close(fetcher)
             if self.stop.is_set():
                 break
+            if self.restart_requested:
+                self.restart_requested = False
+                if self.assignments is None:
+                    self.attempt_stop.clear()
+                    if self.stop.is_set():
+                        break
+                log.info("buffer %s: fetcher restarted (a source was healed)", self.name)
+                continue
             if self.assignments is not None and self.attempt_stop.is_set():
                 continue  # reassigned (relay/cluster): not a failure
             if error is None:
@@ -597,6 +640,7 @@ class FetcherHost:
         backoff_max: float = 5.0,
         healthy_after: float = 60.0,
         resolve: Callable[[str], type[Fetcher]] | None = None,
+        quarantines: QuarantineStore | None = None,
     ) -> None:
         missing = [b.name for b in config.buffers if b.name not in buffers]
         if missing:
@@ -606,6 +650,9 @@ class FetcherHost:
         self.config = config
         self.buffers = buffers
         self.catalog = catalog
+        # Quarantined sources (DESIGN 17): the relay's store, else one in the data dir.
+        self.quarantines = quarantines if quarantines is not None else QuarantineStore(
+            config.data_dir / QUARANTINE_FILENAME)
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.healthy_after = healthy_after
@@ -643,6 +690,8 @@ class FetcherHost:
                     Backoff(self.backoff_initial, self.backoff_max, self.healthy_after),
                     on_source_gap=(self._source_gap if buffer_config.on_source_gap == "dump"
                                    else None),
+                    quarantines=self.quarantines,
+                    on_source_error=buffer_config.on_source_error,
                 )
             self._declare(runners)
             for name, seat in self.seats.items():
@@ -721,6 +770,31 @@ class FetcherHost:
                            capacity_bytes=runner.buffer.capacity, flush=runner.buffer.flush)
             for name, runner in self._runners.items()
         }
+
+    def restart(self, buffer: str, *, wait_s: float = 10.0) -> bool:
+        """Restart the fetcher of ``buffer`` (a new instance) and wait up to ``wait_s``
+        for the new attempt to run; False when it did not start in time (it still
+        will, once its source answers)."""
+        runner = self._runners[buffer]
+        before = runner.restart()
+        deadline = time.monotonic() + wait_s
+        while runner.attempts <= before:
+            if time.monotonic() >= deadline or self._stop.is_set():
+                return False
+            time.sleep(0.02)
+        return True
+
+    def fetcher_class(self, buffer: str) -> type[Fetcher]:
+        """The fetcher class of ``buffer`` (after ``start``)."""
+        return self._runners[buffer].cls
+
+    def new_fetcher(self, buffer: str) -> Fetcher:
+        """A fresh fetcher instance of ``buffer`` (never run: for its dump source)."""
+        return self._runners[buffer].new_fetcher()
+
+    def queue_marker(self, buffer: str, marker: QuarantineMarker) -> None:
+        """Write ``marker`` into the next window of ``buffer`` (a heal's)."""
+        self._runners[buffer].qsink.queue(marker)
 
     def status(self) -> dict[str, FetcherStatus]:
         """Per buffer name: the fetcher's state, restarts, last error and lag."""

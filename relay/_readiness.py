@@ -8,10 +8,11 @@
                      "message": "...", "fix": "..."}, ...]}
 
 (``error`` and ``message`` at the top only when not ready.) Components: each buffer's
-fetcher (ready when ``running`` or ``caught_up``), the ZooKeeper session of a cluster
-member (ready when connected), each worker process (ready when ``running``), and,
-answered by a worker itself, the main process (not ready when it stopped answering:
-relay/_liveness.py).
+fetcher (ready when ``running`` or ``caught_up``), each quarantined source (never
+ready: component ``source``, state ``quarantined``, error ``source_quarantined``), the
+ZooKeeper session of a cluster member (ready when connected), each worker process (ready
+when ``running``), and, answered by a worker itself, the main process (not ready when it
+stopped answering: relay/_liveness.py).
 ``components_of`` is pure: it reads a ``/v1/status`` document. The document's shape,
 the metrics and the answer are databus/_readiness.py's, shared by every daemon.
 """
@@ -37,6 +38,7 @@ STATES = {
     "fetcher": ("starting", "running", "backoff", "standby", "stopped", "failed"),
     "zookeeper": ("connected", "disconnected"),
     "worker": ("starting", "running", "restarting", "stopped"),
+    "source": ("quarantined",),
 }
 
 _FETCHER_FIX = {
@@ -76,6 +78,14 @@ def components_of(status: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "fetcher", state, state in FETCHER_READY, buffer=name,
                 message=fetcher.get("last_error") or f"the fetcher of buffer {name} is {state}",
                 fix=_fetcher_fix(state, fetcher.get("last_error"))))
+        for q in buffer.get("quarantined", []):
+            # A source set aside (DESIGN 17): listed only while quarantined.
+            out.append(_component(
+                "source", "quarantined", False, buffer=name, source=q["source"],
+                message=f"source {q['source']} is quarantined at SCN {q['scn']}: "
+                        f"{q['reason']}",
+                fix=q.get("fix") or "fix the cause, then: databus relay heal --relay URL "
+                                    f"--source {q['source']}"))
         cluster = buffer.get("cluster")
         if cluster is not None:
             connected = bool(cluster.get("connected")) and connected is not False

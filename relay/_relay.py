@@ -13,10 +13,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from databus.config import RelayConfig
+from databus.errors import (
+    ConnectionLostError,
+    DatabusError,
+    DumpConflictError,
+    DumpSetupError,
+    DumpUnsupportedError,
+    NotLeaderError,
+    UnknownSourceError,
+)
+from databus.fetchers._api import Fetcher
 from databus.relay._buffer import EventBuffer
 from databus.relay._catalog import RelayCatalog, SourceEntry
 from databus.relay._fetcher_host import FetcherHost
 from databus.relay._liveness import SessionLostError, session_judge
+from databus.relay._quarantine import (
+    QUARANTINE_FILENAME,
+    Quarantine,
+    QuarantineMarker,
+    QuarantineStore,
+)
 from databus.relay.dumps import DumpManager, DumpRequest
 from databus.schemas import SchemaRegistry
 
@@ -50,6 +66,12 @@ class SourceLocator(Protocol):
     def configured_buffer(self, source: str) -> str | None: ...
 
 
+class QuarantineReader(Protocol):
+    """The quarantined sources (``QuarantineStore``, or a worker's ``QuarantineView``)."""
+
+    def active(self, buffer: str) -> dict[str, Quarantine]: ...
+
+
 class RelayReader(Protocol):
     """What the read endpoints (``/v1/stream``, ``/v1/sources``, ``/v1/schemas``) need
     of a relay: the main process's ``Relay``, or a worker process's read-only view of
@@ -66,6 +88,9 @@ class RelayReader(Protocol):
 
     @property
     def fetchers(self) -> SourceLocator: ...
+
+    @property
+    def quarantines(self) -> QuarantineReader: ...
 
 
 class Relay:
@@ -91,9 +116,17 @@ class Relay:
             for buffer in self.buffers.values():
                 buffer.close()
             raise
+        try:
+            # Sources set aside (DESIGN 17): kept across restarts, read by workers too.
+            self.quarantines = QuarantineStore(data_dir / QUARANTINE_FILENAME)
+        except BaseException:
+            for buffer in self.buffers.values():
+                buffer.close()
+            raise
         self.fetchers = FetcherHost(
             config, self.buffers, self.catalog,
             backoff_initial=backoff_initial, backoff_max=backoff_max,
+            quarantines=self.quarantines,
         )
         try:
             self.dumps = DumpManager(data_dir / "dumps.json")
@@ -133,6 +166,115 @@ class Relay:
                                     delay_ms=buffer_config.dump_delay_ms,
                                     reason="initial_dump"),
                         buffer_of=self.fetchers.configured_buffer)
+            for record in self.quarantines.healing():
+                # A heal that lifted the quarantine but did not finish: its dump not
+                # recorded, or its marker not written yet.
+                log.warning("buffer %s: finishing the heal of source %s", record.buffer,
+                            record.source)
+                if not record.heal_marked:
+                    self.fetchers.queue_marker(record.buffer,
+                                               QuarantineMarker(record.source, "healed"))
+                if record.heal_dump is None:
+                    self._heal_dump(record)
+
+    # -- quarantine (DESIGN 17, relay/_quarantine.py) -----------------------------------
+
+    def heal(self, source: str) -> dict[str, Any]:
+        """``databus relay heal``: take ``source`` out of quarantine at the current log
+        position, restart its buffer's fetcher (it reloads the table's schema) and dump
+        the table (reason ``heal``), so that every consumer's copy converges.
+
+        ``UnknownSourceError`` for a source this relay does not know,
+        ``NotQuarantinedError`` when it is not in quarantine, ``NotLeaderError`` on a
+        cluster member that does not lead its buffer, ``DumpUnsupportedError`` when its
+        source cannot be dumped, ``DumpConflictError`` when a dump of it is
+        active. Durable in this order: the record marked healing (the fetcher captures
+        the source again from its next attempt), the dump recorded in ``dumps.json``;
+        the record goes once that is done and the heal marker landed in a window; a
+        relay restarted in between finishes the heal."""
+        buffer = self._buffer_of(source)
+        if buffer is None:
+            raise UnknownSourceError(f"unknown source {source!r}: this relay does not "
+                                     "capture it")
+        record = self.quarantines.active(buffer).get(source)
+        if record is None:
+            from databus.errors import NotQuarantinedError
+
+            raise NotQuarantinedError(f"source {source} is not quarantined; nothing to heal")
+        if self.cluster is not None:
+            seat = self.cluster.buffer_status(buffer)
+            if seat.get("role") not in ("leader", "independent"):
+                raise NotLeaderError(
+                    f"this relay does not lead buffer {buffer} (it is {seat.get('role')}); "
+                    f"heal at its leader ({seat.get('leader') or 'none elected yet'}): "
+                    "its followers follow the heal")
+        self._check_dumpable(buffer, source)
+        if self.dumps.has_active_source(buffer, source):
+            raise DumpConflictError(f"a dump of {source} is queued or running; cancel it "
+                                    "or wait for it, then heal")
+        record = self.quarantines.begin_heal(buffer, source)
+        log.warning("buffer %s: healing source %s (quarantined at SCN %d): capturing it "
+                    "again from the current position, then dumping it", buffer, source,
+                    record.scn)
+        self.fetchers.queue_marker(buffer, QuarantineMarker(source, "healed"))
+        restarted = self.fetchers.restart(buffer)
+        dump = self._heal_dump(record)
+        return {"source": source, "buffer": buffer, "quarantined_scn": record.scn,
+                "healed": True, "fetcher_restarted": restarted,
+                "dump": None if dump is None else self.dumps.get(dump)}
+
+    def _check_dumpable(self, buffer: str, source: str) -> None:
+        """Before lifting anything: the heal's dump can run. ``DumpUnsupportedError``
+        (no dump support: a chained relay), ``DumpSetupError`` (no watermark table, a
+        missing grant: its message names the fix), ``ConnectionLostError`` (the source
+        does not answer now)."""
+        if self.fetchers.fetcher_class(buffer).open_dump_source is Fetcher.open_dump_source:
+            raise DumpUnsupportedError(
+                f"buffer {buffer}'s source cannot be dumped, so {source} cannot be healed "
+                "here; heal it at the relay that reads the database (a chained relay "
+                "follows that heal by itself)")
+        fetcher = self.fetchers.new_fetcher(buffer)
+        try:
+            dump_source = fetcher.open_dump_source()
+            if dump_source is None:
+                raise DumpUnsupportedError(f"buffer {buffer}'s source cannot be dumped, "
+                                           f"so {source} cannot be healed here")
+            try:
+                dump_source.check()
+            finally:
+                dump_source.close()
+        except DumpSetupError:
+            raise
+        except (DatabusError, OSError) as exc:
+            if isinstance(exc, DumpUnsupportedError):
+                raise
+            raise ConnectionLostError(
+                f"cannot check the dump setup of buffer {buffer}'s source ({exc}); the "
+                f"quarantine of {source} is kept: heal again once the source answers",
+                retriable=True) from None
+        finally:
+            fetcher.close()
+
+    def _heal_dump(self, record: Quarantine) -> str | None:
+        """Record the heal's dump of ``record.source`` (unless one is active), then say
+        so to the record (it goes once the heal marker landed too). Returns the dump id."""
+        config = self.config.buffer(record.buffer)
+        dump_id: str | None = None
+        if config is not None and not self.dumps.has_active_source(record.buffer,
+                                                                   record.source):
+            dump_id = self.dumps.start_dump(
+                DumpRequest(buffer=record.buffer, sources=(record.source,),
+                            chunk_rows=config.dump_chunk_rows,
+                            delay_ms=config.dump_delay_ms, reason="heal"),
+                buffer_of=lambda name: record.buffer).id
+        self.quarantines.heal_step(record.buffer, record.source, dump=dump_id or "")
+        return dump_id
+
+    def _buffer_of(self, source: str) -> str | None:
+        try:
+            return self.catalog.source(source).buffer
+        except UnknownSourceError:
+            return self.fetchers.configured_buffer(source)
 
     def session_down(self) -> SessionLostError | None:
         """None unless this relay is a cluster member out of its ZooKeeper session for
@@ -186,6 +328,9 @@ class Relay:
                 "windows": state.windows,
                 "input_bytes_per_second": round(buffer.input_rate(), 1),
                 "fetcher": fetcher.to_json() if fetcher is not None else None,
+                # Sources set aside (DESIGN 17): each {source, scn, reason, fix, since}.
+                "quarantined": [q.to_json() for q in sorted(
+                    self.quarantines.active(name).values(), key=lambda q: q.source)],
             }
             if self.cluster is not None:
                 out[name]["cluster"] = self.cluster.buffer_status(name)

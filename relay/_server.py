@@ -5,9 +5,11 @@ Endpoints (all JSON except ``/v1/stream`` and ``/metrics``; errors are always
 
 - ``GET /v1/sources``; ``GET /v1/schemas/{fingerprint}``; ``GET /v1/schemas?source=NAME``
 - ``GET /v1/stream?checkpoint=JSON&sources=a,b&filter=JSON&max_bytes=N&wait_ms=M``
+  (``quarantine=pass``: no stop at a quarantined source, relay/_quarantine_read.py)
 - ``GET /v1/status``, ``GET /v1/consumers``, ``GET /metrics``, ``GET /healthz``,
   ``GET /readyz``
 - ``POST /v1/admin/flush`` (bearer token)
+- ``POST /v1/admin/sources/{name}/heal`` (bearer token; relay/_quarantine_api.py)
 
 A stream response carries whole events in wire format and these headers:
 ``X-Databus-Checkpoint`` (the checkpoint after consuming the body, JSON),
@@ -58,7 +60,13 @@ from databus._serving import (
 )
 from databus.batch import CompiledFilter, FilterPlan, compile_filter
 from databus.checkpoint import WHOLE_WINDOW, Checkpoint, Mode, decide
-from databus.errors import ConfigError, DatabusError, ScnNotFoundError, UnknownSourceError
+from databus.errors import (
+    ConfigError,
+    DatabusError,
+    ScnNotFoundError,
+    SourceQuarantinedError,
+    UnknownSourceError,
+)
 from databus.filters import SourceFilter
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
 from databus.relay._consumers import (
@@ -71,6 +79,9 @@ from databus.relay._consumers import (
 from databus.relay._dump_api import add_dump_routes
 from databus.relay._liveness import MainUnavailable
 from databus.relay._metrics import relay_metrics
+from databus.relay._quarantine import Quarantine
+from databus.relay._quarantine_api import add_quarantine_routes, quarantine_stop
+from databus.relay._quarantine_read import guard
 from databus.relay._readiness import components_of, readiness_response
 from databus.relay._relay import Relay, RelayReader
 from databus.relay._streaming import (
@@ -215,9 +226,10 @@ async def stream(request: web.Request) -> web.StreamResponse:
     buffer_name, select = _buffer_for(relay, request)
     buffer = relay.buffers[buffer_name]
     filter_key = (request.query.get("sources", ""), request.query.get("filter", ""))
+    quarantine = quarantine_stop(request, relay, buffer_name)
     if follow:
         return await _follow(request, buffer_name, buffer, select, filter_key, checkpoint,
-                             max_bytes, heartbeat_ms)
+                             max_bytes, heartbeat_ms, quarantine)
     notifier = request.app[NOTIFIERS][buffer_name]
     stats = request.app[STATS]
     shared = request.app[SHARED_READS][buffer_name]
@@ -225,7 +237,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     bound = functools.partial(buffer.read, select=select)
 
     def read(position: Checkpoint, *, max_bytes: int) -> ReadResult:
-        return shared.read(bound, filter_key, position, max_bytes)
+        stop = quarantine()  # asked at each read: a heal lifts it, a failure sets it
+        return shared.read(guard(bound, stop), (*filter_key, stop and stop.scn), position,
+                           max_bytes)
 
     closing = request.app[CLOSING]
     alive = request.app[LIVENESS]
@@ -280,7 +294,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
 async def _follow(
     request: web.Request, buffer_name: str, buffer: EventBuffer,
     select: CompiledFilter | None, filter_key: tuple[str, str], checkpoint: Checkpoint,
-    max_bytes: int, heartbeat_ms: int,
+    max_bytes: int, heartbeat_ms: int, quarantine: Callable[[], Quarantine | None],
 ) -> web.StreamResponse:
     """A streaming subscription (relay/_streaming.py): one chunked response that stays
     open. A checkpoint already off the buffer is refused before the response starts,
@@ -295,7 +309,9 @@ async def _follow(
     bound = functools.partial(buffer.read, select=select)
 
     def read(position: Checkpoint, limit: int) -> SharedRead:
-        return shared.stream_read(bound, filter_key, position, limit)
+        stop = quarantine()
+        return shared.stream_read(guard(bound, stop), (*filter_key, stop and stop.scn),
+                                  position, limit)
 
     record = served_recorder(request, buffer_name=buffer_name, streaming=True)
 
@@ -393,7 +409,7 @@ async def _read_rest(
         async with lane:
             try:
                 more = read(checkpoint, max_bytes=limit)
-            except (ScnNotFoundError, BufferCorruptedError):
+            except (ScnNotFoundError, BufferCorruptedError, SourceQuarantinedError):
                 if not pieces:
                     raise
                 break
@@ -426,6 +442,7 @@ def _at_tail(buffer: EventBuffer, checkpoint: Checkpoint) -> bool:
 
 async def sources(request: web.Request) -> web.Response:
     relay = request.app[READER]
+    quarantined = {(b, s) for b in relay.buffers for s in relay.quarantines.active(b)}
     out = [
         {
             "name": e.name,
@@ -433,8 +450,9 @@ async def sources(request: web.Request) -> web.Response:
             "buffer": e.buffer,
             "partition_id": e.partition_id,
             "schema_fingerprint": fp_text(e.fingerprint),
-            # Additive: "pending" = configured, its table not seen at the source yet.
-            "state": e.state,
+            # Additive: "pending" = configured, its table not seen at the source yet;
+            # "quarantined" = set aside after a failure of its own (DESIGN 17).
+            "state": "quarantined" if (e.buffer, e.name) in quarantined else e.state,
         }
         for e in relay.catalog.sources()
     ]
@@ -601,5 +619,6 @@ def create_app(relay: Relay) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/admin/flush", admin_flush)
     add_dump_routes(app, RELAY)
+    add_quarantine_routes(app, RELAY)
     return app
 

@@ -61,7 +61,12 @@ from aiohttp import web
 
 from databus._serving import SERVING, WRITE_PIECE, ServingState, StreamBudget, reset
 from databus.checkpoint import WHOLE_WINDOW, Checkpoint
-from databus.errors import DatabusError, EventFormatError, ScnNotFoundError
+from databus.errors import (
+    DatabusError,
+    EventFormatError,
+    ScnNotFoundError,
+    SourceQuarantinedError,
+)
 from databus.event import (
     CHECKPOINT_SOURCE_ID,
     EOW_SOURCE_ID,
@@ -451,7 +456,9 @@ class Follow:
                             reserved = 0
                         got, reserved = await self._bulk_read(position, pending, budget,
                                                               lane, exact=True)
-                except (ScnNotFoundError, BufferCorruptedError) as exc:
+                except (ScnNotFoundError, BufferCorruptedError, SourceQuarantinedError) as exc:
+                    # A quarantined source the subscription includes (relay/_quarantine_read.py)
+                    # ends it like these: in-band, after the windows before its SCN.
                     if last is not None:
                         break  # end this write where it stands; the next one meets it
                     await self._write([error_event(exc, partition_id=partition)], timeout)

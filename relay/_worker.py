@@ -44,6 +44,7 @@ from databus.relay._consumers import CONSUMERS, ConsumerRegistry
 from databus.relay._fetcher_host import configured_buffer
 from databus.relay._follower import FollowerBuffer
 from databus.relay._liveness import MainUnavailable, StampReader, judge, stale_after_s
+from databus.relay._quarantine import QUARANTINE_FILENAME, QuarantineView
 from databus.relay._readiness import readiness_response
 from databus.relay._relay import buffer_path
 from databus.relay._server import LIVENESS, NOTIFIERS, WindowNotifier, install_read_side
@@ -124,6 +125,7 @@ class WorkerRelay:
         self.fetchers = ConfiguredBuffers(
             {n: configured_from_json(d["configured"]) for n, d in described.items()})
         self.catalog = FollowerCatalog(config.data_dir / CATALOG_FILENAME)
+        self.quarantines = QuarantineView(config.data_dir / QUARANTINE_FILENAME)
         self.buffers: dict[str, FollowerBuffer] = {}
         try:
             for i, b in enumerate(config.buffers):
@@ -150,6 +152,7 @@ class WorkerRelay:
         """Catch up with the main process: the catalog if it changed, each buffer's
         index (its listeners wake the long polls and streams waiting on it)."""
         self.catalog.refresh()
+        self.quarantines.refresh()
         for buffer in self.buffers.values():
             buffer.catch_up()
 

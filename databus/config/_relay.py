@@ -52,6 +52,10 @@ class BufferConfig:
     # (start at the source's current position and dump every table).
     initial_dump: bool = False
     on_source_gap: str = "error"
+    # A failure that belongs to one logical source (DESIGN 17): "quarantine" (the
+    # default) sets that source aside and keeps capturing the others; "stop" fails the
+    # fetcher, as before quarantines existed.
+    on_source_error: str = "quarantine"
     # Rows per dump chunk and pause between chunks for the dumps above.
     dump_chunk_rows: int = 10_000
     dump_delay_ms: int = 0
@@ -61,6 +65,8 @@ class BufferConfig:
         check_name(self.name, "name")
         if self.on_source_gap not in ("error", "dump"):
             raise ConfigFieldError("on_source_gap", 'must be "error" or "dump"')
+        if self.on_source_error not in ("quarantine", "stop"):
+            raise ConfigFieldError("on_source_error", 'must be "quarantine" or "stop"')
         check_range(self.dump_chunk_rows, "dump_chunk_rows", min=1, max=1_000_000)
         check_range(self.dump_delay_ms, "dump_delay_ms", min=0, max=3_600_000)
         check_range(self.capacity_mb, "capacity_mb", min=1, max=1 << 20)
@@ -84,7 +90,8 @@ class BufferConfig:
         return (
             f"BufferConfig(name={self.name!r}, capacity_mb={self.capacity_mb!r}, "
             f"source={redact_uri(self.source)!r}, index_every_bytes={self.index_every_bytes!r}, "
-            f"initial_dump={self.initial_dump!r}, on_source_gap={self.on_source_gap!r})"
+            f"initial_dump={self.initial_dump!r}, on_source_gap={self.on_source_gap!r}, "
+            f"on_source_error={self.on_source_error!r})"
         )
 
 

@@ -13,6 +13,14 @@ captured table write no window. DDL writes no window either: it invalidates the 
 table layouts, and the next table map event of a changed table registers its new schema
 version (see ``_schema``).
 
+Per-source failures (DESIGN 17): an event of one captured table that cannot be
+captured (a change logged as a statement, a rows event that does not decode with the
+table's layout, a table the relay cannot name or whose columns it cannot read) sets that
+table aside through ``FetcherContext.quarantine``, in the window of the transaction it
+was met in (a window holding only the quarantine when nothing else was captured), and
+its rows are left out of that window and every later one; the other tables go on.
+Settings of the whole server (at start) stay failures of the fetcher.
+
 Failures: a lost connection the library cannot re-establish at once raises a retriable
 ``SourceError``; the fetcher host then starts a new fetcher after a backoff, from the
 buffer's max SCN, so a half-read transaction is read again from its start and nothing is
@@ -35,8 +43,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pymysql
@@ -60,11 +66,8 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
-from databus._limited_log import limited
 from databus._redact import register_uri
-from databus.batch import encode_event
-from databus.errors import DatabusError, SourceError
-from databus.event import Key, Op
+from databus.errors import SourceError
 from databus.fetchers._api import (
     ConfiguredSources,
     DumpSource,
@@ -72,28 +75,15 @@ from databus.fetchers._api import (
     FetcherContext,
     WindowSink,
 )
-from databus.fetchers.mysql._avro_writers import encode_row
-from databus.fetchers.mysql._binlog_values import RowDecoder
-from databus.fetchers.mysql._errors import SourceMisconfiguredError
-from databus.fetchers.mysql._keys import KeyOf, row_key_function
-from databus.fetchers.mysql._schema import (
-    QueryKind,
-    TableShape,
-    classify_query,
-    dml_target,
-    shape_from_table_map,
-)
-from databus.fetchers.mysql._scn import BinlogPosition, binlog_file_number, make_scn
+from databus.fetchers.mysql._capture import Capture
+from databus.fetchers.mysql._scn import BinlogPosition
 from databus.fetchers.mysql._server import (
     check_server,
     connect,
     current_position,
-    current_shapes,
     resolve_start,
-    source_error,
 )
-from databus.fetchers.mysql._uri import SYSTEM_DATABASES, BinlogSourceConfig, TableSelector
-from databus.schemas import Schema
+from databus.fetchers.mysql._uri import SYSTEM_DATABASES, BinlogSourceConfig
 
 __all__ = ["BinlogFetcher"]
 
@@ -104,39 +94,6 @@ _EVENTS = [
     TableMapEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, PartialUpdateRowsEvent,
     HeartbeatLogEvent, XAPrepareEvent, StopEvent,
 ]
-_MARIADB_FL_STANDALONE = 0x01
-# The source id of watermark rows in a transaction (never written as an event).
-_WATERMARK = -1
-_NO_SCHEMA = Schema({"type": "record", "name": "databus_watermark", "fields": []})
-
-
-def _no_key(values: Any, encoded: bytes) -> Key:
-    return b""
-
-_POLL_INTERVAL_S = 1.0
-
-
-# -- tables ---------------------------------------------------------------------------
-
-@dataclass(slots=True)
-class _Table:
-    """A captured table in one layout: how to decode, key and label its rows."""
-
-    shape: TableShape
-    source_id: int
-    schema: Schema
-    decoder: RowDecoder
-    key_of: KeyOf
-    has_pk: bool
-    present: bytes  # the columns-present bitmap of a FULL row image
-
-
-@dataclass(slots=True)
-class _Txn:
-    """The transaction being read: its rows, as (source id, op, key, value, fingerprint)."""
-
-    standalone: bool = False  # MariaDB: a single statement with no COMMIT (DDL)
-    rows: list[tuple[int, Op, Key, bytes, int]] = field(default_factory=list)
 
 
 # -- the fetcher ----------------------------------------------------------------------
@@ -227,7 +184,7 @@ class BinlogFetcher(Fetcher):
             start_after_scn = start.scn
         else:
             start = resolve_start(conn, self.config, start_after_scn)
-        capture = _Capture(self, sink, start, start_after_scn, stop)
+        capture = Capture(self, sink, start, start_after_scn, stop)
         capture.register_current_schemas(conn)
         capture.report_position(caught_up=False)
         stream = BinLogStreamReader(
@@ -257,6 +214,7 @@ class BinlogFetcher(Fetcher):
                      start, start_after_scn)
             capture.follow(stream)
         finally:
+            capture.remember()
             # Also when close() ran meanwhile: the library may have reconnected after it.
             with contextlib.suppress(Exception):
                 stream.close()
@@ -272,387 +230,8 @@ class BinlogFetcher(Fetcher):
             return None
 
 
-class _Capture:
-    """The state of one run: position, table layouts, the open transaction."""
-
-    def __init__(self, fetcher: BinlogFetcher, sink: WindowSink, start: BinlogPosition,
-                 start_after_scn: int, stop: threading.Event) -> None:
-        self.fetcher = fetcher
-        self.config = fetcher.config
-        self.context = fetcher.context
-        self.sink = sink
-        self.stop = stop
-        self.file = start.file
-        self.file_number = binlog_file_number(start.file)
-        self.position = start.position  # the end of the last event read
-        self.last_scn = start_after_scn  # the newest window written (or the start)
-        self.read_scn = start_after_scn  # the end of the newest transaction read
-        self.txn: _Txn | None = None
-        self.tables: dict[tuple[str, str], _Table] = {}
-        self.by_table_id: dict[int, _Table | None] = {}
-        self.schemas: dict[tuple[Any, ...], Schema] = {}
-        self.source_ids: dict[str, int] = {}
-        # Sources whose schema this run registered: a DDL makes the fetcher look for
-        # captured tables not among them (created after the relay started).
-        self.registered: set[str] = set()
-        self.next_poll = time.monotonic() + _POLL_INTERVAL_S
-        self.table_map: dict[int, Any] | None = None
-
-    # -- schemas ----------------------------------------------------------------------
-
-    def _source_id(self, name: str) -> int:
-        source_id = self.source_ids.get(name)
-        if source_id is None:
-            source_id = self.source_ids[name] = self.context.catalog.source_id(name)
-        return source_id
-
-    def _schema(self, shape: TableShape) -> Schema:
-        signature = shape.schema_signature()
-        schema = self.schemas.get(signature)
-        if schema is None:
-            schema = self.context.catalog.register_schema(shape.source_name, shape.avro_schema())
-            self.schemas[signature] = schema
-            self.registered.add(shape.source_name)
-            log.info("source %s: schema version %016x (%d columns)", shape.source_name,
-                     schema.fingerprint, len(shape.columns))
-        return schema
-
-    def register_current_schemas(self, conn: pymysql.Connection[Any]) -> None:
-        """Make every captured table known before its first row (best effort)."""
-        try:
-            shapes = current_shapes(conn, self.config, self.config.selector)
-        except SourceError as exc:
-            if not exc.retriable:
-                raise
-            limited(log).warning("could not read information_schema of %s: %s", self.config.address,
-                                 exc)
-            return
-        for shape in shapes:
-            self._source_id(shape.source_name)
-            self._schema(shape)
-
-    def discover_new_tables(self) -> None:
-        """After DDL: register captured tables this run has not seen yet (a CREATE TABLE
-        or RENAME of a configured table), so the relay lists them as soon as they exist
-        rather than at their first row. Best effort, like ``register_current_schemas``:
-        the first row registers the table anyway."""
-        selector = self.config.selector
-        unseen = frozenset(t for t in selector.tables if f"{t[0]}.{t[1]}" not in self.registered)
-        if not unseen and not selector.databases and not selector.everything:
-            return  # every configured table is known: the common case costs nothing
-        narrowed = TableSelector(unseen, selector.databases, selector.everything)
-        try:
-            shapes = current_shapes(self.fetcher._connection(), self.config, narrowed)
-        except SourceError as exc:
-            if not exc.retriable:
-                raise
-            limited(log).warning("could not read information_schema of %s after DDL: %s",
-                                 self.config.address, exc)
-            return
-        for shape in shapes:
-            if shape.source_name not in self.registered:
-                self._source_id(shape.source_name)
-                self._schema(shape)
-                log.info("source %s: table created, now listed by the relay", shape.source_name)
-
-    def _table(self, shape: TableShape) -> _Table:
-        key = (shape.database, shape.table)
-        table = self.tables.get(key)
-        if table is not None and table.shape == shape:
-            return table
-        n = len(shape.columns)
-        table = _Table(
-            shape=shape,
-            source_id=self._source_id(shape.source_name),
-            schema=self._schema(shape),
-            decoder=RowDecoder(shape.columns),
-            key_of=row_key_function(shape.columns, shape.primary_key),
-            has_pk=bool(shape.primary_key),
-            present=((1 << n) - 1).to_bytes((n + 7) // 8, "little"),
-        )
-        if not shape.primary_key:
-            log.warning("table %s has no primary key: its rows are keyed by a hash of the "
-                        "whole row and updates become delete + insert", shape.source_name)
-        self.tables[key] = table
-        return table
-
-    def _forget_layouts(self) -> None:
-        """After DDL or a file change: table ids and layouts must be read again."""
-        self.by_table_id.clear()
-        if self.table_map is not None:
-            self.table_map.clear()
-
-    # -- lag --------------------------------------------------------------------------
-
-    def report_position(self, *, caught_up: bool) -> None:
-        """Tell the host the source's newest SCN: ours when nothing newer is there."""
-        report = self.context.report_source_scn
-        asked = time.time_ns()
-        if caught_up:
-            report(self.last_scn)
-            self.read_through(asked)
-            return
-        position = self.fetcher.poll_position()
-        if position is None:
-            return
-        try:
-            scn = position.scn
-        except ValueError:
-            return
-        report(self.last_scn if scn <= self.read_scn else scn)
-        if scn <= self.read_scn:
-            self.read_through(asked)  # nothing unread when the position was asked
-
-    def read_through(self, time_ns: int) -> None:
-        """``FetcherContext.report_read_through``: silence past two heartbeats and a
-        second makes the lag unknown."""
-        self.context.report_read_through(time_ns, 2 * self.config.heartbeat_s + 1.0)
-
-    # -- the loop ---------------------------------------------------------------------
-
-    def follow(self, stream: BinLogStreamReader) -> None:
-        self.table_map = stream.table_map
-        stop = self.stop
-        config = self.config
-        while not stop.is_set():
-            try:
-                event = stream.fetchone()
-            except DatabusError:
-                raise
-            except Exception as exc:
-                if stop.is_set():
-                    return  # close() from the host broke the socket on purpose
-                raise source_error(exc, config, "reading the binlog") from exc
-            if event is None:
-                if stop.is_set():
-                    return
-                raise SourceError(f"the binlog stream of {config.address} ended")
-            # The library swaps its table map dict on a real rotation: follow it.
-            self.table_map = stream.table_map
-            self.handle(event)
-            if time.monotonic() >= self.next_poll:
-                self.next_poll = time.monotonic() + _POLL_INTERVAL_S
-                self.report_position(caught_up=False)
-
-    def handle(self, event: Any) -> None:
-        position = event.packet.log_pos
-        if isinstance(event, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
-            if isinstance(event, PartialUpdateRowsEvent):
-                raise SourceMisconfiguredError(
-                    f"partial JSON update at {self.file}:{position}: set "
-                    "binlog_row_value_options='' on the server"
-                )
-            self._rows(event)
-        elif isinstance(event, TableMapEvent):
-            self._table_map(event)
-        elif isinstance(event, XidEvent):
-            self._commit(position, event.timestamp)
-        elif isinstance(event, (MariadbGtidEvent, GtidEvent)):
-            self._begin(event, standalone=isinstance(event, MariadbGtidEvent)
-                        and bool(event.flags & _MARIADB_FL_STANDALONE))
-        elif isinstance(event, QueryEvent):
-            self._query(event, position)
-        elif isinstance(event, HeartbeatLogEvent):
-            self.report_position(caught_up=True)
-        elif isinstance(event, RotateEvent):
-            self._rotate(event)
-            return
-        elif isinstance(event, XAPrepareEvent):
-            raise SourceMisconfiguredError(
-                f"XA transaction at {self.file}:{position}: XA PREPARE/COMMIT is not "
-                "supported by the binlog fetcher"
-            )
-        if position:
-            self.position = position
-
-    def _rotate(self, event: RotateEvent) -> None:
-        name = event.next_binlog
-        if name != self.file:
-            if self.txn is not None and self.txn.rows:
-                limited(log).warning("binlog %s ended inside a transaction (server crash?): its "
-                                     "%d rows were never committed", self.file, len(self.txn.rows))
-            self.txn = None
-            self.file = name
-            self.file_number = binlog_file_number(name)
-            self._forget_layouts()
-        self.position = event.position
-
-    def _begin(self, event: Any, *, standalone: bool) -> None:
-        if self.txn is not None and self.txn.rows:
-            # A group with rows but no XID/COMMIT (not written by MariaDB or MySQL as far
-            # as we know): it ended where this one starts.
-            self._commit(self.position, event.timestamp)
-        self.txn = _Txn(standalone=standalone)
-
-    def _query(self, event: QueryEvent, position: int) -> None:
-        kind = classify_query(event.query)
-        if kind is QueryKind.BEGIN:
-            if self.txn is None:
-                self.txn = _Txn()
-        elif kind is QueryKind.COMMIT:
-            self._commit(position, event.timestamp)
-        elif kind is QueryKind.ROLLBACK:
-            if self.txn is not None and self.txn.rows:
-                limited(log).warning("transaction ending at %s:%d was rolled back: its %d rows "
-                                     "(non-transactional tables) are not captured", self.file,
-                                     position, len(self.txn.rows))
-            self.txn = None
-        elif kind is QueryKind.XA:
-            raise SourceMisconfiguredError(
-                f"XA transaction at {self.file}:{position}: XA PREPARE/COMMIT is not "
-                "supported by the binlog fetcher"
-            )
-        elif kind is QueryKind.DML:
-            self._statement_dml(event, position)
-        elif kind is QueryKind.OTHER:
-            self._forget_layouts()
-            log.info("DDL at %s:%d: %s", self.file, position, _shorten(event.query))
-            self.discover_new_tables()
-            if self.txn is not None and self.txn.standalone:
-                self._commit(position, event.timestamp)
-
-    def _statement_dml(self, event: QueryEvent, position: int) -> None:
-        default_db = event.schema.decode("utf-8", "replace") if isinstance(
-            event.schema, bytes) else str(event.schema)
-        target = dml_target(event.query, default_db)
-        if target is None:
-            limited(log).warning("statement-format change at %s:%d not captured: %s", self.file,
-                                 position, _shorten(event.query))
-        elif self.config.selector.matches(*target):
-            raise SourceMisconfiguredError(
-                f"a change to {target[0]}.{target[1]} was logged as a statement at "
-                f"{self.file}:{position} (a session used binlog_format=STATEMENT or MIXED): "
-                "its rows are not in the binlog and cannot be captured"
-            )
-
-    def _table_map(self, event: TableMapEvent) -> None:
-        if (event.schema, event.table) == self.config.watermark_table:
-            self.by_table_id[event.table_id] = self._watermark_table(event)
-            return
-        if not self.config.selector.matches(event.schema, event.table):
-            self.by_table_id[event.table_id] = None
-            return
-        self.by_table_id[event.table_id] = self._table(shape_from_table_map(event))
-
-    def _watermark_table(self, event: TableMapEvent) -> _Table:
-        """The dump watermark table: its rows become ``sink.watermark`` calls (DESIGN 8.1),
-        never events, and it is not a source (no id, no schema in the catalog)."""
-        shape = shape_from_table_map(event)
-        n = len(shape.columns)
-        return _Table(shape=shape, source_id=_WATERMARK, schema=_NO_SCHEMA,
-                      decoder=RowDecoder(shape.columns), key_of=_no_key, has_pk=True,
-                      present=((1 << n) - 1).to_bytes((n + 7) // 8, "little"))
-
-    def _watermark_rows(self, table: _Table, event: Any, txn: _Txn) -> None:
-        if isinstance(event, DeleteRowsEvent):
-            return  # the dump engine cleaning up
-        packet = event.packet
-        body = packet.read(event.event_size - packet.read_bytes)
-        images = 2 if isinstance(event, UpdateRowsEvent) else 1
-        names = [c.name for c in table.shape.columns]
-        if "id" not in names:
-            limited(log).warning("watermark table %s.%s has no id column: not a "
-                                 "databus_watermark table (databus dump setup)",
-                                 *self.config.watermark_table)
-            return
-        at = names.index("id")
-        for images_of_row in table.decoder.read_rows(body, images):
-            token = images_of_row[-1][at]
-            if isinstance(token, str):
-                txn.rows.append((_WATERMARK, Op.CONTROL, token, b"", 0))
-
-    def _rows(self, event: Any) -> None:
-        table = self.by_table_id.get(event.table_id)
-        if table is None:
-            return
-        txn = self.txn
-        if txn is None:
-            # Rows outside BEGIN/GTID .. COMMIT/XID do not occur in a ROW binlog.
-            txn = self.txn = _Txn()
-        if table.source_id == _WATERMARK:
-            self._watermark_rows(table, event, txn)
-            return
-        update = isinstance(event, UpdateRowsEvent)
-        where = f"{self.file}:{event.packet.log_pos}"
-        if event.number_of_columns != len(table.shape.columns):
-            raise SourceError(f"rows event at {where} has {event.number_of_columns} columns, "
-                              f"its table map {len(table.shape.columns)}", retriable=False)
-        if event.columns_present_bitmap != table.present or (
-            update and event.columns_present_bitmap2 != table.present
-        ):
-            raise SourceMisconfiguredError(
-                f"rows event at {where} ({table.shape.source_name}) lacks columns: a session "
-                "wrote it with binlog_row_image other than FULL"
-            )
-        packet = event.packet
-        body = packet.read(event.event_size - packet.read_bytes)
-        decoder = table.decoder
-        writers = decoder.writers
-        key_of = table.key_of
-        source_id = table.source_id
-        fp = table.schema.fingerprint
-        append = txn.rows.append
-        if isinstance(event, WriteRowsEvent):
-            for (after,) in decoder.read_rows(body, 1):
-                value = encode_row(writers, after)
-                append((source_id, Op.UPSERT, key_of(after, value), value, fp))
-        elif isinstance(event, DeleteRowsEvent):
-            for (before,) in decoder.read_rows(body, 1):
-                value = encode_row(writers, before)
-                append((source_id, Op.DELETE, key_of(before, value), value, fp))
-        else:
-            for before, after in decoder.read_rows(body, 2):
-                value = encode_row(writers, after)
-                key = key_of(after, value)
-                old_value = encode_row(writers, before) if not table.has_pk else b""
-                old_key = key_of(before, old_value)
-                if old_key != key:
-                    # A changed primary key (or any change of a keyless row): the old key
-                    # is gone, or consumers would keep it forever.
-                    old_value = old_value or encode_row(writers, before)
-                    append((source_id, Op.DELETE, old_key, old_value, fp))
-                append((source_id, Op.UPSERT, key, value, fp))
-
-    def _commit(self, position: int, timestamp: int) -> None:
-        txn, self.txn = self.txn, None
-        if not position:
-            return
-        scn = make_scn(self.file_number, position)
-        if txn is not None and txn.rows:
-            if scn <= self.last_scn:
-                limited(log).warning("skipping the transaction ending at %s:%d: SCN %d is not "
-                                     "after %d, already written", self.file, position, scn,
-                                     self.last_scn)
-            else:
-                self._write(scn, timestamp * 1_000_000_000, txn.rows)
-                self.last_scn = scn
-        elif timestamp > 0:
-            self.read_through(timestamp * 1_000_000_000)  # nothing captured in it
-        self.read_scn = max(self.read_scn, scn)
-
-    def _write(self, scn: int, timestamp_ns: int, rows: list[tuple[int, Op, Key, bytes, int]]
-               ) -> None:
-        sink = self.sink
-        partition = self.context.partition_id
-        sink.start_window(scn)
-        append = sink.append
-        for source_id, op, key, value, fp in rows:
-            if source_id == _WATERMARK:
-                sink.watermark(str(key))
-                append = sink.append  # the dump engine may track this window's keys now
-                continue
-            append(encode_event(scn, op, source_id, key, value, fp, timestamp_ns, partition))
-        sink.end_window(timestamp_ns)
-
-
 def _pymysql_connect(**kwargs: Any) -> pymysql.Connection[Any]:
     """``pymysql.connect`` for the library, which still passes the deprecated ``db=``."""
     if "db" in kwargs:
         kwargs["database"] = kwargs.pop("db")
     return pymysql.connect(**kwargs)
-
-
-def _shorten(query: str, limit: int = 200) -> str:
-    text = " ".join(query.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-

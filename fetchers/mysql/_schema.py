@@ -333,6 +333,21 @@ def _unquote(name: str) -> str:
     return name
 
 
+_TRUNCATE_RE = re.compile(rf"TRUNCATE\s+(?:TABLE\s+)?{_QUALIFIED}\s*(?:;\s*)?\Z", re.I)
+
+
+def truncate_target(query: str, default_database: str) -> tuple[str, str] | None:
+    """``(database, table)`` of a ``TRUNCATE [TABLE] t`` (it deletes every row of the
+    table with no row event), None for any other statement."""
+    match = _TRUNCATE_RE.match(_strip(query))
+    if match is None:
+        return None
+    first, second = match.group(1), match.group(2)
+    if second is None:
+        return (default_database, _unquote(first)) if default_database else None
+    return _unquote(first), _unquote(second)
+
+
 def dml_target(query: str, default_database: str) -> tuple[str, str] | None:
     """``(database, table)`` a statement-format row change writes to, when it can be
     read off the statement's start; None otherwise (multi-table forms, odd syntax)."""

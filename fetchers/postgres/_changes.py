@@ -25,6 +25,15 @@ Rows:
 - the dump watermark table's inserts become ``sink.watermark(token)`` (DESIGN 8.1);
 - ``Relation`` (sent before a table's first change in a session and again after DDL)
   registers the table's schema: a new version whenever its columns change.
+
+Per-source failures (DESIGN 17): a change of one captured table that cannot be captured
+(a value its schema cannot hold, a name the relay cannot serve, an update or delete that
+does not name its row, a truncate) sets that table aside through the ``quarantine``
+callable (``FetcherContext.quarantine``), in the window of its transaction (whose SCN,
+the commit LSN, is known from ``Begin``), and its changes are left out from there on;
+the other tables go on. When the table already had events in the open window, the
+window is rolled back and ``RereadError`` (retriable) has the host start the fetcher
+again: it re-reads the transaction without that table.
 """
 
 from __future__ import annotations
@@ -36,9 +45,10 @@ from typing import Any
 
 from databus._limited_log import limited
 from databus.batch import encode_event
-from databus.errors import DatabusError, SchemaError
+from databus.errors import ConfigError, DatabusError, SchemaError
 from databus.event import Key, Op
-from databus.fetchers._api import SourceCatalog, WindowSink
+from databus.fetchers._api import SourceCatalog, SourceFailure, WindowSink
+from databus.fetchers._failures import catalog_refusal, heal_fix
 from databus.fetchers._keys import normalize_key
 from databus.fetchers.postgres._pgoutput import (
     UNCHANGED_TOAST,
@@ -64,7 +74,8 @@ from databus.fetchers.postgres._transcode import (
 from databus.fetchers.postgres._types import ColumnMapping, PgValueError, share_named_types
 from databus.schemas import AvroCodec, Schema, avro_names
 
-__all__ = ["CaptureError", "ChangeStream", "TableCodec", "TableInfo"]
+__all__ = ["CaptureError", "ChangeStream", "ColumnValueError", "RereadError", "TableCodec",
+           "TableInfo"]
 
 log = logging.getLogger("databus.fetchers.postgres")
 
@@ -84,6 +95,41 @@ class CaptureError(DatabusError):
 
     code = "capture_error"
     retriable = False
+
+
+class TableCaptureError(CaptureError):
+    """A change of one table that cannot be captured as the table is set up: ``reason``
+    what, ``fix`` what to change at the source (the message has both)."""
+
+    def __init__(self, source: str, reason: str, fix: str) -> None:
+        super().__init__(f"{source}: {reason}: {fix}")
+        self.reason = reason
+        self.fix = fix
+
+
+class ColumnValueError(SchemaError):
+    """A value of one column its schema cannot hold (``PgValueError`` of the column's
+    converter); ``column`` and ``sql_type`` say which, without the value."""
+
+    code = "bad_source_value"
+
+    def __init__(self, message: str, *, column: str, sql_type: str) -> None:
+        super().__init__(message)
+        self.column = column
+        self.sql_type = sql_type
+
+
+class RereadError(DatabusError):
+    """A table was set aside (quarantined) after some of its changes were written into
+    the open window: the window is rolled back and the fetcher started again, to read
+    the transaction without that table (retriable, once per such failure)."""
+
+    code = "reread_transaction"
+    retriable = True
+
+
+def _stop(failure: SourceFailure) -> None:
+    raise failure.error(retriable=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +165,20 @@ class TableCodec:
         # fields refer to it by name.
         avro_types = share_named_types([m.avro for m in info.mappings])
         fields: list[dict[str, Any]] = []
+        # Nullability follows the catalog's NOT NULL (and the primary key's columns,
+        # NOT NULL by definition): not the replica identity, which under FULL on a table
+        # without a primary key is every column, NULLs included.
+        required = set(info.not_null) | set(info.primary_key if self.keyed_by_primary_key
+                                            else ())
         self.not_null_positions: list[int] = []  # NOT NULL columns outside the key
+        self.required_positions: list[int] = []  # every non-nullable field
         for column, name, mapping, avro in zip(relation.columns, self.field_names,
                                                info.mappings, avro_types, strict=True):
             field: dict[str, Any] = {"name": name}
-            if column.name in key or column.name in info.not_null:
-                if column.name not in key:
+            if column.name in required:
+                if not (self.keyed_by_primary_key and column.name in key):
                     self.not_null_positions.append(len(fields))
+                self.required_positions.append(len(fields))
                 field["type"] = avro
             else:
                 branches = avro if isinstance(avro, list) else [avro]
@@ -134,6 +187,7 @@ class TableCodec:
             field["sql_name"] = column.name
             field["sql_type"] = mapping.sql_type
             fields.append(field)
+        self.required = frozenset(self.required_positions)
         namespace, _, table = source_name.rpartition(".")
         record: dict[str, Any] = {
             "type": "record", "name": avro_names([table])[0],
@@ -160,13 +214,14 @@ class TableCodec:
             if value is UNCHANGED_TOAST:
                 previous = old[i] if old is not None and i < len(old) else UNCHANGED_TOAST
                 if previous is UNCHANGED_TOAST:
-                    raise CaptureError(
-                        f"{self.source_name}: an UPDATE left the large (TOASTed) column "
+                    raise TableCaptureError(
+                        self.source_name,
+                        f"an UPDATE left the large (TOASTed) column "
                         f"{self.relation.columns[i].name!r} unchanged, and PostgreSQL "
                         "does not send such a value unless the table's old rows are "
-                        f"logged whole: run ALTER TABLE {self.source_name} REPLICA "
-                        "IDENTITY FULL (databus pg setup reports these tables), then "
-                        "restart the relay; until then the table cannot be captured whole")
+                        "logged whole",
+                        f"run ALTER TABLE {self.source_name} REPLICA IDENTITY FULL "
+                        "(databus pg setup reports these tables)")
                 value = previous
             out.append(self._one(i, value))
         return out
@@ -180,8 +235,9 @@ class TableCodec:
         try:
             return self._converters[i](value)
         except PgValueError as exc:
-            raise SchemaError(f"{self.source_name}.{self.relation.columns[i].name}: {exc}"
-                              ) from None
+            column = self.relation.columns[i].name
+            raise ColumnValueError(f"{self.source_name}.{column}: {exc}", column=column,
+                                   sql_type=self.info.mappings[i].sql_type) from None
 
     def check_old_key(self, key_values: Sequence[Any], what: str) -> None:
         """Refuse an old tuple whose key columns (``key_values``) lack the primary key
@@ -189,21 +245,24 @@ class TableCodec:
         columns): a made-up key would leave the consumers' row in place."""
         if self.keyed_by_primary_key and any(v is None for v in key_values):
             identity = [c.name for c in self.relation.columns if c.is_key]
-            raise CaptureError(
-                f"{self.source_name}: a {what} carries the replica identity's columns "
+            raise TableCaptureError(
+                self.source_name,
+                f"a {what} carries the replica identity's columns "
                 f"({', '.join(identity)}), not the primary key "
                 f"({', '.join(self.key_names)}) its events are keyed by, so the row it "
-                f"changed cannot be named: ALTER TABLE {self.source_name} REPLICA "
-                "IDENTITY DEFAULT (or FULL), then restart the relay (databus pg setup "
-                "warns about such tables)")
+                "changed cannot be named",
+                f"ALTER TABLE {self.source_name} REPLICA IDENTITY DEFAULT (or FULL) "
+                "(databus pg setup warns about such tables)")
 
     def key(self, row: Sequence[Any]) -> Key:
         values = [row[i] for i in self.key_positions]
         if not values:
-            raise CaptureError(
-                f"{self.source_name} has no primary key and no replica identity index: "
-                f"its changes have no key. Add a primary key, or ALTER TABLE "
-                f"{self.source_name} REPLICA IDENTITY FULL")
+            raise TableCaptureError(
+                self.source_name,
+                "it has no primary key and no replica identity index: its changes have "
+                "no key",
+                f"add a primary key, or ALTER TABLE {self.source_name} REPLICA IDENTITY "
+                "FULL")
         return normalize_key(values)
 
     def encode(self, row: Sequence[Any]) -> bytes:
@@ -218,12 +277,17 @@ class ChangeStream:
     NULL, type mappings); ``wanted(schema, table)`` says whether a table is captured.
     ``skip_through`` is the buffer's max SCN: transactions committed at or before it
     are in the buffer already (a restart may see them again) and are skipped.
+    ``quarantine`` sets a source aside (``FetcherContext.quarantine``; the default
+    raises), ``quarantined`` the sources set aside already (their changes are skipped).
     """
 
     def __init__(self, sink: WindowSink, catalog: SourceCatalog, partition_id: int,
                  wanted: Callable[[str, str], bool],
                  table_info: Callable[[Relation], TableInfo],
-                 skip_through: int | None) -> None:
+                 skip_through: int | None, *,
+                 quarantine: Callable[[SourceFailure], None] = _stop,
+                 quarantined: frozenset[str] = frozenset(),
+                 healed: dict[str, int] | None = None) -> None:
         self.sink = sink
         self.catalog = catalog
         self.partition_id = partition_id
@@ -248,6 +312,14 @@ class ChangeStream:
         self.last_scn: int | None = None
         self.windows = 0
         self.events = 0
+        self.quarantine = quarantine
+        self.quarantined: set[str] = set(quarantined)
+        self.window_sources: set[int] = set()  # source ids with events in the window
+        # Sources healed since the last run -> the commit LSN up to which their changes
+        # are skipped (fetchers/_failures.py, healed_since); those of the open txn.
+        self.healed: dict[str, int] = dict(healed or {})
+        self.healed_skip: frozenset[str] = frozenset()
+        self.read_lsn = self.skip_through  # the newest commit read
 
     @property
     def in_transaction(self) -> bool:
@@ -261,7 +333,8 @@ class ChangeStream:
         gives exactly the general path's event or declines; all else is decoded and
         fed."""
         txn = self.txn
-        if (_FAST_PATH and txn is not None and not self.skipping and len(payload) > 5
+        if (_FAST_PATH and txn is not None and not self.skipping and not self.healed_skip
+                and len(payload) > 5
                 and (payload[0] == 0x49 or payload[0] == 0x55)):  # 'I', 'U'
             found = self.fast.get(int.from_bytes(payload[1:5], "big"))
             if found is not None:
@@ -269,6 +342,7 @@ class ChangeStream:
                 if fast is not None:
                     if not self.window_open:
                         self._open_window()
+                    self.window_sources.add(found[1])
                     self.sink.append(encode_event(
                         txn.final_lsn, _UPSERT, found[1], fast[0], fast[1], found[2],
                         self.txn_ts, self.partition_id))
@@ -302,6 +376,10 @@ class ChangeStream:
         self.txn_ts = pg_timestamp_to_unix_ns(begin.commit_time_us)
         self.skipping = begin.final_lsn <= self.skip_through
         self.window_open = False
+        self.window_sources.clear()
+        if self.healed:
+            self.healed = {s: t for s, t in self.healed.items() if t >= begin.final_lsn}
+            self.healed_skip = frozenset(self.healed)
 
     def _open_window(self) -> None:
         if not self.window_open:
@@ -324,7 +402,9 @@ class ChangeStream:
         self.txn = None
         self.window_open = False
         self.skipping = False
+        self.healed_skip = frozenset()
         self.confirmable = commit.end_lsn
+        self.read_lsn = max(self.read_lsn, commit.commit_lsn)
         self._read_through(pg_timestamp_to_unix_ns(commit.commit_time_us))
 
     def _read_through(self, time_ns: int) -> None:
@@ -353,8 +433,9 @@ class ChangeStream:
         self.watermark_oids.discard(relation.oid)
         if relation.name == WATERMARK_TABLE:
             self.watermark_oids.add(relation.oid)
-        elif relation.name == HEARTBEAT_TABLE or not self.wanted(relation.namespace,
-                                                                   relation.name):
+        elif relation.name == HEARTBEAT_TABLE or not self.wanted(
+                relation.namespace, relation.name) or (
+                f"{relation.namespace}.{relation.name}" in self.quarantined):
             self.ignored_oids.add(relation.oid)
 
     def _set_codec(self, oid: int, entry: tuple[TableCodec, int] | None) -> None:
@@ -389,10 +470,28 @@ class ChangeStream:
         oid = change.relation_oid
         if self.skipping or oid in self.ignored_oids:
             return
+        if self.healed_skip and self._healed_now(oid):
+            return
         if oid in self.watermark_oids:
             if isinstance(change, Insert):
                 self._watermark(oid, change.new)
             return
+        try:
+            self._capture_change(oid, change)
+        except ColumnValueError as exc:
+            self._set_aside(oid, f"a value of column {exc.column!r} ({exc.sql_type}) cannot "
+                            "be held by its schema", "change the value, or the column's type "
+                            "to one that holds it (a numeric(p,s) holds no NaN: declare it "
+                            "numeric)")
+        except TableCaptureError as exc:
+            self._set_aside(oid, exc.reason, exc.fix)
+        except ConfigError as exc:
+            relation = self.relations[oid]
+            self._set_aside(oid, *catalog_refusal(f"{relation.namespace}.{relation.name}",
+                                                  exc))
+
+    def _capture_change(self, oid: int, change: Insert | Update | Delete) -> None:
+        assert self.txn is not None
         codec, source_id = self._codec(oid)
         self._open_window()
         scn = self.txn.final_lsn
@@ -420,6 +519,44 @@ class ChangeStream:
         for event in events:
             self.sink.append(event)
         self.events += len(events)
+        self.window_sources.add(source_id)
+
+    # -- per-source failures (DESIGN 17) ------------------------------------------------
+
+    def _healed_now(self, oid: int) -> bool:
+        """Whether the open transaction's change of ``oid`` is one of a source healed
+        since the last run, read by it before the heal (its dump brings it)."""
+        relation = self.relations.get(oid)
+        return relation is not None and (
+            f"{relation.namespace}.{relation.name}" in self.healed_skip)
+
+    def _set_aside(self, oid: int, reason: str, first_fix: str) -> None:
+        """Quarantine the table of ``oid`` in the open transaction's window and skip its
+        changes from now on (module docstring)."""
+        relation = self.relations[oid]
+        source = f"{relation.namespace}.{relation.name}"
+        self.ignored_oids.add(oid)
+        self._set_codec(oid, None)
+        if source in self.quarantined:
+            return
+        self.quarantined.add(source)
+        txn = self.txn
+        assert txn is not None
+        self._open_window()
+        self.quarantine(SourceFailure(source, txn.final_lsn, reason,
+                                      heal_fix(source, first_fix)))
+        limited(log).error("source %s set aside at LSN %d: %s; the other tables go on",
+                           source, txn.final_lsn, reason, kind=f"set aside {source}")
+        try:
+            source_id: int | None = self.catalog.source_id(source)
+        except ConfigError:
+            source_id = None
+        if source_id is not None and source_id in self.window_sources:
+            self.sink.rollback()
+            self.window_open = False
+            raise RereadError(
+                f"source {source} was set aside after its first changes of the transaction "
+                f"committed at LSN {txn.final_lsn}: reading that transaction again without it")
 
     def _nullable(self, oid: int, codec: TableCodec, row: Sequence[Any]
                   ) -> tuple[TableCodec, int]:
@@ -452,7 +589,11 @@ class ChangeStream:
             return None
         values = [old[i] if i < len(old) else None for i in codec.key_positions]
         codec.check_old_key(values, "UPDATE of the replica identity's columns")
-        if not values or any(v is None or v is UNCHANGED_TOAST for v in values):
+        # NULL in a nullable key column (FULL without a primary key) is a value; in a
+        # NOT NULL one it means "not sent".
+        required = codec.required
+        if not values or any(v is UNCHANGED_TOAST or (v is None and i in required)
+                             for i, v in zip(codec.key_positions, values, strict=True)):
             return None
         row = [None] * len(codec.relation.columns)
         for i, v in zip(codec.key_positions, values, strict=True):
@@ -474,16 +615,16 @@ class ChangeStream:
             return
         captured = [self.relations[o] for o in truncate.relation_oids
                     if o in self.relations and o not in self.ignored_oids
-                    and o not in self.watermark_oids]
-        if captured:
-            names = ", ".join(f"{r.namespace}.{r.name}" for r in captured)
-            raise CaptureError(
-                f"TRUNCATE of {names} in the transaction committed at LSN "
-                f"{self.txn.final_lsn if self.txn else '?'}: a truncate is not a row change "
-                "and is not captured. Publish only row changes (ALTER PUBLICATION ... SET "
-                "(publish = 'insert, update, delete'), as databus pg setup does), then "
-                "restart the relay and re-dump the table (databus dump) so consumers "
-                "see its rows again")
+                    and o not in self.watermark_oids
+                    and not (self.healed_skip and self._healed_now(o))]
+        if captured and self.txn is None:
+            raise CaptureError("pgoutput sent a Truncate outside a transaction")
+        for relation in captured:
+            self._set_aside(
+                relation.oid, "a TRUNCATE of it was published: a truncate is not a row "
+                "change and is not captured",
+                "publish only row changes (ALTER PUBLICATION ... SET (publish = 'insert, "
+                "update, delete'), as databus pg setup does)")
 
 
 def heartbeat_time_ns(content: bytes) -> int | None:

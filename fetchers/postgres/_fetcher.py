@@ -46,6 +46,7 @@ import psycopg2.extras
 from databus._redact import redact, register_secret
 from databus.errors import ConnectionLostError, SourceError, SourceMisconfiguredError
 from databus.fetchers._api import ConfiguredSources, Fetcher, FetcherContext, WindowSink
+from databus.fetchers._failures import healed_since, remember_quarantined
 from databus.fetchers.postgres._catalog import read_table_info
 from databus.fetchers.postgres._changes import HEARTBEAT_PREFIX, ChangeStream, TableInfo
 from databus.fetchers.postgres._dump import LogicalDumpSource
@@ -56,6 +57,7 @@ __all__ = ["LogicalFetcher"]
 
 log = logging.getLogger("databus.fetchers.postgres")
 
+_HEALED = "pg_quarantine_read"  # FetcherContext.memory key (fetchers/_failures.py)
 _SLOT_BUSY_WAIT_S = 10.0  # a slot still held by a walsender of a process just killed
 _CLOCK_EVERY = 256  # messages read without a pause between two looks at the clock
 
@@ -227,8 +229,11 @@ class LogicalFetcher(Fetcher):
             raise self._stream_error(exc, "starting replication") from None
         log.info("streaming slot %s of %s from %s", src.slot, src.redacted,
                  format_lsn(start_lsn) if start_lsn else "its confirmed position")
+        quarantined = self.context.quarantined()
         stream = ChangeStream(sink, self.context.catalog, self.context.partition_id,
-                              src.matches, self._table_info, start_after_scn)
+                              src.matches, self._table_info, start_after_scn,
+                              quarantine=self.context.quarantine, quarantined=quarantined,
+                              healed=healed_since(self.context, _HEALED, quarantined))
         confirmed = 0
         last_confirm = last_stats = time.monotonic()
         last_progress = time.monotonic()
@@ -274,6 +279,8 @@ class LogicalFetcher(Fetcher):
         except psycopg2.Error as exc:
             raise self._stream_error(exc, "replication stream ended") from None
         finally:
+            remember_quarantined(self.context, _HEALED, stream.quarantined, stream.healed,
+                                 stream.read_lsn)
             if confirmed and stream.confirmable and stream.confirmable > confirmed:
                 try:
                     self.context.flush_buffer()

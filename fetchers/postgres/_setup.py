@@ -17,16 +17,19 @@ Decisions (the doc explains them to operators):
 
 - The publication publishes ``insert, update, delete``, never ``truncate``: the fetcher
   refuses a TRUNCATE of a captured table (it is not a row change a consumer could apply
-  in order), so publishing it would only turn a TRUNCATE into a stopped relay.
+  in order), so publishing it would only turn a TRUNCATE into a quarantined table.
 - A table whose UPDATE may leave a TOASTable column (``attstorage`` ``x`` or ``e``:
   text, varchar, bytea, json(b), arrays, ...) unchanged is a *warning* unless it is
   ``REPLICA IDENTITY FULL``: pgoutput then sends no value for that column, and the
-  fetcher stops on such an update rather than invent one. ``--replica-identity-full``
-  makes setup run the ``ALTER TABLE ... REPLICA IDENTITY FULL`` statements (also for
-  tables whose deletes carry no key).
+  fetcher quarantines the table at such an update rather than invent one.
+  ``--replica-identity-full`` makes setup run the ``ALTER TABLE ... REPLICA IDENTITY
+  FULL`` statements (also for tables whose deletes carry no key).
 - Patterns (``schema.*``) are resolved to the tables present now (partitions excluded:
   a partitioned table is published through its root, ``publish_via_partition_root``);
   a table created later joins the publication when setup runs again.
+- A table whose name the relay cannot serve (whitespace, a comma, over 255 characters:
+  ``fetchers/_failures.servable_name``) is an error, also under a pattern: nothing is
+  published (issue 28: it used to be published and then stop the relay's buffer).
 - An existing publication is only ever extended (``ALTER PUBLICATION ... ADD TABLE``):
   tables someone else added stay, and its options are reported, not changed.
 """
@@ -38,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from databus.fetchers._failures import UNSERVABLE_NAME, servable_name
 from databus.fetchers.postgres._uri import LogicalSource, TableName
 
 __all__ = [
@@ -352,7 +356,17 @@ def _resolve_tables(b: _Builder, source: LogicalSource, facts: CatalogFacts
             b.ok("table", f"{wanted} exists" + (" (partitioned)" if table.kind == "p"
                                                else ""), str(wanted))
             out.append(table)
-    return out
+    servable = [t for t in out if servable_name(str(t.name))]
+    for t in out:
+        if t not in servable:
+            # Refused before anything is published (issue 28): the relay could not serve
+            # its changes, and at runtime it would be quarantined at its first change.
+            b.error("name", f"{t.sql}: the relay cannot serve a source named "
+                    f"{t.name!s}: {UNSERVABLE_NAME}",
+                    f"rename it (ALTER TABLE {t.sql} RENAME TO <a name without "
+                    "whitespace or commas>), or name the other tables in tables= one "
+                    "by one instead of a pattern", str(t.name))
+    return servable
 
 
 def _leaves(table: TableFacts) -> tuple[TableFacts, ...]:
@@ -421,7 +435,7 @@ def _identity_checks(b: _Builder, tables: Sequence[TableFacts], full: bool
                     alter.append(t)
                 else:
                     b.warn("toast", f"{label}: TOASTable columns {columns}: an UPDATE "
-                           "that leaves such a column unchanged stops the fetcher "
+                           "that leaves such a column unchanged quarantines the table "
                            "(pgoutput sends no value for it)",
                            f"ALTER TABLE {t.sql} REPLICA IDENTITY FULL (databus pg setup "
                            "--replica-identity-full)", subject)
@@ -474,7 +488,7 @@ def _publication_plan(b: _Builder, source: LogicalSource, facts: CatalogFacts,
                 fix, source.publication)
     if pub.truncate:
         b.warn("publication", f"publication {source.publication} publishes TRUNCATE: a "
-               "TRUNCATE of a captured table stops the fetcher (it refuses them)", fix,
+               "TRUNCATE of a captured table quarantines it (it is not captured)", fix,
                source.publication)
     if partitioned and not pub.via_root:
         b.error("publication", f"publication {source.publication} publishes partitioned "

@@ -95,7 +95,9 @@ def row_plan(codec: TableCodec) -> RowPlan | None:
     key = set(codec.key_positions)
     if not key:
         return None
-    not_null = set(codec.not_null_positions) | key
+    not_null = set(codec.required_positions)
+    if not key <= not_null:
+        return None  # a nullable key column (REPLICA IDENTITY FULL without a primary key)
     codes = bytearray()
     scales: list[int] = []
     int_digits: list[int] = []

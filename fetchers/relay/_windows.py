@@ -30,6 +30,7 @@ from databus.event import (
     DUMP_END_SOURCE_ID,
     DUMP_START_SOURCE_ID,
     EOW_SOURCE_ID,
+    QUARANTINE_SOURCE_ID,
     WindowChecksum,
     restamp_source_id,
 )
@@ -37,7 +38,8 @@ from databus.event import (
 __all__ = ["SourceIdMap", "UpstreamWindow", "WindowAssembler", "bad_answer", "remap_event"]
 
 _EOW_VALUE = struct.Struct(">II")
-_MARKERS = frozenset({DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID})
+# Markers travel with their window: dump start/end and quarantine (relay/_quarantine.py).
+_MARKERS = frozenset({DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID, QUARANTINE_SOURCE_ID})
 
 
 def bad_answer(message: str) -> EventFormatError:

@@ -20,6 +20,11 @@ window); a restarted fetcher starts from the relay buffer's newest window, re-re
 what came after it, and finds the same events or fewer (changes only move to later
 transactions), so nothing is delivered twice and nothing is skipped.
 
+A row a table's schema cannot hold (SQLite's dynamic typing lets any value into any
+column) sets that table aside (DESIGN 17, ``FetcherContext.quarantine``) in the window
+of the first transaction whose row failed; the table's events from there are left out
+and it is not read any more; the other tables go on.
+
 Driver errors are translated by the session: retriable ones (source unreachable, lock
 timeouts) go to the fetcher host, which restarts the fetcher with backoff from the
 buffer's max SCN; the others (missing triggers, no primary key, a pruned resume point)
@@ -38,17 +43,20 @@ from typing import Any, ClassVar
 
 from databus._redact import register_uri
 from databus.batch import encode_event
+from databus.errors import SchemaError
 from databus.event import Op
 from databus.fetchers._api import (
     ConfiguredSources,
     DumpSource,
     Fetcher,
     FetcherContext,
+    SourceFailure,
     WindowSink,
 )
+from databus.fetchers._failures import heal_fix
 from databus.fetchers.txlog._dialects import PostgresDialect, dialect_for
 from databus.fetchers.txlog._errors import TxlogPositionError
-from databus.fetchers.txlog._model import WATERMARK_READY, TableRef, TableShape
+from databus.fetchers.txlog._model import WATERMARK_READY, Column, TableRef, TableShape
 from databus.fetchers.txlog._schema import TableCodec, normalize_key
 from databus.fetchers.txlog._session import (
     DbSession,
@@ -102,6 +110,8 @@ class PendingWindow:
     events: list[bytes] = field(default_factory=list)
     # Dump watermark ids written by this transaction (passed to ``sink.watermark``).
     watermarks: list[str] = field(default_factory=list)
+    # Sources set aside in this window (``FetcherContext.quarantine``, before its events).
+    failures: list[SourceFailure] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +135,10 @@ def assemble_windows(
     becomes a window holding, table by table, its deletes then its upserts.
     ``watermarks`` are ``(scn, id, ...)`` rows of the dump watermark table: each SCN
     with one gets a window too (the watermarks first, then its events, if any).
+
+    A row a table's schema cannot hold sets the table aside: a ``SourceFailure`` in the
+    window of the first SCN with such a row (a window of its own if it has no other
+    events), and none of the table's events from that SCN on.
     """
     times = dict(batch)
     fallback = batch[-1][1] if batch else 0
@@ -132,18 +146,49 @@ def assemble_windows(
     for scn, token, *_ in watermarks:
         marks.setdefault(scn, []).append(str(token))
     events: dict[int, list[bytes]] = {scn: [] for scn in marks}
+    failures: dict[int, list[SourceFailure]] = {}
     for table, rows, deletes in tables:
         codec = table.codec
+        encoded: list[tuple[int, bytes]] = []
+        failed: tuple[int, SchemaError] | None = None
         for scn, *key in deletes:
-            events.setdefault(scn, []).append(encode_event(
+            encoded.append((scn, encode_event(
                 scn, Op.DELETE, table.source_id, normalize_key(key), b"", codec.fingerprint,
-                times.get(scn, fallback), partition_id))
+                times.get(scn, fallback), partition_id)))
         for scn, *row in rows:
-            events.setdefault(scn, []).append(encode_event(
-                scn, Op.UPSERT, table.source_id, codec.key(row), codec.encode(row),
-                codec.fingerprint, times.get(scn, fallback), partition_id))
-    return [PendingWindow(scn, times.get(scn, fallback), events[scn], marks.get(scn, []))
+            try:
+                value = codec.encode(row)
+            except SchemaError as exc:
+                if failed is None or scn < failed[0]:
+                    failed = (scn, exc)
+                continue
+            encoded.append((scn, encode_event(
+                scn, Op.UPSERT, table.source_id, codec.key(row), value,
+                codec.fingerprint, times.get(scn, fallback), partition_id)))
+        if failed is not None:
+            at = failed[0]
+            encoded = [(scn, event) for scn, event in encoded if scn < at]
+            failures.setdefault(at, []).append(_row_failure(table, at, failed[1]))
+            events.setdefault(at, [])
+        for scn, event in encoded:
+            events.setdefault(scn, []).append(event)
+    return [PendingWindow(scn, times.get(scn, fallback), events[scn], marks.get(scn, []),
+                          failures.get(scn, []))
             for scn in sorted(events)]
+
+
+def _row_failure(table: CapturedTable, scn: int, exc: SchemaError) -> SourceFailure:
+    """What a row its schema cannot hold says: the column and its type, never the row's
+    values (``exc``'s message has them and stays out)."""
+    column = getattr(exc, "column", None)
+    what = (f"column {column.name!r} ({column.sql_type or 'no type'})"
+            if isinstance(column, Column) else "a column")
+    return SourceFailure(
+        table.source_name, scn,
+        f"a row written by the transaction of SCN {scn} holds in {what} a value its "
+        "schema cannot carry",
+        heal_fix(table.source_name, "fix the value, or declare the column's type to match "
+                 "(a STRICT table prevents this in SQLite)"))
 
 
 class TxlogPuller:
@@ -188,6 +233,9 @@ class TxlogPuller:
         self._warned: set[TableRef] = context.memory.setdefault("txlog_warned", set())
         self._warned_install: set[TableRef] = context.memory.setdefault(
             "txlog_warned_install", set())
+        # Sources in quarantine (DESIGN 17): not read. Read once per run (a heal
+        # restarts the fetcher), plus those this run sets aside.
+        self.quarantined: set[str] = set(context.quarantined())
 
     def prepare(self) -> None:
         """Check every configured table that exists (has a key, capture installed) and
@@ -344,7 +392,7 @@ class TxlogPuller:
             reads = [
                 (table, session.query(table.rows_sql, window),
                  session.query(table.deletes_sql, window))
-                for table in self.tables
+                for table in self.tables if table.source_name not in self.quarantined
             ]
             if self.watermark is None and (self.context.memory.get(WATERMARK_READY) or
                                            time.monotonic() >= self._next_watermark_check):
@@ -352,6 +400,8 @@ class TxlogPuller:
             marks = (session.query(self.watermark.rows_sql, window)
                      if self.watermark is not None else [])
         windows = assemble_windows(batch, reads, self.context.partition_id, marks)
+        for pending in windows:
+            self.quarantined.update(f.source for f in pending.failures)
         return PollResult(windows, upto, position, full=len(batch) >= self.source.batch)
 
 
@@ -430,6 +480,8 @@ class TxlogFetcher(Fetcher):
                 result = puller.poll(last)
                 for window in result.windows:
                     sink.start_window(window.scn)
+                    for failure in window.failures:
+                        self.context.quarantine(failure)
                     for token in window.watermarks:
                         sink.watermark(token)
                     for event in window.events:

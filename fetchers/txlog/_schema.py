@@ -67,7 +67,7 @@ from databus.batch import encode_flat_record
 from databus.errors import SchemaError
 from databus.event import Key
 from databus.fetchers._keys import normalize_key
-from databus.fetchers.txlog._model import TableShape
+from databus.fetchers.txlog._model import Column, TableShape
 from databus.fetchers.txlog._uri import Dialect
 from databus.schemas import AvroCodec, JsonSchema, Schema, avro_names
 
@@ -79,6 +79,15 @@ __all__ = [
 ]
 
 Converter = Callable[[Any], Any]
+
+
+class ColumnValueError(SchemaError):
+    """A value of ``column`` its Avro type cannot carry (the message names the value;
+    ``column`` lets a quarantine reason say which column without it)."""
+
+    def __init__(self, column: Column, message: str) -> None:
+        super().__init__(message)
+        self.column = column
 
 
 class _BadValue(Exception):
@@ -333,7 +342,7 @@ class TableCodec:
                 except _BadValue:
                     column = self.shape.columns[i]
                     declared = column.sql_type or "no type"
-                    raise SchemaError(
+                    raise ColumnValueError(column,
                         f"{self.source_name}: column {column.name!r} ({declared}) holds the "
                         f"{type(value).__name__} {value!r:.40} in the row with key "
                         f"{self.key(row)!r}, which its Avro type cannot carry (SQLite's "

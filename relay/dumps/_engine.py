@@ -186,6 +186,14 @@ class DumpManager:
             return any(d.buffer == buffer and d.reason == reason and d.active
                        for d in self._dumps)
 
+    def has_active_source(self, buffer: str, source: str) -> bool:
+        """Is a dump of ``source`` (named, or every table of ``buffer``) queued or
+        running?"""
+        with self._lock:
+            return any(d.buffer == buffer and d.active
+                       and (not d.tables or any(t.source == source for t in d.tables))
+                       for d in self._dumps)
+
     def has_dump(self, buffer: str, reason: str) -> bool:
         with self._lock:
             return any(d.buffer == buffer and d.reason == reason for d in self._dumps)

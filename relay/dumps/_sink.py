@@ -115,6 +115,7 @@ class DumpSink:
         # Per window, fetcher thread only.
         self._scn: int | None = None
         self._watermarks = False  # the open window held a watermark
+        self._controls = False  # the open window holds a marker from the fetcher's side
         self._emit: Chunk | None = None
         # The buffer's own bound method while no chunk is open: no cost per event.
         self.append: Callable[[bytes], None] = target.append
@@ -161,6 +162,7 @@ class DumpSink:
         self._target.start_window(scn)
         self._scn = scn
         self._watermarks = False
+        self._controls = False
         self._emit = None
 
     def _append_touching(self, event: bytes) -> None:
@@ -176,7 +178,10 @@ class DumpSink:
 
     def append_control(self, event: bytes) -> None:
         """A dump marker the fetcher read from an upstream relay (relay chaining,
-        docs/relay-chaining.md): stored in the open window as it came."""
+        docs/relay-chaining.md), or a quarantine marker (relay/_quarantine_sink.py):
+        stored in the open window as it came. A window holding one is kept even if
+        it holds watermarks only."""
+        self._controls = True
         self._target.append_control(event)
 
     def watermark(self, token: str) -> None:
@@ -215,7 +220,8 @@ class DumpSink:
         if chunk is not None:
             emitted = self._emit_rows(chunk, scn, timestamp_ns or 0)
         marked = chunk is not None and (chunk.first or chunk.last)
-        if self._watermarks and not marked and self._target.window_events() == 0:
+        if (self._watermarks and not marked and not self._controls
+                and self._target.window_events() == 0):
             # Watermarks only (or a chunk whose rows were all touched): nothing in it
             # for consumers.
             self._target.rollback()
@@ -273,5 +279,6 @@ class DumpSink:
     def _reset_window(self) -> None:
         self._scn = None
         self._watermarks = False
+        self._controls = False
         self._emit = None
 

@@ -91,7 +91,7 @@ class Dump:
     chunk_rows: int
     delay_ms: int
     keys: list[Any] | None = None  # listed keys (one table only)
-    reason: str = "request"  # request | initial_dump | source_gap
+    reason: str = "request"  # request | initial_dump | source_gap | heal
     state: DumpState = "queued"
     created_at: float = field(default_factory=time.time)
     started_at: float | None = None

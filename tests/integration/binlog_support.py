@@ -118,16 +118,17 @@ async def wait_for_scn(r: RunningRelay, scn: int, timeout: float = 30) -> None:
                      timeout=timeout)
 
 
-async def captured(r: RunningRelay, checkpoint: str | None = None
+async def captured(r: RunningRelay, checkpoint: str | None = None, **params: str
                    ) -> tuple[list[CapturedWindow], str]:
-    """Every window the relay serves (after ``checkpoint``), decoded; and the checkpoint."""
+    """Every window the relay serves (after ``checkpoint``), decoded; and the checkpoint.
+    ``params``: more query parameters of ``/v1/stream`` (``quarantine="pass"``)."""
     catalog = r.relay.catalog
     codec = AvroCodec(catalog.registry)
     names = {s.id: s.name for s in catalog.sources()}
     body = b""
     cp = checkpoint
     while True:
-        query: dict[str, str] = {"max_bytes": str(64 << 20)}
+        query: dict[str, str] = {"max_bytes": str(64 << 20), **params}
         if cp is not None:
             query["checkpoint"] = cp
         async with await r.get("/v1/stream", **query) as resp:

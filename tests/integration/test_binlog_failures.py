@@ -5,6 +5,7 @@ privileges, a table without a primary key, a 10k-row transaction."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -74,26 +75,30 @@ def test_wrong_server_settings_at_startup(mariadb_server: MariaDBServer, tmp_pat
     assert fetcher["state"] == "failed"
 
 
-@pytest.mark.parametrize(
-    ("session", "expected"),
-    [("SET SESSION binlog_format = 'STATEMENT'", "was logged as a statement"),
-     ("SET SESSION binlog_row_image = 'MINIMAL'", "binlog_row_image other than FULL")],
-    ids=["statement", "minimal"],
-)
-def test_wrong_session_settings_mid_stream(mariadb_server: MariaDBServer, tmp_path: Path,
-                                           session: str, expected: str) -> None:
-    """A session that changes the format writes rows the fetcher cannot see: it stops
-    rather than silently miss them."""
+def test_stop_mode_keeps_a_statement_event_a_fetcher_failure(mariadb_server: MariaDBServer,
+                                                            tmp_path: Path) -> None:
+    """``on_source_error = "stop"``: a change logged as a statement stops the fetcher
+    (not retried), with the reason and the fix (the default quarantines the table alone:
+    test_binlog_quarantine)."""
     sql = fresh_database(mariadb_server, DB + "_session")
     sql.run("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1)")
+    config = relay_config(tmp_path, {BUFFER: source_uri(mariadb_server, f"{DB}_session.t")},
+                          capacity_mb=16)
+    config = dataclasses.replace(config, buffers=(dataclasses.replace(
+        config.buffers[0], on_source_error="stop"),))
 
     async def scenario() -> None:
-        async with binlog_relay(tmp_path, source_uri(mariadb_server, f"{DB}_session.t")) as r:
-            sql.run(session, "UPDATE t SET v = 2 WHERE id = 1")
+        async with running_relay(config) as r:
+            await wait_until(r, lambda s: s["fetcher"]["state"] == "running",
+                             what="fetcher running")
+            sql.run("SET SESSION binlog_format = 'STATEMENT'", "UPDATE t SET v = 2 WHERE id = 1")
             await wait_until(r, lambda s: s["fetcher"]["state"] == "failed",
                              what="fetcher failed")
-            error = (await status(r))["fetcher"]["last_error"]
-            assert error.startswith("SourceMisconfiguredError: ") and expected in error
+            fetcher = (await status(r))["fetcher"]
+            error = fetcher["last_error"]
+            assert error.startswith("SourceQuarantinedError: "), error
+            assert "was logged as a statement" in error and "databus relay heal" in error
+            assert fetcher["restarts"] == 0
 
     asyncio.run(scenario())
     sql.close()

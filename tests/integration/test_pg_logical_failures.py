@@ -347,19 +347,24 @@ def test_truncate_is_not_published_by_setup_and_the_stream_goes_on(
         assert fetcher_of(relay)["state"] == "running"
 
 
-def test_truncate_published_by_hand_fails_the_fetcher(db: PgDatabase,
-                                                      tmp_path: Path) -> None:
-    # A publication made by hand publishes truncates (PostgreSQL's default).
-    db.run(f"CREATE PUBLICATION {db.publication} FOR TABLE orders",
+def test_truncate_published_by_hand_quarantines_the_table(db: PgDatabase,
+                                                           tmp_path: Path) -> None:
+    # A publication made by hand publishes truncates (PostgreSQL's default). The table
+    # is set aside (DESIGN 17); the fetcher goes on with the others.
+    db.run("CREATE TABLE other (id int PRIMARY KEY)",
+           f"CREATE PUBLICATION {db.publication} FOR TABLE orders, other",
            f"SELECT pg_create_logical_replication_slot('{db.slot}', 'pgoutput')")
-    with logical_relay(tmp_path, db.uri("public.orders")) as relay:
+    with logical_relay(tmp_path, db.uri("public.orders,public.other")) as relay:
         db.txn("INSERT INTO orders VALUES (1, 1, 'one', 1)")
         consume(relay, ["public.orders"], has_tag(1))
         db.run("TRUNCATE orders")
-        error = wait_failed(relay)
-        assert error.startswith("CaptureError: TRUNCATE of public.orders"), error
-        assert "publish = 'insert, update, delete'" in error, error
-        assert "databus dump" in error
+        db.txn("INSERT INTO other VALUES (1)")
+        consume(relay, ["public.other"], lambda w: len(w) >= 1)
+        [q] = status(relay)["buffers"]["pg"]["quarantined"]
+        assert q["source"] == "public.orders", q
+        assert q["reason"].startswith("a TRUNCATE of it was published"), q
+        assert "publish = 'insert, update, delete'" in q["fix"], q
+        assert fetcher_of(relay)["state"] == "running"
 
 
 # -- 5. a table added to the publication while running ---------------------------------
@@ -398,7 +403,7 @@ BIG = "(SELECT string_agg(md5(i::text), '') FROM generate_series(1, 1250) i)"
 @pytest.mark.parametrize("identity", ["full", "default"])
 def test_an_unchanged_toasted_value(db: PgDatabase, tmp_path: Path, identity: str) -> None:
     """An UPDATE that leaves a large value alone: pgoutput sends it only in the old row
-    of REPLICA IDENTITY FULL; without it the fetcher stops and says so."""
+    of REPLICA IDENTITY FULL; without it the table is quarantined, saying why."""
     db.run(DOCS)
     db.setup("public.docs", *(["--replica-identity-full"] if identity == "full" else []))
     ((big,),) = db.rows(f"SELECT {BIG}")
@@ -414,9 +419,12 @@ def test_an_unchanged_toasted_value(db: PgDatabase, tmp_path: Path, identity: st
             assert [v for _s, _o, _k, v in windows[1][1]] == [
                 {"id": 1, "body": big, "n": 2, "tag": 2}]
         else:
-            error = wait_failed(relay)
-            assert "public.docs" in error and "'body' unchanged" in error, error
-            assert "ALTER TABLE public.docs REPLICA IDENTITY FULL" in error, error
+            # The table is set aside (DESIGN 17) with the reason and the fix.
+            [q] = wait_for(lambda: status(relay)["buffers"]["pg"]["quarantined"],
+                           "the quarantine")
+            assert q["source"] == "public.docs" and "'body' unchanged" in q["reason"], q
+            assert q["fix"].startswith("run ALTER TABLE public.docs REPLICA IDENTITY FULL")
+            assert fetcher_of(relay)["state"] == "running"
 
 
 # -- 7. heartbeats ---------------------------------------------------------------------------

@@ -174,7 +174,7 @@ def test_setup_creates_the_publication_and_slot_once(
     assert out.splitlines()[-1] == "-- done: ran 2 statements (1 warning)"
     # The TOAST warning names the column and the fix, and does not fail setup.
     assert "shop.notes: TOASTable columns body (text): an UPDATE that leaves such a " \
-           "column unchanged stops the fetcher" in out
+           "column unchanged quarantines the table" in out
     assert "fix: ALTER TABLE shop.notes REPLICA IDENTITY FULL" in out
 
     assert db.slot() == ("pgoutput", db.name, None)
@@ -230,6 +230,23 @@ def test_a_table_without_primary_key_is_reported_and_nothing_is_created(
     errors = {(c["name"], c["subject"]) for c in body["checks"] if c["verdict"] == "error"}
     assert errors == {("replica_identity", "shop.orders"), ("table", "shop.gone")}
     assert db.nothing_created()
+
+
+def test_a_table_name_the_relay_cannot_serve_is_refused_before_anything_is_published(
+        db: Db, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28: ``shop."a b"`` under ``shop.*`` was published, then stopped the relay's
+    buffer at its first change (``ws.ok`` beside it with it)."""
+    db.run(*SHOP, 'CREATE TABLE shop."a b" (id int PRIMARY KEY)')
+    code, body = pg_json(capsys, "setup", "--source", db.uri("shop.*"))
+    assert code == 1
+    errors = [c for c in body["checks"] if c["verdict"] == "error"]
+    assert [(c["name"], c["subject"]) for c in errors] == [("name", "shop.a b")]
+    assert "cannot serve a source named shop.a b" in errors[0]["message"]
+    assert errors[0]["fix"].startswith('rename it (ALTER TABLE shop."a b" RENAME TO')
+    assert db.nothing_created()
+    db.run('ALTER TABLE shop."a b" RENAME TO a_b')
+    assert pg(capsys, "setup", "--source", db.uri("shop.*"))[0] == 0
+    assert db.published() == {"shop.orders", "shop.notes", "shop.a_b"}
 
 
 def test_replica_identity_full_option(db: Db, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ from databus.fetchers.mysql._schema import (
     classify_query,
     dml_target,
     shape_from_information_schema,
+    truncate_target,
 )
 from databus.fetchers.mysql._types import ColumnSpec, Kind
 
@@ -142,3 +143,14 @@ def test_dml_target(query: str, target: tuple[str, str] | None) -> None:
 
 def test_dml_target_without_default_database() -> None:
     assert dml_target("INSERT INTO t VALUES (1)", "") is None
+
+
+@pytest.mark.parametrize(("query", "target"), [
+    ("TRUNCATE TABLE t", ("db", "t")),
+    ("truncate `other`.`a b`", ("other", "a b")),
+    ("/* c */ TRUNCATE TABLE x.y;", ("x", "y")),
+    ("TRUNCATE TABLE t PARTITION (p0)", None),  # not every row: not this statement
+    ("CREATE TABLE truncate_log (id INT)", None),
+])
+def test_truncate_target(query: str, target: tuple[str, str] | None) -> None:
+    assert truncate_target(query, "db") == target

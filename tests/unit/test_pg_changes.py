@@ -13,13 +13,19 @@ from typing import Any
 import psycopg2
 import pytest
 
-from databus.errors import ConnectionLostError, SourceError, SourceMisconfiguredError
+from databus.errors import (
+    ConnectionLostError,
+    SourceError,
+    SourceMisconfiguredError,
+    SourceQuarantinedError,
+)
 from databus.event import Op, decode_event
-from databus.fetchers._api import FetcherContext
+from databus.fetchers._api import FetcherContext, SourceFailure
 from databus.fetchers.postgres._changes import (
     HEARTBEAT_PREFIX,
     CaptureError,
     ChangeStream,
+    RereadError,
     TableInfo,
 )
 from databus.fetchers.postgres._fetcher import LogicalFetcher
@@ -269,12 +275,13 @@ def test_an_unchanged_toasted_value_without_the_old_row_stops_with_the_fix(
     stream, sink, _ = make()
     stream.feed(relation())
     stream.feed(Begin(100, 0, 1))
-    with pytest.raises(CaptureError) as info:
+    # Without a host (the default quarantine): the fetcher stops, not retried.
+    with pytest.raises(SourceQuarantinedError) as info:
         stream.feed(Update(ORDERS, ("1", UNCHANGED_TOAST), old, old is not None))
-    message = str(info.value)
-    assert message.startswith("public.orders: an UPDATE left the large (TOASTed) column "
-                              "'note' unchanged")
-    assert "ALTER TABLE public.orders REPLICA IDENTITY FULL" in message
+    assert info.value.reason.startswith("an UPDATE left the large (TOASTed) column "
+                                        "'note' unchanged")
+    assert info.value.fix.startswith("run ALTER TABLE public.orders REPLICA IDENTITY FULL")
+    assert info.value.fix.endswith("databus relay heal --relay URL --source public.orders")
     assert not info.value.retriable
     assert sink.events() == []
 
@@ -291,10 +298,10 @@ def test_a_delete_without_a_key_stops_with_the_fix() -> None:
     stream, _sink, _ = make(info=no_key_info)
     stream.feed(relation(identity="n", columns=((False, "id", INT4), (False, "note", TEXT))))
     stream.feed(Begin(100, 0, 1))
-    with pytest.raises(CaptureError, match=re.escape(
-            "public.orders has no primary key and no replica identity index")) as info:
+    with pytest.raises(SourceQuarantinedError, match=re.escape(
+            "it has no primary key and no replica identity index")) as info:
         stream.feed(Delete(ORDERS, ("7", "x"), False))
-    assert "REPLICA IDENTITY FULL" in str(info.value)
+    assert "REPLICA IDENTITY FULL" in info.value.fix
 
 
 def test_a_truncate_of_a_captured_table_is_refused() -> None:
@@ -305,12 +312,11 @@ def test_a_truncate_of_a_captured_table_is_refused() -> None:
     feed(stream, txn(100, Truncate(0, (OTHER,))))
     assert sink.calls == [] and stream.confirmable == 140
     stream.feed(Begin(200, 0, 1))
-    with pytest.raises(CaptureError) as info:
+    with pytest.raises(SourceQuarantinedError) as info:
         stream.feed(Truncate(0, (OTHER, ORDERS)))
-    message = str(info.value)
-    assert message.startswith("TRUNCATE of public.orders in the transaction committed at "
-                              "LSN 200")
-    assert "publish = 'insert, update, delete'" in message and "databus dump" in message
+    assert (info.value.source, info.value.scn) == ("public.orders", 200)
+    assert info.value.reason.startswith("a TRUNCATE of it was published")
+    assert "publish = 'insert, update, delete'" in info.value.fix
     assert not info.value.retriable
 
 
@@ -505,11 +511,10 @@ def test_a_delete_whose_identity_lacks_the_primary_key_is_refused_not_keyed_none
     stream.feed(relation(identity="i", columns=INDEXED))
     feed(stream, txn(100, ins("1", "c1", "a")))  # inserts are fine
     stream.feed(Begin(200, 0, 1))
-    with pytest.raises(CaptureError) as info:
+    with pytest.raises(SourceQuarantinedError) as info:
         stream.feed(Delete(ORDERS, (None, "c1", None), True))
-    message = str(info.value)
-    assert "public.orders" in message and "primary key (id)" in message
-    assert "REPLICA IDENTITY DEFAULT" in message
+    assert info.value.source == "public.orders" and "primary key (id)" in info.value.reason
+    assert "REPLICA IDENTITY DEFAULT" in info.value.fix
     assert [e[3] for e in sink.events()] == [1]
 
 
@@ -519,9 +524,108 @@ def test_an_update_of_the_identity_columns_without_the_primary_key_is_refused() 
     # Identity unchanged: no old tuple, an upsert by the primary key.
     feed(stream, txn(100, Update(ORDERS, ("1", "c1", "b"), None, False)))
     stream.feed(Begin(200, 0, 1))
-    with pytest.raises(CaptureError, match="primary key"):
+    with pytest.raises(SourceQuarantinedError, match="primary key"):
         stream.feed(Update(ORDERS, ("1", "c2", "b"), (None, "c1", None), True))
     assert [(e[1], e[3]) for e in sink.events()] == [(Op.UPSERT, 1)]
+
+
+# -- per-source quarantine (DESIGN 17) -------------------------------------------------------
+
+NUMERIC = 1700
+
+
+def quarantining(info: Any = table_info) -> tuple[ChangeStream, Sink, list[SourceFailure]]:
+    sink, failures = Sink(), []
+    stream = ChangeStream(sink, Catalog(), 3, wanted, info, None,
+                          quarantine=failures.append)
+    return stream, sink, failures
+
+
+def numeric_info(rel: Relation) -> TableInfo:
+    base = table_info(rel)
+    typmod = ((10 << 16) | 2) + 4  # numeric(10,2)
+    return TableInfo(base.primary_key, base.not_null, tuple(
+        column_mapping(NUMERIC, typmod, {}) if c.type_oid == NUMERIC else m
+        for c, m in zip(rel.columns, base.mappings, strict=True)))
+
+
+ITEMS = 16500
+PRICED = ((True, "id", INT4), (False, "price", NUMERIC))
+
+
+def test_a_value_its_schema_refuses_quarantines_that_table_and_the_others_flow() -> None:
+    stream, sink, failures = quarantining(numeric_info)
+    stream.feed(relation(ITEMS, "items", columns=PRICED))
+    stream.feed(relation())
+    feed(stream, txn(100, Insert(ITEMS, ("1", "1.50")), ins("1", "a")))
+    # NaN: no numeric(10,2) Avro decimal holds it.
+    feed(stream, txn(200, ins("2", "b"), Insert(ITEMS, ("2", "NaN")), ins("3", "c")))
+    feed(stream, txn(300, Insert(ITEMS, ("3", "2.00")), ins("4", "d")))
+    [failure] = failures
+    assert (failure.source, failure.scn) == ("public.items", 200)
+    assert failure.reason == ("a value of column 'price' (numeric(10,2)) cannot be held by "
+                              "its schema")  # never the value
+    assert failure.fix.endswith("databus relay heal --relay URL --source public.items")
+    ids = {"public.items": 1, "public.orders": 2}
+    assert [(c[1], c[6], c[2], c[3]) for c in sink.events()] == [
+        (Op.UPSERT, 100, ids["public.items"], 1), (Op.UPSERT, 100, ids["public.orders"], 1),
+        (Op.UPSERT, 200, ids["public.orders"], 2), (Op.UPSERT, 200, ids["public.orders"], 3),
+        (Op.UPSERT, 300, ids["public.orders"], 4)]
+    assert ("rollback",) not in sink.calls
+
+
+def test_a_failure_after_the_tables_first_changes_rereads_the_transaction() -> None:
+    stream, sink, failures = quarantining(numeric_info)
+    stream.feed(relation(ITEMS, "items", columns=PRICED))
+    stream.feed(relation())
+    stream.feed(Begin(200, 0, 1))
+    stream.feed(Insert(ITEMS, ("1", "1.00")))
+    stream.feed(ins("1", "a"))
+    with pytest.raises(RereadError) as info:
+        stream.feed(Insert(ITEMS, ("2", "NaN")))
+    assert info.value.retriable
+    assert [f.source for f in failures] == ["public.items"]
+    assert sink.calls[-1] == ("rollback",)
+    # The fetcher started again with the table quarantined: it is left out from the start.
+    stream, sink, failures = quarantining(numeric_info)
+    stream.quarantined.add("public.items")
+    stream.feed(relation(ITEMS, "items", columns=PRICED))
+    stream.feed(relation())
+    feed(stream, txn(200, Insert(ITEMS, ("1", "1.00")), ins("1", "a"),
+                     Insert(ITEMS, ("2", "NaN"))))
+    assert failures == [] and [c[3] for c in sink.events()] == [1]
+
+
+def test_a_healed_table_skips_what_the_last_run_read_before_the_heal() -> None:
+    """After ``databus relay heal`` the fetcher resumes after the buffer's end, which may
+    be before transactions of the table the last run read (they wrote no window): the
+    heal's dump brings those, and a failure among them must not set it aside again."""
+    sink, failures = Sink(), []
+    stream = ChangeStream(sink, Catalog(), 3, wanted, numeric_info, None,
+                          quarantine=failures.append, healed={"public.items": 200})
+    stream.feed(relation(ITEMS, "items", columns=PRICED))
+    stream.feed(relation())
+    feed(stream, txn(150, Insert(ITEMS, ("1", "NaN")), ins("1", "a")))
+    feed(stream, txn(200, Insert(ITEMS, ("2", "2.00"))))
+    feed(stream, txn(300, Insert(ITEMS, ("3", "3.00")), ins("2", "b")))
+    assert failures == [] and stream.healed == {}
+    assert [(c[6], c[3]) for c in sink.events()] == [(150, 1), (300, 3), (300, 2)]
+
+
+def test_a_table_without_primary_key_under_full_has_nullable_columns() -> None:
+    """Every column is the replica identity (FULL), none is NOT NULL: a NULL is a value,
+    not a failure (issue 28: 'must be string on field note')."""
+    stream, sink, catalog = make(info=no_key_info)
+    stream.feed(relation(identity="f", columns=((True, "id", INT4), (True, "note", TEXT))))
+    feed(stream, txn(100, Insert(ORDERS, ("1", None)), Insert(ORDERS, (None, "x"))))
+    feed(stream, txn(200, Update(ORDERS, ("1", "y"), ("1", None), False)))
+    rows = [(e[1], e[3], catalog.decode("public.orders", e[4], e[5]) if e[4] else None)
+            for e in sink.events()]
+    assert rows == [
+        (Op.UPSERT, (1, None), {"id": 1, "note": None}),
+        (Op.UPSERT, (None, "x"), {"id": None, "note": "x"}),
+        (Op.DELETE, (1, None), None),
+        (Op.UPSERT, (1, "y"), {"id": 1, "note": "y"})]
 
 
 # -- the fetcher's loop on a fake replication connection ------------------------------------

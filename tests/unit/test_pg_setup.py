@@ -309,7 +309,7 @@ def test_toastable_columns_without_full_are_a_warning() -> None:
     assert check.verdict == "warning" and plan.ok  # exit status 0
     assert check.message == (
         "public.t: TOASTable columns body (text), doc (jsonb): an UPDATE that leaves such "
-        "a column unchanged stops the fetcher (pgoutput sends no value for it)")
+        "a column unchanged quarantines the table (pgoutput sends no value for it)")
     assert check.fix == ("ALTER TABLE public.t REPLICA IDENTITY FULL (databus pg setup "
                          "--replica-identity-full)")
     assert not any("REPLICA IDENTITY" in s for s in plan.statements)
@@ -389,7 +389,7 @@ def test_a_publication_missing_an_operation_is_an_error_truncate_a_warning() -> 
                                                              truncate=True)))
     assert plan.ok
     warning = plan.warnings[0]
-    assert "publishes TRUNCATE" in warning.message and "stops the fetcher" in warning.message
+    assert "publishes TRUNCATE" in warning.message and "quarantines it" in warning.message
 
 
 def test_partitioned_tables_need_publish_via_partition_root() -> None:

@@ -375,3 +375,26 @@ def test_replicators_in_the_view_and_their_readiness() -> None:
     console = Console(record=True, width=250, color_system=None)
     console.print(sv.render(sv.build_document([], [], NOW, [applying])))
     assert "Replicators" in console.export_text()
+
+
+def test_a_quarantined_source_is_shown_not_ready_and_in_red() -> None:
+    """DESIGN 17: a buffer's quarantined sources (its /v1/status ``quarantined``)."""
+    status = json.loads(json.dumps(RELAY_STATUS))
+    buffer = next(iter(status["buffers"].values()))
+    buffer["quarantined"] = [{"source": "shop.items", "scn": 230, "reason": "bad row",
+                              "fix": "databus relay heal", "since": NOW - 60}]
+    entry = sv.relay_entry("http://r:1", sv.Answer(status), sv.Answer(CONSUMERS), NOW)
+    (q,) = entry["buffers"][0]["quarantined"]
+    assert q == {"source": "shop.items", "scn": 230, "reason": "bad row",
+                 "fix": "databus relay heal", "since": NOW - 60, "age_s": 60.0,
+                 "state": "quarantined", "ready": False}
+    document = sv.build_document([entry], [], NOW)
+    (row,) = sv.quarantine_rows(document)
+    assert row[2] == "shop.items" and row[3] == "QUARANTINED"
+    assert isinstance(row[3], sv.Styled) and row[3].style == sv.ALERT
+    out = io.StringIO()
+    Console(file=out, width=200).print(sv.render(document))
+    assert "Quarantined sources" in out.getvalue() and "QUARANTINED" in out.getvalue()
+    plain = sv.relay_entry("http://r:1", sv.Answer(RELAY_STATUS), sv.Answer(CONSUMERS), NOW)
+    assert plain["buffers"][0]["quarantined"] == []
+    assert sv.quarantine_rows(sv.build_document([plain], [], NOW)) == []

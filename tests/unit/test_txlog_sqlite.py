@@ -28,7 +28,7 @@ from databus.fetchers.txlog import SqliteTxlogFetcher, seal_sqlite_transaction
 from databus.fetchers.txlog._errors import TxlogNotInstalledError, TxlogPositionError
 from databus.relay._buffer import EventBuffer
 from databus.relay._catalog import RelayCatalog
-from tests.relay_harness import relay_config, running_relay
+from tests.relay_harness import relay_config, running_relay, stream_all
 from tests.tiers import size
 from tests.unit.test_txlog_support import (
     BUFFER,
@@ -268,12 +268,40 @@ def test_a_table_without_a_primary_key_is_refused(db: SqliteSource, tmp_path: Pa
     assert "no primary key" in fetcher["last_error"]
 
 
-def test_a_value_sqlite_typing_let_in_is_a_clear_error(db: SqliteSource,
-                                                      tmp_path: Path) -> None:
-    db.txn("INSERT INTO orders (id, tag, qty) VALUES (1, 'x', 'many')")
-    fetcher = asyncio.run(failed(tmp_path, db.uri(TABLES)))
-    assert "SchemaError" in fetcher["last_error"]
-    assert "'qty'" in fetcher["last_error"] and "'many'" in fetcher["last_error"]
+def test_a_value_sqlite_typing_let_in_quarantines_its_table_only(db: SqliteSource,
+                                                                tmp_path: Path) -> None:
+    """DESIGN 17: ``orders`` is set aside at the SCN of the transaction whose row its
+    schema cannot hold (the reason names the column, never the value); ``notes`` (in
+    that transaction too) and ``items`` flow on, whole and in order."""
+    db.txn("INSERT INTO orders (id, tag, qty) VALUES (1, 'a', 1)",
+           "INSERT INTO notes (code, tag) VALUES ('n1', 'a')")
+    db.txn("INSERT INTO notes (code, tag) VALUES ('n2', 'b')",
+           "INSERT INTO orders (id, tag, qty) VALUES (2, 'b', 'many')",
+           "INSERT INTO orders (id, tag, qty) VALUES (3, 'b', 3)")
+    db.txn("INSERT INTO orders (id, tag, qty) VALUES (4, 'c', 4)",
+           "INSERT INTO items (order_id, line, tag) VALUES (4, 1, 'c')")
+    db.txn("INSERT INTO notes (code, tag) VALUES ('n3', 'd')")
+
+    async def scenario() -> None:
+        async with running_relay(relay_config(tmp_path, {BUFFER: db.uri(TABLES)})) as r:
+            doc = await wait_status(r, lambda s: s["quarantined"] and s["windows"] >= 4,
+                                    what="quarantine and 4 windows")
+            assert doc["fetcher"]["state"] == "running", doc
+            [q] = doc["quarantined"]
+            windows, _ = await stream_all(r, quarantine="pass")
+            names = {s.id: s.name for s in r.relay.catalog.sources()}
+            keys = [(w.scn, names[source], key) for w in windows
+                    for source, key, _value in w.events]
+            assert [(n, k) for _scn, n, k in keys] == [
+                ("shop.orders", 1), ("shop.notes", "n1"), ("shop.notes", "n2"),
+                ("shop.items", (4, 1)), ("shop.notes", "n3")]
+            assert q["source"] == "shop.orders" and q["scn"] == keys[2][0], q
+            assert q["reason"] == ("a row written by the transaction of SCN "
+                                   f"{q['scn']} holds in column 'qty' (INTEGER) a value its "
+                                   "schema cannot carry"), q
+            assert q["fix"].endswith("databus relay heal --relay URL --source shop.orders")
+
+    asyncio.run(scenario())
 
 
 def test_source_missing_at_start_then_back(db: SqliteSource, tmp_path: Path) -> None:
