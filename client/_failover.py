@@ -101,6 +101,8 @@ class FailoverPuller:
         # it but its table does not exist yet (the client waits; see note_source_states).
         self.source_states: dict[str, str] = {}
         self._logged_pending: set[str] = set()
+        # Per pending source, why the relay waits for it (its X-Databus-Waiting note).
+        self.waiting_notes: dict[str, str] = {}
         self.failovers = 0
         self.last_error: BaseException | None = None
         # Sent as client_id with every stream request, so that relays can show this
@@ -330,8 +332,14 @@ class FailoverPuller:
             before = self.source_states.get(name)
             if state == "pending" and name not in self._logged_pending:
                 self._logged_pending.add(name)
-                log.warning("source %s: %s %s is configured for it but its table does not "
-                            "exist yet; waiting for it", name, self.service, url)
+                note = self.waiting_notes.get(name)
+                if note:
+                    log.warning("source %s: %s %s is configured for it (by a pattern) but "
+                                "does not have it: %s; waiting for it", name, self.service,
+                                url, note)
+                else:
+                    log.warning("source %s: %s %s is configured for it but its table does "
+                                "not exist yet; waiting for it", name, self.service, url)
             elif state == "active" and before == "pending":
                 log.info("source %s: its table exists now (%s %s)", name, self.service, url)
             self.source_states[name] = state

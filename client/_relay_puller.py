@@ -170,6 +170,11 @@ class RelayPuller(FailoverPuller):
                                     timeout=timeout) as resp:
             await self._check(resp)
             await resp.read()
+            # Why the relay waits for it (DESIGN 17): no such table yet (with a
+            # did-you-mean), or not visible to the relay's user.
+            note = resp.headers.get("X-Databus-Waiting", "")
+            if note:
+                self.waiting_notes[name] = note.partition(": ")[2] or note
 
     async def fetch(self, position: Checkpoint, *, max_bytes: int, wait_ms: int) -> Batch:
         """One stream request, retried across relays until one answers."""

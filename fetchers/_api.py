@@ -243,6 +243,11 @@ class FetcherContext:
     # The sources in quarantine now (a fetcher reads it at start and may cache it for
     # its run: ``databus relay heal`` restarts the fetcher after lifting one).
     quarantined: Callable[[], frozenset[str]] = lambda: frozenset()
+    # Set by the fetcher: the databases its configuration names whose tables the source
+    # does not list to the relay's user (no privilege on them, or no such database), so
+    # that a consumer waiting for a table there is told why (DESIGN 17: "not visible to
+    # the relay's user" rather than "does not exist yet"). The last report wins.
+    report_unlisted: Callable[[frozenset[str]], None] = lambda databases: None
 
 
 class Fetcher(ABC):

@@ -29,7 +29,9 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,19 @@ class SourceEntry:
         ``pending`` for a source the configuration names whose table does not exist
         yet: its id is reserved, consumers may subscribe and wait for it."""
         return "pending" if self.fingerprint is None else "active"
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean a.b or a.c?)`` for the known names closest to ``name`` (a typo's
+    suggestion in an ``unknown_source`` message), or an empty string. Compared
+    case-insensitively, so ``Shop.Orders`` finds ``shop.orders``."""
+    by_lower = {k.lower(): k for k in known if k != name}
+    close = get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.75)
+    if not close:
+        return ""
+    names = [by_lower[c] for c in close]
+    return " (did you mean " + (names[0] if len(names) == 1 else
+                                ", ".join(names[:-1]) + " or " + names[-1]) + "?)"
 
 
 @dataclass(frozen=True, slots=True)

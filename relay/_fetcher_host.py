@@ -268,6 +268,7 @@ class _Runner:
         self.heard_until = 0.0
         self.silence_s = _DEFAULT_SILENCE_S
         self.details: dict[str, Any] = {}  # FetcherContext.report_details, replaced whole
+        self.unlisted: frozenset[str] = frozenset()  # FetcherContext.report_unlisted
         self.fetcher: Fetcher | None = None
         # What its configuration names (set by FetcherHost.start; None: it cannot say).
         self.configured: ConfiguredSources | None = None
@@ -307,6 +308,7 @@ class _Runner:
             memory=self.memory,
             report_details=self.report_details,
             flush_buffer=self.buffer.flush,
+            report_unlisted=self.report_unlisted,
         )
         if self.quarantine is not None:
             self.quarantine.attach(context)
@@ -342,6 +344,10 @@ class _Runner:
         self.read_through_ns = None
         self.heard_until = 0.0
         self.silence_s = _DEFAULT_SILENCE_S
+
+    def report_unlisted(self, databases: frozenset[str]) -> None:
+        """``FetcherContext.report_unlisted`` (the fetcher's thread)."""
+        self.unlisted = frozenset(databases)
 
     def report_details(self, details: dict[str, Any]) -> None:
         self.details = {k: v for k, v in details.items()
@@ -735,6 +741,12 @@ class FetcherHost:
         ``db.*``/all-tables pattern), or None. Several buffers matching by pattern
         (two ``mysql://`` sources without ``tables=``) is ambiguous: ``ConfigError``."""
         return configured_buffer(self.configured_sources(), source)
+
+    def unlisted(self, buffer: str) -> frozenset[str]:
+        """The databases of ``buffer``'s configuration its source does not list to the
+        relay's user (``FetcherContext.report_unlisted``)."""
+        runner = self._runners.get(buffer)
+        return runner.unlisted if runner is not None else frozenset()
 
     def configured_sources(self) -> dict[str, ConfiguredSources | None]:
         """Per buffer, the sources its fetcher's configuration names (after ``start``;

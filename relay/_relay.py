@@ -22,7 +22,7 @@ from databus.errors import (
     NotLeaderError,
     UnknownSourceError,
 )
-from databus.fetchers._api import Fetcher
+from databus.fetchers._api import ConfiguredSources, Fetcher
 from databus.relay._buffer import EventBuffer
 from databus.relay._catalog import RelayCatalog, SourceEntry
 from databus.relay._fetcher_host import FetcherHost
@@ -64,6 +64,13 @@ class SourceLocator(Protocol):
     """Which buffer's configuration names a source (``FetcherHost``, or a worker's copy)."""
 
     def configured_buffer(self, source: str) -> str | None: ...
+
+    def configured_sources(self) -> Mapping[str, ConfiguredSources | None]: ...
+
+    def unlisted(self, buffer: str) -> frozenset[str]:
+        """The databases of ``buffer``'s configuration that its source does not list to
+        the relay's user (``FetcherContext.report_unlisted``)."""
+        ...
 
 
 class QuarantineReader(Protocol):

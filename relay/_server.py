@@ -69,6 +69,7 @@ from databus.errors import (
 )
 from databus.filters import SourceFilter
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
+from databus.relay._catalog import did_you_mean
 from databus.relay._consumers import (
     CONSUMERS,
     ConsumerRegistry,
@@ -139,11 +140,42 @@ def _source_buffer(relay: RelayReader, name: str) -> tuple[str, int | None]:
         except ConfigError as exc:
             raise BadRequest(exc.message) from None
         if buffer is None:
+            known = {e.name for e in relay.catalog.sources()}
+            for configured in relay.fetchers.configured_sources().values():
+                if configured is not None:
+                    known.update(configured.names)
             raise UnknownSourceError(
                 f"unknown source {name!r}: this relay's configuration does not name it"
+                f"{did_you_mean(name, known)}"
             ) from None
         return buffer, None
     return entry.buffer, entry.id
+
+
+def waiting_note(relay: RelayReader, buffer: str, names: list[str]) -> str:
+    """Why the sources among ``names`` that the configuration names by a pattern but
+    that do not exist yet are waited for (the ``X-Databus-Waiting`` header, DESIGN 17),
+    or an empty string: not visible to the relay's user (their database is not listed
+    to it: grants), or no such table at the source yet, with a did-you-mean from the
+    tables the relay knows."""
+    unlisted = relay.fetchers.unlisted(buffer)
+    known = [e.name for e in relay.catalog.sources() if e.buffer == buffer]
+    notes = []
+    for name in names:
+        try:
+            relay.catalog.source(name)
+            continue
+        except UnknownSourceError:
+            pass
+        database = name.rpartition(".")[0]
+        if database in unlisted:
+            notes.append(f"{name}: not visible to the relay's user (its database {database} "
+                         "is not listed to it: grant it SELECT on the database, or check the "
+                         "name)")
+        else:
+            notes.append(f"{name}: no such table at the source yet{did_you_mean(name, known)}")
+    # A header value: one line of printable ASCII.
+    return "; ".join(notes).encode("ascii", "replace").decode()[:1000]
 
 
 def _buffer_for(relay: RelayReader, request: web.Request) -> tuple[str, CompiledFilter | None]:
@@ -225,6 +257,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
                                      3_600_000), MIN_HEARTBEAT_MS), MAX_HEARTBEAT_MS)
     buffer_name, select = _buffer_for(relay, request)
     buffer = relay.buffers[buffer_name]
+    waiting = waiting_note(relay, buffer_name, sources_param(request))
     filter_key = (request.query.get("sources", ""), request.query.get("filter", ""))
     quarantine = quarantine_stop(request, relay, buffer_name)
     if follow:
@@ -279,6 +312,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
     }
     if pending is not None:
         headers["X-Databus-Pending-Event-Size"] = str(pending)
+    if waiting:
+        headers["X-Databus-Waiting"] = waiting
     size = sum(len(p) for p in pieces)
     stats.bytes_served += size
     stats.events_served += events

@@ -103,6 +103,12 @@ class ConfiguredBuffers:
     def configured_buffer(self, source: str) -> str | None:
         return configured_buffer(self._configured, source)
 
+    def configured_sources(self) -> Mapping[str, ConfiguredSources | None]:
+        return self._configured
+
+    def unlisted(self, buffer: str) -> frozenset[str]:
+        return frozenset()  # known to the main process only (docs/relay.md)
+
 
 class WorkerRelay:
     """A read-only view of a relay's files for a worker process (``RelayReader``)."""

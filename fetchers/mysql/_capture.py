@@ -55,7 +55,7 @@ from databus.fetchers.mysql._schema import (
     truncate_target,
 )
 from databus.fetchers.mysql._scn import BinlogPosition, binlog_file_number, make_scn
-from databus.fetchers.mysql._server import current_shapes, source_error
+from databus.fetchers.mysql._server import current_shapes, source_error, unlisted_databases
 from databus.fetchers.mysql._uri import TableSelector
 from databus.schemas import Schema
 
@@ -163,12 +163,20 @@ class Capture:
         """Make every captured table known before its first row (best effort)."""
         try:
             shapes = current_shapes(conn, self.config, self.config.selector)
+            unlisted = unlisted_databases(conn, self.config, self.config.selector)
         except SourceError as exc:
             if not exc.retriable:
                 raise
             limited(log).warning("could not read information_schema of %s: %s", self.config.address,
                                  exc)
             return
+        self.context.report_unlisted(unlisted)
+        if unlisted:
+            log.warning("the relay's user cannot see database(s) %s at %s (no privilege on "
+                        "them, or they do not exist): their tables are captured from their "
+                        "first change, but consumers waiting for them cannot be told whether "
+                        "they exist; to list them, GRANT SELECT ON <db>.* to the relay's user",
+                        ", ".join(sorted(unlisted)), self.config.address)
         for shape in shapes:
             if shape.source_name in self.quarantined:
                 continue

@@ -242,6 +242,22 @@ def resolve_start(conn: pymysql.Connection[Any], config: BinlogSourceConfig,
                                f"{where}. {remedy}")
 
 
+def unlisted_databases(conn: pymysql.Connection[Any], config: BinlogSourceConfig,
+                       selector: TableSelector) -> frozenset[str]:
+    """The databases ``selector`` names that information_schema does not list to this
+    user: it has no privilege on them (a relay user with only the binlog grants sees
+    none) or they do not exist. Their tables are captured from their first change all
+    the same, but cannot be listed before it (docs/binlog-fetcher.md, "Privileges")."""
+    schemas = selector.schemas()
+    if not schemas:
+        return frozenset()  # every database (nothing named to check) or none
+    with _cursor(conn, config, "reading information_schema") as cur:
+        cur.execute("SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME IN ("
+                    + ", ".join(["%s"] * len(schemas)) + ")", schemas)
+        listed = {str(row[0]) for row in cur.fetchall()}
+    return frozenset(schemas) - listed
+
+
 def current_shapes(conn: pymysql.Connection[Any], config: BinlogSourceConfig,
                    selector: TableSelector) -> list[TableShape]:
     """Today's layout of every captured base table, from information_schema."""
