@@ -149,6 +149,10 @@ def _pad_marker_fields(pos: int) -> tuple[int, bytes, int, int]:
     return _PAD, _PAD_MAGIC, pos, crc
 
 
+class _Overflowed(Exception):
+    """The open window stopped fitting in the ring (``_make_room_until``)."""
+
+
 class _Overwritten(Exception):
     """Internal: the writer evicted bytes a read was using; the read starts over."""
 
@@ -176,7 +180,24 @@ class BufferCorruptedError(DatabusError):
 
 
 class WindowTooLargeError(BufferError_):
-    """A window that does not fit in the whole buffer."""
+    """A window that does not fit in the whole buffer. ``window_bytes`` is its whole
+    size (the buffer counts the rest of the window once it no longer fits) and
+    ``needed_mb`` the smallest ``capacity_mb`` that holds it."""
+
+    def __init__(self, message: str, *, window_bytes: int = 0, needed_mb: int = 0) -> None:
+        super().__init__(message)
+        self.window_bytes = window_bytes
+        self.needed_mb = needed_mb
+
+
+_MIB = 1 << 20
+
+
+def capacity_mb_for(window_bytes: int, largest_event: int) -> int:
+    """The smallest ``capacity_mb`` whose ring holds one window of ``window_bytes``
+    bytes, whatever the padding before it (at most one event's size: an event that does
+    not fit before the end of the ring starts the next lap)."""
+    return max(1, -(-(window_bytes + largest_event) // _MIB))
 
 
 class ScnOrderError(BufferError_):
@@ -239,9 +260,14 @@ class EventBuffer:
             size = os.fstat(fd).st_size
             want = META_SIZE + capacity
             if not fresh and size not in (0, want):
+                have, want_mb = size - META_SIZE, capacity / (1 << 20)
                 raise BufferError_(
-                    f"buffer file {self.path} has {size - META_SIZE} bytes of ring, the config "
-                    f"says {capacity}: move the file away to start an empty buffer"
+                    f"buffer file {self.path} has {have:,} bytes of ring "
+                    f"({have / (1 << 20):g} MiB), the config says {capacity:,} "
+                    f"({want_mb:g} MiB): to change its capacity keeping every window, "
+                    f"stop the relay and run `databus relay resize --config FILE --buffer "
+                    f"{self.path.stem} --capacity-mb {want_mb:g}`; or set capacity_mb back "
+                    f"to {have / (1 << 20):g}"
                 )
             if size != want:
                 os.ftruncate(fd, want)
@@ -285,6 +311,12 @@ class EventBuffer:
         self._write = 0
         self._win_check = WindowChecksum()
         self._win_last_ts = 0
+        self._win_bytes = 0  # the open window's event bytes written (padding aside)
+        # Once the open window no longer fits: its bytes so far and its largest event,
+        # counted to the end of the window (nothing more is written) so that the error
+        # says the size it needs.
+        self._overflow: int | None = None
+        self._overflow_largest = 0
         # The commit time of the newest window written by this process (None: none yet).
         self.last_window_timestamp_ns: int | None = None
         # Source id -> schema fingerprints of the events recovery found in the file, so
@@ -450,6 +482,9 @@ class EventBuffer:
         self._win_start = self._write = self._tail
         self._win_check = WindowChecksum()
         self._win_last_ts = 0
+        self._overflow = None
+        self._overflow_largest = 0
+        self._win_bytes = 0
 
     def append(self, event: bytes) -> None:
         """Append one encoded data event (its SCN must be the open window's)."""
@@ -496,6 +531,8 @@ class EventBuffer:
         if scn is None:
             raise BufferError_("end_window() outside a window")
         ts = self._win_last_ts if timestamp_ns is None else timestamp_ns
+        if self._overflow is not None:
+            self._too_large(scn)
         eow = encode_eow(
             scn=scn, event_count=self._win_check.count, checksum=self._win_check.crc,
             timestamp_ns=ts, partition_id=self.partition_id,
@@ -522,6 +559,21 @@ class EventBuffer:
         """Discard the open window (its bytes were never visible to readers)."""
         self._win_scn = None
         self._write = self._tail
+        self._overflow = None
+
+    def _too_large(self, scn: int) -> None:
+        """End an overflowed window: nothing of it was kept; say the size it needs."""
+        size = (self._overflow or 0) + HEADER_SIZE + _EOW_VALUE.size  # and its EOW
+        largest = self._overflow_largest
+        self.rollback()
+        needed = capacity_mb_for(size, largest)
+        raise WindowTooLargeError(
+            f"window {scn} is {size:,} bytes, larger than the buffer ({self.capacity:,} "
+            f"bytes, capacity_mb {self.capacity // _MIB}): it needs capacity_mb >= "
+            f"{needed}. Stop the relay, run `databus relay resize --config FILE --buffer "
+            f"NAME --capacity-mb {max(needed, 2 * (self.capacity // _MIB))}` (it keeps every "
+            "window), set the same capacity_mb in the config, and start it again",
+            window_bytes=size, needed_mb=needed)
 
     def append_window(self, scn: int, events: Iterable[bytes]) -> None:
         """start_window + append* + end_window, rolled back on any error."""
@@ -536,7 +588,15 @@ class EventBuffer:
 
     def _put(self, data: bytes) -> None:
         n = len(data)
+        if self._overflow is not None:
+            self._overflow += n
+            self._overflow_largest = max(self._overflow_largest, n)
+            return
         cap = self.capacity
+        if self._win_scn is not None and self._win_bytes + n > cap:
+            # The open window can never fit: evict nothing more for it.
+            self._overflowed(n)
+            return
         pos = self._write
         phys = pos % cap
         if phys + n > cap:
@@ -546,25 +606,40 @@ class EventBuffer:
             # marker overwrites bytes of the previous lap.
             pad_at = pos
             pos += cap - phys
-            self._make_room_until(pos + n)
+            try:
+                self._make_room_until(pos + n)
+            except _Overflowed:
+                self._overflowed(n)
+                return
             if cap - phys >= HEADER_SIZE:
                 _PAD_MARKER.pack_into(self._ring, phys, *_pad_marker_fields(pad_at))
             phys = 0
         else:
-            self._make_room_until(pos + n)
+            try:
+                self._make_room_until(pos + n)
+            except _Overflowed:
+                self._overflowed(n)
+                return
         self._ring[phys : phys + n] = data
         self._write = pos + n
+        self._win_bytes += n
+
+    def _overflowed(self, n: int) -> None:
+        """The open window no longer fits: from now on its bytes are only counted."""
+        self._overflow = self._win_bytes + n
+        self._overflow_largest = n
 
     def _make_room_until(self, end: int) -> None:
         """Evict whole windows from the head until [head, end) fits in the ring."""
         while end - self._head > self.capacity:
             if self._head >= self._tail:
-                # Only the open window is left and it still does not fit.
-                scn = self._win_scn
-                self.rollback()
-                raise WindowTooLargeError(
-                    f"window {scn} is larger than the buffer ({self.capacity} bytes)"
-                )
+                # Only the open window is left and it still does not fit: nothing more
+                # of it is written, its bytes are counted to its end (``end_window``
+                # raises with the size it needs).
+                if self._win_scn is None:
+                    raise WindowTooLargeError(
+                        f"an event larger than the buffer ({self.capacity:,} bytes)")
+                raise _Overflowed
             self._evict_one()
 
     def _evict_one(self) -> None:

@@ -41,6 +41,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     heal.add_argument("--source", required=True, help="the quarantined source (db.table)")
     heal.add_argument("--token", help="admin token (default: $DATABUS_ADMIN_TOKEN)")
     heal.set_defaults(handler=run_heal)
+    resize = actions.add_parser(
+        "resize", help="change a buffer's capacity, offline, keeping every window")
+    resize.add_argument("--config", required=True, dest="resize_config",
+                        help="the relay's TOML file")
+    resize.add_argument("--buffer", required=True, help="the buffer's name")
+    resize.add_argument("--capacity-mb", required=True, type=int, help="the new capacity")
+    resize.set_defaults(handler=run_resize)
+
+
+def run_resize(args: argparse.Namespace) -> int:
+    from databus._hold import hold
+    from databus.relay._resize import resize_buffer
+
+    config = load_config(args.resize_config).relay
+    if config is None:
+        raise ConfigError(f"{args.resize_config}: no [relay] section")
+    # Offline: the relay holds its data dir while it runs (one line if it does).
+    held = hold(config.data_dir / LOCK_FILENAME, f"relay data dir {config.data_dir}",
+                "the relay runs: stop it first (a buffer is resized offline)")
+    try:
+        done = resize_buffer(config, args.buffer, args.capacity_mb)
+    finally:
+        held.release()
+    scns = ("empty" if done.min_scn is None else f"SCN {done.min_scn}..{done.max_scn}")
+    print(f"buffer {done.buffer}: {done.old_capacity_mb:g} MiB -> {done.new_capacity_mb} MiB, "
+          f"{done.windows:,} windows kept ({scns}, {done.used_bytes:,} bytes); set "
+          f"capacity_mb = {done.new_capacity_mb} for it in {args.resize_config} before "
+          "starting the relay")
+    return 0
 
 
 def run_heal(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from databus.event import (
     decode_eow,
     decode_event,
     encode_dump_marker,
+    encode_eow,
     encode_event,
     iter_events,
 )
@@ -188,8 +189,16 @@ def test_eviction_wraps_and_reports_scn_not_found(path: Path) -> None:
 def test_window_too_large_is_an_error_and_buffer_stays_usable(path: Path) -> None:
     with EventBuffer(path, 2048) as buf:
         fill(buf, [1])
-        with pytest.raises(WindowTooLargeError):
-            buf.append_window(2, [ev(2, i, 300) for i in range(10)])
+        events = [ev(2, i, 300) for i in range(10)]
+        with pytest.raises(WindowTooLargeError) as info:
+            buf.append_window(2, events)
+        # The whole window's size (counted past the point where it stopped fitting,
+        # with its EOW) and the capacity that holds it, in the message (issue 28).
+        eow = encode_eow(scn=2, event_count=10, checksum=0, timestamp_ns=0, partition_id=0)
+        size = sum(len(e) for e in events) + len(eow)
+        assert info.value.window_bytes == size
+        assert info.value.needed_mb == 1
+        assert f"{size:,} bytes" in str(info.value) and "databus relay resize" in str(info.value)
         fill(buf, [3])
         assert buf.state().max_scn == 3
         events, _ = read_all(buf, Checkpoint.flexible())
@@ -245,7 +254,7 @@ def test_restart_serves_everything_it_had(path: Path) -> None:
 
 def test_capacity_change_is_refused(path: Path) -> None:
     EventBuffer(path, 4096).close()
-    with pytest.raises(Exception, match="move the file away"):
+    with pytest.raises(Exception, match="databus relay resize"):
         EventBuffer(path, 8192)
 
 

@@ -330,7 +330,7 @@ def test_truncated_file_is_refused(ring: tuple[Path, Written]) -> None:
     path, _written = ring
     with path.open("r+b") as f:
         f.truncate(META_SIZE + CAPACITY // 2)
-    with pytest.raises(BufferError_, match="move the file away"):
+    with pytest.raises(BufferError_, match="databus relay resize"):
         EventBuffer(path, CAPACITY)
 
 

@@ -697,7 +697,8 @@ def test_scn_regression_below_prev_is_rejected_once_eviction_emptied_the_buffer(
     with EventBuffer(tmp_path / "ring.buf", 64 * 1024) as buffer:
         for scn in (10, 20, 30):
             buffer.append_window(scn, [encode_event(scn=scn, source_id=1, op=Op.UPSERT,
-                                                    key=scn, value=b"v" * 1000)])
+                                                    key=scn, value=b"v" * 10_000)])
+        # It evicts the three while it still could fit, then stops evicting.
         with pytest.raises(WindowTooLargeError):
             buffer.append_window(40, [encode_event(scn=40, source_id=1, op=Op.UPSERT, key=i,
                                                    value=b"v" * 10_000) for i in range(8)])
