@@ -44,6 +44,20 @@ def _client(url: str, source: str) -> DatabusClient:
                          checkpoint_store=MemoryCheckpointStore())
 
 
+async def _waiting(url: str, source: str, caplog: pytest.LogCaptureFixture
+                   ) -> tuple[Collect, DatabusClient, asyncio.Task[None], str]:
+    """A client of ``source`` started, once it logged its waiting line: that line."""
+    collect = Collect()
+    client = _client(url, source)
+    client.register(collect)
+    with caplog.at_level(logging.WARNING):
+        run = asyncio.create_task(client.run_async())
+        await async_wait_until(lambda: "waiting for it" in caplog.text,
+                               "the client's waiting line", 60)
+    line = next(r.getMessage() for r in caplog.records if "waiting for it" in r.getMessage())
+    return collect, client, run, line
+
+
 def test_a_name_no_configuration_matches_is_unknown_at_once_with_a_suggestion(
         mariadb_server: MariaDBServer, tmp_path: Path) -> None:
     sql = fresh_database(mariadb_server, DB)
@@ -84,15 +98,7 @@ def test_a_pattern_name_that_is_absent_waits_and_says_no_such_table(
 
     async def scenario() -> None:
         async with binlog_relay(tmp_path, uri) as relay:
-            collect = Collect()
-            client = _client(relay.url, f"{db}.actors")
-            client.register(collect)
-            with caplog.at_level(logging.WARNING):
-                run = asyncio.create_task(client.run_async())
-                await async_wait_until(lambda: "waiting for it" in caplog.text,
-                                       "the client's waiting line", 60)
-            line = next(r.getMessage() for r in caplog.records
-                        if "waiting for it" in r.getMessage())
+            collect, client, run, line = await _waiting(relay.url, f"{db}.actors", caplog)
             assert "no such table at the source yet" in line, line
             assert f"did you mean {db}.actor?" in line, line
             # The table created after all: its rows flow to the waiting consumer.
@@ -123,15 +129,7 @@ def test_a_table_the_relay_user_cannot_see_is_waited_for_as_not_visible(
 
     async def scenario() -> None:
         async with binlog_relay(tmp_path, uri) as relay:
-            collect = Collect()
-            client = _client(relay.url, f"{db}.actor")
-            client.register(collect)
-            with caplog.at_level(logging.WARNING):
-                run = asyncio.create_task(client.run_async())
-                await async_wait_until(lambda: "waiting for it" in caplog.text,
-                                       "the client's waiting line", 60)
-            line = next(r.getMessage() for r in caplog.records
-                        if "waiting for it" in r.getMessage())
+            collect, client, run, line = await _waiting(relay.url, f"{db}.actor", caplog)
             assert "not visible to the relay's user" in line, line
             assert "does not exist" not in line, line
             # Its first change makes it known all the same.
