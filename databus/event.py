@@ -78,7 +78,7 @@ HEARTBEAT_SOURCE_ID = -5
 DUMP_START_SOURCE_ID = -6
 DUMP_END_SOURCE_ID = -7
 # Quarantine marker (DESIGN 17): a source is set aside (or healed) in this window
-# (relay/_quarantine.py).
+# (relay/quarantine/_record.py).
 QUARANTINE_SOURCE_ID = -8
 
 _INT64_MIN = -(1 << 63)

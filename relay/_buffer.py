@@ -503,7 +503,7 @@ class EventBuffer:
 
     def append_control(self, event: bytes) -> None:
         """Append a dump start/end marker (DESIGN 8.1) or a quarantine marker (DESIGN 17,
-        relay/_quarantine.py) to the open window. Markers are
+        relay/quarantine/_record.py) to the open window. Markers are
         control events: not counted in the window's EOW, passed by every filter."""
         scn = self._win_scn
         if scn is None:

@@ -54,10 +54,10 @@ from databus.fetchers._api import (
 )
 from databus.relay._buffer import BufferState, EventBuffer
 from databus.relay._catalog import RelayCatalog
-from databus.relay._quarantine import QUARANTINE_FILENAME, QuarantineMarker, QuarantineStore
-from databus.relay._quarantine_host import BufferQuarantine
-from databus.relay._quarantine_sink import QuarantineSink
 from databus.relay.dumps import DumpPort, DumpSink
+from databus.relay.quarantine._host import BufferQuarantine
+from databus.relay.quarantine._record import QUARANTINE_FILENAME, QuarantineMarker, QuarantineStore
+from databus.relay.quarantine._sink import QuarantineSink
 
 if TYPE_CHECKING:
     from databus.relay.cluster import Assignment, Seat
@@ -242,7 +242,7 @@ class _Runner:
         register_uri(uri)  # its password is cut out of every message from now on
         # The buffer behind the dump engine's watermark step (relay.dumps).
         self.sink = DumpSink(buffer, buffer.partition_id, on_window=self._window_landed)
-        # Per-source failure isolation (DESIGN 17, relay/_quarantine.py): what the
+        # Per-source failure isolation (DESIGN 17, relay/quarantine/_record.py): what the
         # fetcher writes to, in front of the dump step.
         self.quarantine = BufferQuarantine(
             name, quarantines, on_source_error, self.sink, buffer.partition_id,

@@ -60,7 +60,16 @@ _MISCONFIGURED_FIX = ("fix the source as the message says (its settings, the rel
 def _fetcher_fix(state: str, last_error: str | None) -> str | None:
     if state == "failed" and (last_error or "").startswith("SourceMisconfiguredError:"):
         return _MISCONFIGURED_FIX
+    if state == "failed" and (last_error or "").startswith("WindowTooLargeError:"):
+        return _TOO_LARGE_FIX
     return _FETCHER_FIX.get(state)
+
+
+_TOO_LARGE_FIX = ("stop the relay, run `databus relay resize --config FILE --buffer NAME "
+                  "--capacity-mb N` with the capacity_mb the message names (it keeps every "
+                  "window), set the same capacity_mb in the config and start the relay: it "
+                  "reads the window again, whole (docs/operations.md, 'Runbook: a window "
+                  "larger than the buffer')")
 
 
 _component = component

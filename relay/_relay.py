@@ -27,13 +27,13 @@ from databus.relay._buffer import EventBuffer
 from databus.relay._catalog import RelayCatalog, SourceEntry
 from databus.relay._fetcher_host import FetcherHost
 from databus.relay._liveness import SessionLostError, session_judge
-from databus.relay._quarantine import (
+from databus.relay.dumps import DumpManager, DumpRequest
+from databus.relay.quarantine._record import (
     QUARANTINE_FILENAME,
     Quarantine,
     QuarantineMarker,
     QuarantineStore,
 )
-from databus.relay.dumps import DumpManager, DumpRequest
 from databus.schemas import SchemaRegistry
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ class Relay:
                 if record.heal_dump is None:
                     self._heal_dump(record)
 
-    # -- quarantine (DESIGN 17, relay/_quarantine.py) -----------------------------------
+    # -- quarantine (DESIGN 17, relay/quarantine/_record.py) -----------------------------------
 
     def heal(self, source: str) -> dict[str, Any]:
         """``databus relay heal``: take ``source`` out of quarantine at the current log

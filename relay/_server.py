@@ -5,11 +5,11 @@ Endpoints (all JSON except ``/v1/stream`` and ``/metrics``; errors are always
 
 - ``GET /v1/sources``; ``GET /v1/schemas/{fingerprint}``; ``GET /v1/schemas?source=NAME``
 - ``GET /v1/stream?checkpoint=JSON&sources=a,b&filter=JSON&max_bytes=N&wait_ms=M``
-  (``quarantine=pass``: no stop at a quarantined source, relay/_quarantine_read.py)
+  (``quarantine=pass``: no stop at a quarantined source, relay/quarantine/_read.py)
 - ``GET /v1/status``, ``GET /v1/consumers``, ``GET /metrics``, ``GET /healthz``,
   ``GET /readyz``
 - ``POST /v1/admin/flush`` (bearer token)
-- ``POST /v1/admin/sources/{name}/heal`` (bearer token; relay/_quarantine_api.py)
+- ``POST /v1/admin/sources/{name}/heal`` (bearer token; relay/quarantine/_api.py)
 
 A stream response carries whole events in wire format and these headers:
 ``X-Databus-Checkpoint`` (the checkpoint after consuming the body, JSON),
@@ -80,9 +80,6 @@ from databus.relay._consumers import (
 from databus.relay._dump_api import add_dump_routes
 from databus.relay._liveness import MainUnavailable
 from databus.relay._metrics import relay_metrics
-from databus.relay._quarantine import Quarantine
-from databus.relay._quarantine_api import add_quarantine_routes, quarantine_stop
-from databus.relay._quarantine_read import guard
 from databus.relay._readiness import components_of, readiness_response
 from databus.relay._relay import Relay, RelayReader
 from databus.relay._streaming import (
@@ -94,6 +91,9 @@ from databus.relay._streaming import (
     SharedReads,
 )
 from databus.relay._streaming import WindowNotifier as WindowNotifier  # relay/_worker.py
+from databus.relay.quarantine._api import add_quarantine_routes, quarantine_stop
+from databus.relay.quarantine._read import guard
+from databus.relay.quarantine._record import Quarantine
 from databus.schemas import Schema
 
 log = logging.getLogger("databus.relay.http")

@@ -457,7 +457,7 @@ class Follow:
                         got, reserved = await self._bulk_read(position, pending, budget,
                                                               lane, exact=True)
                 except (ScnNotFoundError, BufferCorruptedError, SourceQuarantinedError) as exc:
-                    # A quarantined source the subscription includes (relay/_quarantine_read.py)
+                    # A quarantined source the subscription includes (relay/quarantine/_read.py)
                     # ends it like these: in-band, after the windows before its SCN.
                     if last is not None:
                         break  # end this write where it stands; the next one meets it

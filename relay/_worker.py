@@ -44,7 +44,6 @@ from databus.relay._consumers import CONSUMERS, ConsumerRegistry
 from databus.relay._fetcher_host import configured_buffer
 from databus.relay._follower import FollowerBuffer
 from databus.relay._liveness import MainUnavailable, StampReader, judge, stale_after_s
-from databus.relay._quarantine import QUARANTINE_FILENAME, QuarantineView
 from databus.relay._readiness import readiness_response
 from databus.relay._relay import buffer_path
 from databus.relay._server import LIVENESS, NOTIFIERS, WindowNotifier, install_read_side
@@ -56,6 +55,7 @@ from databus.relay._workers import (
     worker_header,
     worker_sockets,
 )
+from databus.relay.quarantine._record import QUARANTINE_FILENAME, QuarantineView
 
 __all__ = ["MainUnavailable", "WorkerRelay", "WorkerSpec", "create_worker_app", "run_worker"]
 

@@ -227,7 +227,7 @@ class _Chain:
             puller.client_id = (f"relay-chain:{self.context.buffer_name}@"
                                 f"{socket.gethostname()}")
             # Every window, the quarantine markers with them: this relay records an
-            # upstream's quarantine itself (relay/_quarantine_sink.py) rather than stop.
+            # upstream's quarantine itself (relay/quarantine/_sink.py) rather than stop.
             puller.pass_quarantine = True
             watch = asyncio.create_task(self._watch_upstream(puller, session))
             try:

@@ -38,7 +38,7 @@ from databus.event import (
 __all__ = ["SourceIdMap", "UpstreamWindow", "WindowAssembler", "bad_answer", "remap_event"]
 
 _EOW_VALUE = struct.Struct(">II")
-# Markers travel with their window: dump start/end and quarantine (relay/_quarantine.py).
+# Markers travel with their window: dump start/end and quarantine (relay/quarantine/_record.py).
 _MARKERS = frozenset({DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID, QUARANTINE_SOURCE_ID})
 
 

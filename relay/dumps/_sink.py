@@ -178,7 +178,7 @@ class DumpSink:
 
     def append_control(self, event: bytes) -> None:
         """A dump marker the fetcher read from an upstream relay (relay chaining,
-        docs/relay-chaining.md), or a quarantine marker (relay/_quarantine_sink.py):
+        docs/relay-chaining.md), or a quarantine marker (relay/quarantine/_sink.py):
         stored in the open window as it came. A window holding one is kept even if
         it holds watermarks only."""
         self._controls = True

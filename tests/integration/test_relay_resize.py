@@ -75,6 +75,8 @@ def test_a_window_too_large_then_resize_keeps_every_window_and_lands_it(
         needed = int(match.group(1))
         assert needed >= 3
         assert _readyz(relay.url) == 503
+        [fetcher] = [c for c in relay.status()["not_ready"] if c["component"] == "fetcher"]
+        assert "databus relay resize" in fetcher["fix"], fetcher
         # Offline only: refused in one line while the relay runs.
         args = [DATABUS, "relay", "resize", "--config", str(relay.config_path),
                 "--buffer", "src", "--capacity-mb", str(needed)]

@@ -23,7 +23,9 @@ from databus.event import (
 )
 from databus.fetchers._api import SourceFailure
 from databus.relay._buffer import EventBuffer
-from databus.relay._quarantine import (
+from databus.relay.dumps import DumpSink
+from databus.relay.quarantine._read import cut_before, guard, including
+from databus.relay.quarantine._record import (
     Quarantine,
     QuarantineMarker,
     QuarantineStore,
@@ -31,9 +33,7 @@ from databus.relay._quarantine import (
     decode_quarantine_marker,
     encode_quarantine_marker,
 )
-from databus.relay._quarantine_read import cut_before, guard, including
-from databus.relay._quarantine_sink import QuarantineSink
-from databus.relay.dumps import DumpSink
+from databus.relay.quarantine._sink import QuarantineSink
 
 FAILURE = SourceFailure("shop.items", 7, "a row its schema cannot hold", "heal it")
 
@@ -304,7 +304,7 @@ def test_an_upstream_marker_is_stored_as_it_came_and_reported(buffer: EventBuffe
 def test_a_failed_write_records_nothing_so_a_retry_records_it(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch
                                                               ) -> None:
-    import databus.relay._quarantine as module
+    import databus.relay.quarantine._record as module
 
     store = QuarantineStore(tmp_path / "quarantine.json")
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from databus.checkpoint import Checkpoint
 from databus.event import EOW_SOURCE_ID, HEADER_SIZE
 from databus.relay._buffer import ReadResult
-from databus.relay._quarantine import Quarantine
+from databus.relay.quarantine._record import Quarantine
 
 __all__ = ["QUARANTINE_MODES", "cut_before", "guard", "including"]
 

@@ -28,9 +28,9 @@ from databus._http import (
     sources_param,
 )
 from databus.errors import ConfigError
-from databus.relay._quarantine import Quarantine
-from databus.relay._quarantine_read import QUARANTINE_MODES, including
 from databus.relay._relay import Relay, RelayReader
+from databus.relay.quarantine._read import QUARANTINE_MODES, including
+from databus.relay.quarantine._record import Quarantine
 
 __all__ = ["add_quarantine_routes", "quarantine_stop"]
 
@@ -39,7 +39,7 @@ _MAX_NAME = 200
 
 def quarantine_stop(request: web.Request, relay: RelayReader, buffer: str
                     ) -> Callable[[], Quarantine | None]:
-    """What a stream request stops at (relay/_quarantine_read.py): the first quarantine
+    """What a stream request stops at (relay/quarantine/_read.py): the first quarantine
     among the sources it includes, asked at each read; never with ``quarantine=pass``."""
     mode = query_param(request, "quarantine") or "error"
     if mode not in QUARANTINE_MODES:

@@ -1,6 +1,6 @@
 """One buffer's quarantine as the fetcher host runs it (DESIGN 17): what its fetcher's
 ``FetcherContext.quarantine`` and ``.quarantined`` do, and the sink step in front of
-its buffer (relay/_quarantine_sink.py). The record and its file: relay/_quarantine.py.
+its buffer (relay/quarantine/_sink.py). The record and its file: relay/quarantine/_record.py.
 
 ``BufferQuarantine.attach`` fills a new fetcher's context: with ``on_source_error =
 "quarantine"``, ``quarantine`` records the failure durably (before it returns), logs
@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 from databus.errors import ConfigError, SourceQuarantinedError
 from databus.fetchers._api import ConfiguredSources, FetcherContext, SourceCatalog, SourceFailure
-from databus.relay._quarantine import Quarantine, QuarantineMarker, QuarantineStore
-from databus.relay._quarantine_sink import QuarantineSink
 from databus.relay.dumps import DumpSink
+from databus.relay.quarantine._record import Quarantine, QuarantineMarker, QuarantineStore
+from databus.relay.quarantine._sink import QuarantineSink
 
 __all__ = ["BufferQuarantine"]
 

@@ -1,4 +1,4 @@
-"""The quarantine step between a fetcher and its buffer (DESIGN 17; relay/_quarantine.py).
+"""The quarantine step between a fetcher and its buffer (DESIGN 17; relay/quarantine/_record.py).
 
 ``QuarantineSink`` is the ``WindowSink`` a fetcher writes to (in front of the dump
 step, ``relay.dumps.DumpSink``):
@@ -25,12 +25,12 @@ from collections.abc import Callable
 from databus._limited_log import limited
 from databus.errors import EventFormatError
 from databus.event import QUARANTINE_SOURCE_ID, decode_event
-from databus.relay._quarantine import (
+from databus.relay.dumps import DumpSink
+from databus.relay.quarantine._record import (
     QuarantineMarker,
     decode_quarantine_marker,
     encode_quarantine_marker,
 )
-from databus.relay.dumps import DumpSink
 
 __all__ = ["QuarantineSink"]
 
