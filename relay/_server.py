@@ -25,7 +25,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -152,21 +152,15 @@ def _source_buffer(relay: RelayReader, name: str) -> tuple[str, int | None]:
     return entry.buffer, entry.id
 
 
-def waiting_note(relay: RelayReader, buffer: str, names: list[str]) -> str:
-    """Why the sources among ``names`` that the configuration names by a pattern but
-    that do not exist yet are waited for (the ``X-Databus-Waiting`` header, DESIGN 17),
-    or an empty string: not visible to the relay's user (their database is not listed
-    to it: grants), or no such table at the source yet, with a did-you-mean from the
-    tables the relay knows."""
+def waiting_note(relay: RelayReader, buffer: str, late: Iterable[str]) -> str:
+    """Why the ``late`` sources (named by the configuration's pattern, with no table
+    yet: ``_buffer_for``) are waited for (the ``X-Databus-Waiting`` header, DESIGN 17):
+    not visible to the relay's user (their database is not listed to it: grants), or no
+    such table at the source yet, with a did-you-mean from the tables the relay knows."""
     unlisted = relay.fetchers.unlisted(buffer)
     known = [e.name for e in relay.catalog.sources() if e.buffer == buffer]
     notes = []
-    for name in names:
-        try:
-            relay.catalog.source(name)
-            continue
-        except UnknownSourceError:
-            pass
+    for name in sorted(late):
         database = name.rpartition(".")[0]
         if database in unlisted:
             notes.append(f"{name}: not visible to the relay's user (its database {database} "
@@ -178,9 +172,11 @@ def waiting_note(relay: RelayReader, buffer: str, names: list[str]) -> str:
     return "; ".join(notes).encode("ascii", "replace").decode()[:1000]
 
 
-def _buffer_for(relay: RelayReader, request: web.Request) -> tuple[str, CompiledFilter | None]:
-    """The buffer a stream request reads and which of its data events the request
-    wants (None: all), compiled for ``EventBuffer.read``.
+def _buffer_for(relay: RelayReader, request: web.Request
+                ) -> tuple[str, CompiledFilter | None, frozenset[str]]:
+    """The buffer a stream request reads, which of its data events the request wants
+    (None: all), compiled for ``EventBuffer.read``, and the named sources that have no
+    table yet (for ``waiting_note``).
 
     A configured source whose table does not exist yet is served like one with no
     events (a long poll waits), not as ``unknown_source``: a consumer may start before
@@ -208,10 +204,10 @@ def _buffer_for(relay: RelayReader, request: web.Request) -> tuple[str, Compiled
     filters = {name: (_source_buffer(relay, name)[1], f) for name, f in spec.filters.items()}
     needs_key = any(f.needs_key for _, f in filters.values())
     if not located and not filters:
-        return buffer_name, None
+        return buffer_name, None, frozenset()
     everything = not located
     wanted = {i for _, i in located.values() if i is not None}
-    late_names = {n for n, (_, i) in located.items() if i is None}
+    late_names = frozenset(n for n, (_, i) in located.items() if i is None)
     late_filters = {n: f for n, (i, f) in filters.items() if i is None}
 
     def late(source_id: int) -> tuple[bool, SourceFilter | None]:
@@ -227,7 +223,7 @@ def _buffer_for(relay: RelayReader, request: web.Request) -> tuple[str, Compiled
         resolve=late if late_names or late_filters else None,
         needs_key=needs_key,
     )
-    return buffer_name, compile_filter(plan)
+    return buffer_name, compile_filter(plan), late_names
 
 
 # -- handlers -----------------------------------------------------------------------
@@ -255,9 +251,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     # client make the relay write hundreds of heartbeats a second.
     heartbeat_ms = min(max(int_param(request, "heartbeat_ms", cfg.stream_heartbeat_ms, 0,
                                      3_600_000), MIN_HEARTBEAT_MS), MAX_HEARTBEAT_MS)
-    buffer_name, select = _buffer_for(relay, request)
+    buffer_name, select, late = _buffer_for(relay, request)
     buffer = relay.buffers[buffer_name]
-    waiting = waiting_note(relay, buffer_name, sources_param(request))
+    waiting = waiting_note(relay, buffer_name, late) if late else ""
     filter_key = (request.query.get("sources", ""), request.query.get("filter", ""))
     quarantine = quarantine_stop(request, relay, buffer_name)
     if follow:
