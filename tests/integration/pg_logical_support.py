@@ -4,6 +4,7 @@ consumer that keeps every window."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -167,3 +168,39 @@ def wait_for(check: Callable[[], T], what: str, timeout: float = 30, *,
     server not answering (restarting, killed) counts as not yet."""
     return wait_until(check, what, timeout, ignore=(OSError, psycopg2.OperationalError),
                       diagnose=diagnose)
+
+
+def drop_slot(db: PgDatabase) -> None:
+    """Terminate the slot's walsender (a relay just killed may still hold it) and drop
+    it, retrying while a reconnecting relay takes it again."""
+    deadline = time.monotonic() + 15
+    while True:
+        rows = db.rows(f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = "
+                       f"'{db.slot}'")
+        if not rows:
+            return
+        (pid,) = rows[0]
+        try:
+            if pid is not None:
+                db.run(f"SELECT pg_terminate_backend({pid})")
+            db.run(f"SELECT pg_drop_replication_slot('{db.slot}')")
+        except psycopg2.Error:
+            pass  # taken again, or still held by the terminating walsender
+        if time.monotonic() > deadline:
+            raise AssertionError(f"slot {db.slot} cannot be dropped: {rows}")
+        time.sleep(0.05)
+
+
+@contextmanager
+def scratch_database(server: PostgresServer, *ddl: str) -> Iterator[PgDatabase]:
+    """A fresh database for one test (``PgDatabase``), its slot dropped and the database
+    dropped afterwards, whatever the test left running."""
+    database = PgDatabase(server, *ddl)
+    try:
+        yield database
+    finally:
+        with contextlib.suppress(psycopg2.Error):
+            if database.conn.closed:
+                database.conn = database.connect()
+            drop_slot(database)
+        database.drop()

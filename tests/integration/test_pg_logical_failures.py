@@ -28,8 +28,10 @@ from tests.fixtures.servers import PostgresServer
 from tests.integration.pg_logical_support import (
     PgDatabase,
     consume,
+    drop_slot,
     fetcher_of,
     logical_relay,
+    scratch_database,
     status,
     wait_for,
 )
@@ -44,38 +46,10 @@ ORDERS = ("CREATE TABLE orders (id int PRIMARY KEY, qty int NOT NULL, note text,
 # -- helpers ---------------------------------------------------------------------------
 
 
-def drop_slot(db: PgDatabase) -> None:
-    """Terminate the slot's walsender (a relay just killed may still hold it) and drop
-    it, retrying while a reconnecting relay takes it again."""
-    deadline = time.monotonic() + 15
-    while True:
-        rows = db.rows(f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = "
-                       f"'{db.slot}'")
-        if not rows:
-            return
-        (pid,) = rows[0]
-        try:
-            if pid is not None:
-                db.run(f"SELECT pg_terminate_backend({pid})")
-            db.run(f"SELECT pg_drop_replication_slot('{db.slot}')")
-        except psycopg2.Error:
-            pass  # taken again, or still held by the terminating walsender
-        if time.monotonic() > deadline:
-            raise AssertionError(f"slot {db.slot} cannot be dropped: {rows}")
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def db(postgres_server: PostgresServer) -> Iterator[PgDatabase]:
-    database = PgDatabase(postgres_server, ORDERS)
-    try:
+    with scratch_database(postgres_server, ORDERS) as database:
         yield database
-    finally:
-        with contextlib.suppress(psycopg2.Error):
-            if database.conn.closed:
-                database.conn = database.connect()
-            drop_slot(database)
-        database.drop()
 
 
 

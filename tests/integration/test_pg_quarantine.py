@@ -6,14 +6,12 @@ a table without a primary key under REPLICA IDENTITY FULL captures its NULLs."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 
 from databus.cli import main as databus_main
@@ -23,10 +21,10 @@ from tests.integration.pg_logical_support import (
     consume,
     fetcher_of,
     logical_relay,
+    scratch_database,
     status,
     wait_for,
 )
-from tests.integration.test_pg_logical_failures import drop_slot
 from tests.relay_harness import RelayProcess, parse_windows
 
 pytestmark = pytest.mark.integration
@@ -36,15 +34,8 @@ TOKEN = "pg-quarantine-token"
 
 @pytest.fixture
 def db(postgres_server: PostgresServer) -> Iterator[PgDatabase]:
-    database = PgDatabase(postgres_server)
-    try:
+    with scratch_database(postgres_server) as database:
         yield database
-    finally:
-        with contextlib.suppress(psycopg2.Error):
-            if database.conn.closed:
-                database.conn = database.connect()
-            drop_slot(database)
-        database.drop()
 
 
 def _quarantined(relay: Any) -> list[dict[str, Any]]:

@@ -13,18 +13,18 @@ test``, 5,000 in ``make test-full``) over ``DATABUS_QUARANTINE_ACCEPTANCE_KEYS``
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pymysql
 import pytest
 
 from databus.cli import main as databus_main
 from tests.fixtures.servers import MariaDBServer, PostgresServer
 from tests.integration.binlog_support import Sql, fresh_database, source_uri
-from tests.integration.pg_logical_support import PgDatabase
+from tests.integration.pg_logical_support import PgDatabase, scratch_database
 from tests.integration.quarantine_acceptance_support import (
     TABLES,
     TOKEN,
@@ -36,7 +36,6 @@ from tests.integration.quarantine_acceptance_support import (
     wait_equal,
     writing,
 )
-from tests.integration.test_pg_logical_failures import drop_slot
 from tests.relay_harness import RelayProcess
 from tests.waiting import wait_until
 
@@ -98,6 +97,15 @@ def scenario(relay: RelayProcess, sources: list[str], read: Callable[[str], Rows
 # -- MariaDB ---------------------------------------------------------------------------
 
 
+
+def in_one_transaction(conn: Any, statements: list[str]) -> None:
+    """``statements`` as one transaction on a DB-API connection (PyMySQL or psycopg2)."""
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        for statement in statements:
+            cur.execute(statement)
+        cur.execute("COMMIT")
+
 def test_mariadb_a_statement_format_update_quarantines_one_of_four_tables(
         mariadb_server: MariaDBServer, tmp_path: Path) -> None:
     db = "qacc"
@@ -110,12 +118,7 @@ def test_mariadb_a_statement_format_update_quarantines_one_of_four_tables(
     writer = pymysql.connect(**mariadb_server.connect_kwargs(database=db))
     reader = Sql(mariadb_server, db)
 
-    def execute(statements: list[str]) -> None:
-        with writer.cursor() as cur:
-            cur.execute("BEGIN")
-            for statement in statements:
-                cur.execute(statement)
-            cur.execute("COMMIT")
+    execute = functools.partial(in_one_transaction, writer)
 
     def upsert(table: str, key: int, v: int) -> str:
         return (f"INSERT INTO {table} VALUES ({key}, {v}, {v}.25) "
@@ -150,15 +153,8 @@ def test_mariadb_a_statement_format_update_quarantines_one_of_four_tables(
 
 @pytest.fixture
 def pg(postgres_server: PostgresServer) -> Iterator[PgDatabase]:
-    database = PgDatabase(postgres_server)
-    try:
+    with scratch_database(postgres_server) as database:
         yield database
-    finally:
-        with contextlib.suppress(psycopg2.Error):
-            if database.conn.closed:
-                database.conn = database.connect()
-            drop_slot(database)
-        database.drop()
 
 
 def test_postgres_a_value_its_schema_refuses_quarantines_one_of_four_tables(
@@ -172,12 +168,7 @@ def test_postgres_a_value_its_schema_refuses_quarantines_one_of_four_tables(
     assert databus_main(["dump", "setup", "--source", uri]) == 0
     writer = pg.connect()
 
-    def execute(statements: list[str]) -> None:
-        with writer.cursor() as cur:
-            cur.execute("BEGIN")
-            for statement in statements:
-                cur.execute(statement)
-            cur.execute("COMMIT")
+    execute = functools.partial(in_one_transaction, writer)
 
     def upsert(table: str, key: int, v: int) -> str:
         return (f"INSERT INTO {table} VALUES ({key}, {v}, {v}.25) ON CONFLICT (id) DO "
