@@ -103,10 +103,11 @@ def parse_windows(data: bytes) -> list[Window]:
     return windows
 
 
-async def stream_all(
+async def stream_bytes(
     relay: RunningRelay, checkpoint: str | None = None, **params: Any
-) -> tuple[list[Window], str]:
-    """Pull until the relay has nothing new; returns windows and the final checkpoint."""
+) -> tuple[bytes, str]:
+    """Pull until the relay has nothing new; returns the bytes served and the final
+    checkpoint."""
     body = b""
     cp = checkpoint
     while True:
@@ -118,9 +119,17 @@ async def stream_all(
             chunk = await resp.read()
             new_cp = resp.headers["X-Databus-Checkpoint"]
         if not chunk:
-            return parse_windows(body), cp or new_cp
+            return body, cp or new_cp
         body += chunk
         cp = new_cp
+
+
+async def stream_all(
+    relay: RunningRelay, checkpoint: str | None = None, **params: Any
+) -> tuple[list[Window], str]:
+    """Pull until the relay has nothing new; returns windows and the final checkpoint."""
+    body, cp = await stream_bytes(relay, checkpoint, **params)
+    return parse_windows(body), cp
 
 
 async def stream_body_at(session: aiohttp.ClientSession, url: str,

@@ -32,6 +32,7 @@ from tests.relay_harness import (
     relay_config,
     running_relay,
     stream_all,
+    stream_bytes,
 )
 from tests.unit.test_txlog_support import BUFFER, SqliteSource
 from tests.waiting import async_wait_until
@@ -313,18 +314,7 @@ class _Follower:
 
 
 async def _body(r: RunningRelay, **params: Any) -> bytes:
-    out, cp = b"", None
-    while True:
-        query = dict(params)
-        if cp is not None:
-            query["checkpoint"] = cp
-        async with await r.get("/v1/stream", **query) as resp:
-            assert resp.status == 200, await resp.text()
-            chunk = await resp.read()
-            cp = resp.headers["X-Databus-Checkpoint"]
-        if not chunk:
-            return out
-        out += chunk
+    return (await stream_bytes(r, **params))[0]
 
 
 async def _has_tag(r: RunningRelay, word: str) -> bool:
