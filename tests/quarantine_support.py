@@ -5,12 +5,18 @@ helpers the quarantine tests share."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any, ClassVar
 
 from databus.event import HEADER_SIZE, KEY_KIND_MASK, KeyKind, Op
 from databus.fetchers._api import FetcherContext, SourceFailure, WindowSink
 from databus.fetchers.txlog import SqliteTxlogFetcher
+from databus.relay._catalog import RelayCatalog
+from tests.unit.test_txlog_support import BUFFER, SqliteSource
 
+TABLES = "items,tags"
+DDL = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
+       "CREATE TABLE tags (word TEXT PRIMARY KEY, n INTEGER)")
 POISON = 666
 REASON = "row 666 cannot be held by the table's schema"
 FIX = "delete row 666, then run: databus relay heal --relay URL --source shop.items"
@@ -86,3 +92,17 @@ def use_poison_fetcher(monkeypatch: Any) -> None:
     real = host.fetcher_class
     monkeypatch.setattr(host, "fetcher_class",
                         lambda uri: PoisonFetcher if uri.startswith("sqlite:") else real(uri))
+
+
+def shop_source(tmp_path: Path, *, dumpable: bool = True) -> SqliteSource:
+    """The tests' SQLite source (``shop.items``, ``shop.tags``) with its capture
+    installed and, when ``dumpable``, the dump watermark table that a heal's dump needs."""
+    db = SqliteSource(tmp_path / "shop.db", *DDL)
+    db.install(TABLES)
+    if dumpable:
+        context = FetcherContext(BUFFER, 0, RelayCatalog(tmp_path / "scratch.json")
+                                 .for_buffer(BUFFER, 0))
+        dump = SqliteTxlogFetcher(db.uri(TABLES), context).open_dump_source()
+        assert dump is not None
+        dump.setup()
+    return db

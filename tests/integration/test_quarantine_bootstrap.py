@@ -9,24 +9,18 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from databus.fetchers._api import FetcherContext
-from databus.fetchers.txlog import SqliteTxlogFetcher
-from databus.relay._catalog import RelayCatalog
 from tests.integration.bootstrap_support import BootstrapProcess
-from tests.quarantine_support import use_poison_fetcher
+from tests.quarantine_support import shop_source, use_poison_fetcher
 from tests.relay_harness import relay_config, running_relay
-from tests.unit.test_quarantine_relay import DDL, TABLES, _quarantined, _wait_dump, item, tag
-from tests.unit.test_txlog_support import BUFFER, SqliteSource
+from tests.unit.test_quarantine_relay import TABLES, _quarantined, _wait_dump, item, tag
+from tests.unit.test_txlog_support import BUFFER
 from tests.waiting import async_wait_until
 
 
 def test_the_bootstrap_producer_goes_on_past_a_quarantine(tmp_path: Path,
                                                           monkeypatch: Any) -> None:
     use_poison_fetcher(monkeypatch)
-    db = SqliteSource(tmp_path / "shop.db", *DDL)
-    db.install(TABLES)
-    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
-        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
+    db = shop_source(tmp_path)
 
     async def main() -> None:
         async with running_relay(relay_config(tmp_path, {BUFFER: db.uri(TABLES)})) as r:

@@ -22,13 +22,11 @@ from typing import Any
 import pytest
 
 from databus.event import QUARANTINE_SOURCE_ID, iter_events
-from databus.fetchers._api import FetcherContext
-from databus.fetchers.txlog import SqliteTxlogFetcher
-from databus.relay._catalog import RelayCatalog
 from tests.fixtures.servers import EnsembleChroot
 from tests.integration.cluster_support import cluster_toml, get_json, wait_for
+from tests.quarantine_support import shop_source
 from tests.relay_harness import RelayProcess
-from tests.unit.test_quarantine_relay import DDL, TABLES, item, tag
+from tests.unit.test_quarantine_relay import TABLES, item, tag
 from tests.unit.test_txlog_support import BUFFER, SqliteSource
 
 pytestmark = pytest.mark.integration
@@ -46,10 +44,7 @@ def _record(home: Path) -> None:
 @pytest.fixture
 def members(tmp_path: Path, zookeeper_chroot: EnsembleChroot
             ) -> Iterator[tuple[SqliteSource, list[RelayProcess]]]:
-    db = SqliteSource(tmp_path / "shop.db", *DDL)
-    db.install(TABLES)
-    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
-        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
+    db = shop_source(tmp_path)
     relays = []
     for i in range(2):
         home = tmp_path / f"member{i}"

@@ -25,12 +25,10 @@ from typing import Any
 
 from databus.cli import main
 from databus.event import DUMP_END_SOURCE_ID, QUARANTINE_SOURCE_ID, decode_event, iter_events
-from databus.fetchers._api import FetcherContext
-from databus.fetchers.txlog import SqliteTxlogFetcher
-from databus.relay._catalog import RelayCatalog
+from tests.quarantine_support import shop_source
 from tests.relay_harness import RelayProcess
-from tests.unit.test_quarantine_relay import DDL, TABLES, item, tag
-from tests.unit.test_txlog_support import BUFFER, SqliteSource
+from tests.unit.test_quarantine_relay import TABLES, item, tag
+from tests.unit.test_txlog_support import BUFFER
 from tests.waiting import wait_until
 
 TOKEN = "quarantine-admin-token"
@@ -95,10 +93,7 @@ def tail_heal(relay: RelayProcess, tail: subprocess.Popen[bytes], tail_out: Path
 
 
 def test_a_restarted_relay_keeps_the_quarantine_and_heals_from_the_cli(tmp_path: Path) -> None:
-    db = SqliteSource(tmp_path / "shop.db", *DDL)
-    db.install(TABLES)
-    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
-        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
+    db = shop_source(tmp_path)
     relay = RelayProcess(tmp_path, {BUFFER: db.uri(TABLES)}, workers=2, admin_token=TOKEN)
     relay.start()
     try:

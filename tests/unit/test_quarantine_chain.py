@@ -10,13 +10,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from databus.fetchers._api import FetcherContext
-from databus.fetchers.txlog import SqliteTxlogFetcher
-from databus.relay._catalog import RelayCatalog
-from tests.quarantine_support import FIX, REASON, use_poison_fetcher
+from tests.quarantine_support import FIX, REASON, shop_source, use_poison_fetcher
 from tests.relay_harness import ADMIN_TOKEN, RunningRelay, relay_config, running_relay
 from tests.unit.test_quarantine_relay import (
-    DDL,
     TABLES,
     _body,
     _has_tag,
@@ -34,10 +30,7 @@ from tests.waiting import async_wait_until
 def test_a_chained_relay_mirrors_the_quarantine_and_its_heal(tmp_path: Path,
                                                             monkeypatch: Any) -> None:
     use_poison_fetcher(monkeypatch)
-    db = SqliteSource(tmp_path / "shop.db", *DDL)
-    db.install(TABLES)
-    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
-        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
+    db = shop_source(tmp_path)
     up_config = relay_config(tmp_path / "up", {BUFFER: db.uri(TABLES)})
 
     async def main() -> None:

@@ -16,13 +16,10 @@ import pytest
 from databus._limited_log import forget_all
 from databus.client import Consumer, DatabusClient, DataEvent
 from databus.client._consumer import CallbackResult
-from databus.fetchers._api import FetcherContext
-from databus.fetchers.txlog import SqliteTxlogFetcher
-from databus.relay._catalog import RelayCatalog
-from tests.quarantine_support import FIX, use_poison_fetcher
+from tests.quarantine_support import FIX, shop_source, use_poison_fetcher
 from tests.relay_harness import relay_config, running_relay
-from tests.unit.test_quarantine_relay import DDL, TABLES, item, tag
-from tests.unit.test_txlog_support import BUFFER, SqliteSource
+from tests.unit.test_quarantine_relay import TABLES, item, tag
+from tests.unit.test_txlog_support import BUFFER
 from tests.waiting import async_wait_until
 
 
@@ -78,10 +75,7 @@ def test_a_consumer_waits_out_the_quarantine_and_converges_after_heal(
         streaming: bool) -> None:
     use_poison_fetcher(monkeypatch)
     forget_all(flush=False)
-    db = SqliteSource(tmp_path / "shop.db", *DDL)
-    db.install(TABLES)
-    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
-        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
+    db = shop_source(tmp_path)
 
     async def main() -> None:
         async with running_relay(relay_config(tmp_path, {BUFFER: db.uri(TABLES)})) as r:

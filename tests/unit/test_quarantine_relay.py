@@ -20,12 +20,9 @@ from databus.event import (
     decode_event,
     iter_events,
 )
-from databus.fetchers._api import FetcherContext
-from databus.fetchers.txlog import SqliteTxlogFetcher
-from databus.relay._catalog import RelayCatalog
 from databus.relay._fetcher_host import FetcherHost
 from databus.schemas import AvroCodec
-from tests.quarantine_support import FIX, REASON, use_poison_fetcher
+from tests.quarantine_support import FIX, REASON, TABLES, shop_source, use_poison_fetcher
 from tests.relay_harness import (
     ADMIN_TOKEN,
     RunningRelay,
@@ -37,10 +34,6 @@ from tests.relay_harness import (
 from tests.unit.test_txlog_support import BUFFER, SqliteSource
 from tests.waiting import async_wait_until
 
-TABLES = "items,tags"
-DDL = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
-       "CREATE TABLE tags (word TEXT PRIMARY KEY, n INTEGER)")
-
 
 def item(key: int, name: str) -> str:
     return f"INSERT INTO items (id, name) VALUES ({key}, '{name}')"
@@ -51,9 +44,7 @@ def tag(word: str, n: int) -> str:
 
 
 def _source(tmp_path: Path) -> SqliteSource:
-    db = SqliteSource(tmp_path / "shop.db", *DDL)
-    db.install(TABLES)
-    return db
+    return shop_source(tmp_path, dumpable=False)
 
 
 async def _names_in_stream(r: RunningRelay, **params: Any) -> dict[str, list[object]]:
@@ -225,10 +216,8 @@ def _markers(body: bytes) -> list[tuple[int, dict[str, Any]]]:
 def test_subscribers_of_the_source_get_the_error_at_its_scn_then_heal_converges(
         tmp_path: Path, monkeypatch: Any) -> None:
     use_poison_fetcher(monkeypatch)
-    db = _source(tmp_path)
+    db = shop_source(tmp_path)
     config = relay_config(tmp_path, {BUFFER: db.uri(TABLES)})
-    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
-        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
 
     async def main() -> None:
         async with running_relay(config) as r:
@@ -358,9 +347,7 @@ def test_a_heal_cut_short_by_a_crash_is_finished_at_start(tmp_path: Path,
     """The heal marked the record healing, then the relay died before it recorded its
     dump: the restarted relay dumps the source and drops the record."""
     use_poison_fetcher(monkeypatch)
-    db = _source(tmp_path)
-    SqliteTxlogFetcher(db.uri(TABLES), FetcherContext(BUFFER, 0, RelayCatalog(
-        tmp_path / "scratch.json").for_buffer(BUFFER, 0))).open_dump_source().setup()  # type: ignore[union-attr]
+    db = shop_source(tmp_path)
     db.txn(item(1, "a"), item(2, "b"), tag("x", 1))
     config = relay_config(tmp_path, {BUFFER: db.uri(TABLES)})
     config.data_dir.mkdir(parents=True)
