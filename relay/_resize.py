@@ -23,7 +23,7 @@ from databus.checkpoint import Checkpoint
 from databus.config import RelayConfig
 from databus.errors import ConfigError, DatabusError
 from databus.event import EOW_SOURCE_ID, iter_events
-from databus.relay._buffer import META_SIZE, EventBuffer, WindowTooLargeError
+from databus.relay._buffer import META_SIZE, EventBuffer, WindowTooLargeError, capacity_mb_for
 
 __all__ = ["ResizeError", "ResizeResult", "resize_buffer"]
 
@@ -116,14 +116,14 @@ def resize_buffer(config: RelayConfig, name: str, capacity_mb: int) -> ResizeRes
                     raise ResizeError(
                         f"buffer {name}: a window of {exc.window_bytes:,} bytes does not fit "
                         f"in {capacity_mb} MiB; the smallest capacity that keeps every "
-                        f"window is {_keeps_all(before.used_bytes, largest)} MiB") from None
+                        f"window is {capacity_mb_for(before.used_bytes, largest)} MiB") from None
                 after = new.state()
                 if (after.min_scn, after.max_scn, after.windows, windows) != (
                         before.min_scn, before.max_scn, before.windows, before.windows):
                     raise ResizeError(
                         f"buffer {name}: its {before.windows:,} windows ({total:,} bytes) do "
                         f"not all fit in {capacity_mb} MiB; the smallest capacity that keeps "
-                        f"every window is {_keeps_all(total, largest)} MiB (or more)")
+                        f"every window is {capacity_mb_for(total, largest)} MiB (or more)")
                 new.flush()
             fd = os.open(scratch, os.O_RDONLY)
             try:
@@ -137,12 +137,6 @@ def resize_buffer(config: RelayConfig, name: str, capacity_mb: int) -> ResizeRes
     _fsync_dir(path.parent)
     return ResizeResult(name, old_capacity / _MIB, capacity_mb, before.windows,
                         before.min_scn, before.max_scn, total)
-
-
-def _keeps_all(total: int, largest: int) -> int:
-    """A capacity (MiB) that holds ``total`` bytes of windows whatever the padding: one
-    lap's end may waste up to one window's size."""
-    return max(1, -(-(total + largest) // _MIB))
 
 
 def _fsync_dir(path: Path) -> None:
