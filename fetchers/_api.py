@@ -119,7 +119,14 @@ class DumpSource(Protocol):
     def read_chunk(self, source: str, after: list[Any] | None, limit: int) -> DumpChunk:
         """At most ``limit`` rows of ``source`` with a key after ``after`` (None: from the
         start), in key order. ``UnknownSourceError``-like ``DumpSetupError`` when the
-        table is gone or has no primary key."""
+        table is gone or has no primary key.
+
+        A source that can cut a table into key ranges (read in parallel) also takes
+        ``until=`` (a key: no row with a greater key; ``done`` then means the range has
+        no more rows) and has ``split_points(source, count) -> list[cursor]``: up to
+        ``count - 1`` increasing keys, as JSON-able values, that cut the table into
+        ranges of about the same size (see ``MysqlDumpSource``). Without them a table is
+        read as one range."""
         ...
 
     def read_keys(self, source: str, keys: list[Any]) -> DumpChunk:

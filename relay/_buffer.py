@@ -76,6 +76,7 @@ the kernel had not flushed yet (``flush()`` msyncs, e.g. on shutdown).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import mmap
 import os
@@ -83,6 +84,7 @@ import struct
 import threading
 import time
 import zlib
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +102,7 @@ from databus.batch import (
     gather,
     scan,
     select_events,
+    window_checksum,
 )
 from databus.checkpoint import LATEST_SCN, Checkpoint, NothingNew, ServeFrom, decide
 from databus.errors import DatabusError, EventFormatError, ScnNotFoundError
@@ -500,6 +503,49 @@ class EventBuffer:
         self._put(event)
         self._win_check.add(_HDR_CRC.unpack_from(event, 4)[0])
         self._win_last_ts = struct.unpack_from(">q", event, 24)[0]
+
+    def append_many(self, events: list[bytes]) -> None:
+        """Append data events of the open window in one call (a dump chunk's rows): the
+        same checks and the same bytes as ``append`` per event, with one scan (compiled
+        core) instead of Python per event, and runs of events written in one copy."""
+        scn = self._win_scn
+        if scn is None:
+            raise BufferError_("append_many() outside a window")
+        if not events:
+            return
+        blob = b"".join(events)
+        s = scan(blob, verify_body=False)
+        if s.error is not None or s.count != len(events):
+            raise EventFormatError("append_many: the events do not frame", reason="bad field")
+        if min(s.scn) != scn or max(s.scn) != scn:
+            raise BufferError_(f"event SCN differs from the open window's {scn}")
+        if min(s.source_id) < 0:
+            raise BufferError_("control events are written by the buffer itself")
+        if self._overflow is not None or self._win_bytes + len(blob) > self.capacity:
+            for event in events:  # the overflow accounting counts events one by one
+                self._put(event)
+        else:
+            self._put_run(blob, s.offset)
+        check = self._win_check
+        check.count, check.crc = window_checksum(s, 0, None, check.count, check.crc)
+        self._win_last_ts = s.timestamp[s.count - 1]
+
+    def _put_run(self, blob: bytes, offsets: array[int]) -> None:
+        """``blob`` (whole events starting at ``offsets``) in as few copies as the ring
+        allows: one, or, where the ring's end falls inside it, the events that fit before
+        the end, then the rest (placed on the next lap as ``_put`` places any event)."""
+        room = self.capacity - self._write % self.capacity
+        if len(blob) <= room:
+            self._put(blob)
+            return
+        # Events 0..fit-1 end at or before ``room`` (event i ends where i + 1 starts).
+        fit = bisect.bisect_right(offsets, room, 1) - 1
+        if fit <= 0:  # not even the first fits: all of it on the next lap (_put pads)
+            self._put(blob)
+            return
+        split = offsets[fit]
+        self._put(blob[:split])
+        self._put_run(blob[split:], array("q", [o - split for o in offsets[fit:]]))
 
     def append_control(self, event: bytes) -> None:
         """Append a dump start/end marker (DESIGN 8.1) or a quarantine marker (DESIGN 17,

@@ -226,20 +226,69 @@ class MysqlDumpSource:
         cursor = cursor_to_json(list(rows[-1][n:])) if rows else None
         return DumpChunk(source, source_id, out, cursor, done)
 
-    def read_chunk(self, source: str, after: list[Any] | None, limit: int) -> DumpChunk:
+    def read_chunk(self, source: str, after: list[Any] | None, limit: int, *,
+                   until: list[Any] | None = None) -> DumpChunk:
         layout = self._layout(source)
         select, key_columns = self._select(layout)
         params: list[Any] = []
+        terms: list[str] = []
         if after is not None:
-            values = cursor_from_json(after)
-            if len(values) != len(key_columns):
-                raise DumpSetupError(f"table {source}: its primary key changed during the "
-                                     "dump; cancel it and dump the table again")
-            select += " WHERE " + _key_after(key_columns, len(key_columns))
-            params = _key_after_params(values)
+            terms.append("(" + _key_after(key_columns, len(key_columns)) + ")")
+            params += _key_after_params(self._key_values(source, after, key_columns))
+        if until is not None:  # a key range's end, inclusive: NOT (key > until)
+            terms.append("NOT (" + _key_after(key_columns, len(key_columns)) + ")")
+            params += _key_after_params(self._key_values(source, until, key_columns))
+        if terms:
+            select += " WHERE " + " AND ".join(terms)
         select += f" ORDER BY {', '.join(key_columns)} LIMIT {int(limit)}"
         rows = self._read(source, select, params)
         return self._chunk(source, layout, rows, done=len(rows) < limit)
+
+    @staticmethod
+    def _key_values(source: str, cursor: list[Any], key_columns: list[str]) -> list[Any]:
+        values = cursor_from_json(cursor)
+        if len(values) != len(key_columns):
+            raise DumpSetupError(f"table {source}: its primary key changed during the "
+                                 "dump; cancel it and dump the table again")
+        return values
+
+    def split_points(self, source: str, count: int) -> list[list[Any]]:
+        """Up to ``count - 1`` keys cutting ``source`` into ``count`` ranges of about
+        the same number of rows: for a single integer key, evenly between its least and
+        greatest value (two index lookups); otherwise every n-th key of the primary key
+        index (one pass over the index, no row read)."""
+        layout = self._layout(source)
+        _, key_columns = self._select(layout)
+        shape = layout.shape
+        table = f"{quote(shape.database)}.{quote(shape.table)}"
+        keys = ", ".join(key_columns)
+        action = f"splitting {source} into key ranges"
+        if count < 2:
+            return []
+        if len(key_columns) == 1:
+            found = self._run(action, f"SELECT MIN({keys}), MAX({keys}) FROM {table}")
+            low, high = found[0] if found else (None, None)
+            if isinstance(low, int) and isinstance(high, int):
+                step = (high - low) / count
+                points = sorted({low + int(step * i) for i in range(1, count)})
+                return [cursor_to_json([p]) for p in points if low <= p < high]
+        estimate = max(1, layout.rows_estimate)
+        every = max(1, estimate // count)
+        points_out: list[list[Any]] = []
+        after: list[Any] | None = None
+        for _ in range(count - 1):
+            sql = f"SELECT {keys} FROM {table}"
+            params: list[Any] = []
+            if after is not None:
+                sql += " WHERE " + _key_after(key_columns, len(key_columns))
+                params = _key_after_params(after)
+            sql += f" ORDER BY {keys} LIMIT 1 OFFSET {every - 1}"
+            found = self._run(action, sql, params)
+            if not found:
+                break
+            after = list(found[0])
+            points_out.append(cursor_to_json(after))
+        return points_out
 
     def read_keys(self, source: str, keys: list[Any]) -> DumpChunk:
         layout = self._layout(source)

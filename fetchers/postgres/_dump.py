@@ -229,22 +229,81 @@ class LogicalDumpSource:
             cursor = cursor_to_json([rows[-1][i] for i in codec.key_positions])
         return DumpChunk(name, source_id, out, cursor, done)
 
-    def read_chunk(self, source: str, after: list[Any] | None, limit: int) -> DumpChunk:
+    @staticmethod
+    def _bound(source: str, key: list[str], types: list[str], cursor: list[Any], op: str
+               ) -> tuple[sql.Composed, list[str]]:
+        """``(k1, k2) op (%s::type1, %s::type2)`` and its parameters (the key as text)."""
+        values = cursor_from_json(cursor)
+        if len(values) != len(key):
+            raise DumpSetupError(f"table {source}: its primary key changed "
+                                 "during the dump; cancel it and dump again")
+        term = sql.SQL("({}) " + op + " ({})").format(
+            sql.SQL(", ").join(sql.Identifier(k) for k in key),
+            sql.SQL(", ").join(sql.SQL("%s::" + t) for t in types))
+        return term, [str(v) for v in values]
+
+    def split_points(self, source: str, count: int) -> list[list[Any]]:
+        """Up to ``count - 1`` keys cutting ``source`` into ranges of about the same
+        size: for a single integer key, evenly between its least and greatest value;
+        otherwise every n-th key of the primary key index (an index-only pass)."""
+        if count < 2:
+            return []
+        estimate = max(1, self.estimate_rows(source))
+        with self._cursor() as cur:
+            codec, key, types = self._table(cur, source)
+            relation = codec.relation
+            table = sql.SQL("{}.{}").format(sql.Identifier(relation.namespace),
+                                            sql.Identifier(relation.name))
+            keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+            if len(key) == 1 and types[0] in ("smallint", "integer", "bigint"):
+                cur.execute(sql.SQL("SELECT min({0})::bigint, max({0})::bigint FROM {1}")
+                            .format(keys, table))
+                low, high = cur.fetchone() or (None, None)
+                if low is None or high is None:
+                    return []
+                low, high = int(low), int(high)
+                step = (high - low) / count
+                points = sorted({low + int(step * i) for i in range(1, count)})
+                return [cursor_to_json([str(p)]) for p in points if low <= p < high]
+            every = max(1, estimate // count)
+            out: list[list[Any]] = []
+            after: list[Any] | None = None
+            text = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k))
+                                      for k in key)
+            for _ in range(count - 1):
+                query = sql.SQL("SELECT {} FROM {}").format(text, table)
+                params: list[Any] = []
+                if after is not None:
+                    term, params = self._bound(source, key, types, after, ">")
+                    query = sql.SQL("{} WHERE {}").format(query, term)
+                query = sql.SQL("{} ORDER BY {} LIMIT 1 OFFSET %s").format(query, keys)
+                cur.execute(query, [*params, every - 1])
+                found = cur.fetchone()
+                if found is None:
+                    break
+                after = cursor_to_json(list(found))
+                out.append(after)
+            return out
+
+    def read_chunk(self, source: str, after: list[Any] | None, limit: int, *,
+                   until: list[Any] | None = None) -> DumpChunk:
         with self._cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 codec, key, types = self._table(cur, source)
                 query = self._select(codec, key)
                 params: list[Any] = []
+                terms: list[sql.Composable] = []
                 if after is not None:
-                    values = cursor_from_json(after)
-                    if len(values) != len(key):
-                        raise DumpSetupError(f"table {source}: its primary key changed "
-                                             "during the dump; cancel it and dump again")
-                    query = sql.SQL("{} WHERE ({}) > ({})").format(
-                        query, sql.SQL(", ").join(sql.Identifier(k) for k in key),
-                        sql.SQL(", ").join(sql.SQL("%s::" + t) for t in types))
-                    params = [str(v) for v in values]
+                    term, values = self._bound(source, key, types, after, ">")
+                    terms.append(term)
+                    params += values
+                if until is not None:  # a key range's end, inclusive
+                    term, values = self._bound(source, key, types, until, "<=")
+                    terms.append(term)
+                    params += values
+                if terms:
+                    query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(terms))
                 query = sql.SQL("{} ORDER BY {} LIMIT %s").format(
                     query, sql.SQL(", ").join(sql.Identifier(k) for k in key))
                 cur.execute(query, [*params, limit])

@@ -4,7 +4,7 @@
 
     databus dump setup  --source URI [--dry-run | --check]
     databus dump start  --relay URL [--sources a,b] [--buffer B] [--keys JSON]
-                        [--chunk-rows N] [--delay-ms M] [--wait]
+                        [--chunk-rows N] [--delay-ms M] [--parallelism P] [--wait]
     databus dump status --relay URL [ID] [--sources a,b] [--wait] [--json]
     databus dump pause|resume|cancel --relay URL [ID] [--sources a,b]
 
@@ -75,6 +75,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "as arrays), e.g. '[1, 2]' or '[[\"a\", 1]]'")
     start.add_argument("--chunk-rows", type=int, help="rows per chunk (default 10000)")
     start.add_argument("--delay-ms", type=int, help="pause between chunks (default 0)")
+    start.add_argument("--parallelism", type=int,
+                       help="chunk readers at once, each on its own connection, across "
+                            "tables and key ranges of a large table (default: the relay's "
+                            "cores; 1 reads one chunk at a time)")
     start.add_argument("--wait", action="store_true", help="follow it until it ends")
     start.set_defaults(handler=_start)
 
@@ -169,6 +173,8 @@ def _start(args: argparse.Namespace) -> int:
         body["chunk_rows"] = args.chunk_rows
     if args.delay_ms is not None:
         body["delay_ms"] = args.delay_ms
+    if args.parallelism is not None:
+        body["parallelism"] = args.parallelism
     admin = _admin(args)
     dump = admin.start(body)
     print(f"dump {dump['id']} {dump['state']} on buffer {dump['buffer']}: "

@@ -21,11 +21,12 @@ completed chunk (``_state``), so a restarted relay resumes after the last one.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,12 @@ DEFAULT_CHUNK_ROWS = 10_000
 MAX_CHUNK_ROWS = 1_000_000
 MAX_DELAY_MS = 3_600_000
 MAX_KEYS = 1_000_000
+MAX_PARALLELISM = 64
+
+
+def default_parallelism() -> int:
+    """Chunk readers per dump when a request names none: the machine's cores."""
+    return max(1, min(MAX_PARALLELISM, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -57,12 +64,15 @@ class DumpRequest:
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     delay_ms: int = 0
     reason: str = "request"
+    parallelism: int = field(default_factory=default_parallelism)
 
     def __post_init__(self) -> None:
         if not 1 <= self.chunk_rows <= MAX_CHUNK_ROWS:
             raise ValueError(f"chunk_rows must be in 1..{MAX_CHUNK_ROWS}")
         if not 0 <= self.delay_ms <= MAX_DELAY_MS:
             raise ValueError(f"delay_ms must be in 0..{MAX_DELAY_MS}")
+        if not 1 <= self.parallelism <= MAX_PARALLELISM:
+            raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}")
         if self.keys is not None:
             if len(self.sources) != 1:
                 raise ValueError("keys need exactly one source")
@@ -170,7 +180,7 @@ class DumpManager:
                 tables=[TableProgress(source) for source in request.sources],
                 chunk_rows=request.chunk_rows, delay_ms=request.delay_ms,
                 keys=None if request.keys is None else list(request.keys),
-                reason=request.reason,
+                reason=request.reason, parallelism=request.parallelism,
             )
             self._dumps.append(dump)
             self._save()

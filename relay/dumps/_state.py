@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from databus.errors import ConfigError
 
-__all__ = ["Dump", "DumpState", "TableProgress", "TableState", "load_dumps", "save_dumps"]
+__all__ = ["Dump", "DumpState", "KeyRange", "TableProgress", "TableState", "load_dumps",
+           "save_dumps"]
 
 DumpState = Literal["queued", "running", "paused", "cancelled", "done", "failed"]
 TableState = Literal["pending", "running", "done", "failed", "cancelled"]
@@ -34,12 +35,31 @@ _KEEP_FINISHED = 50
 
 
 @dataclass
+class KeyRange:
+    """One key range of a table, read by one reader at a time: keys after ``lo`` up to
+    ``hi`` (both primary keys as JSON-able values; None: the table's start or end)."""
+
+    lo: list[Any] | None = None
+    hi: list[Any] | None = None
+    cursor: list[Any] | None = None  # key of the last row of its last completed chunk
+    done: bool = False
+
+    @property
+    def after(self) -> list[Any] | None:
+        """Where its next chunk starts (exclusive)."""
+        return self.cursor if self.cursor is not None else self.lo
+
+
+@dataclass
 class TableProgress:
-    """One table of a dump."""
+    """One table of a dump. ``ranges`` is fixed when the table starts: one range, or
+    several read in parallel (``Dump.parallelism``); each resumes after its own last
+    completed chunk."""
 
     source: str
     state: TableState = "pending"
-    cursor: list[Any] | None = None  # key of the last row of the last completed chunk
+    cursor: list[Any] | None = None  # one range: key of the last row of its last chunk
+    ranges: list[KeyRange] | None = None
     key_index: int = 0  # with listed keys: how many of them are done
     chunks: int = 0
     rows: int = 0  # rows emitted (not counting rows the log overtook)
@@ -55,6 +75,14 @@ class TableProgress:
         out = asdict(self)
         out["percent"] = self.percent
         return out
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> TableProgress:
+        ranges = record.pop("ranges", None)
+        table = cls(**record)
+        if ranges is not None:
+            table.ranges = [KeyRange(**r) for r in ranges]
+        return table
 
     @property
     def percent(self) -> float | None:
@@ -91,6 +119,7 @@ class Dump:
     chunk_rows: int
     delay_ms: int
     keys: list[Any] | None = None  # listed keys (one table only)
+    parallelism: int = 1  # chunk readers at once (tables and key ranges of a table)
     reason: str = "request"  # request | initial_dump | source_gap | heal
     state: DumpState = "queued"
     created_at: float = field(default_factory=time.time)
@@ -165,6 +194,7 @@ class Dump:
             "keys": None if self.keys is None else len(self.keys),
             "chunk_rows": self.chunk_rows,
             "delay_ms": self.delay_ms,
+            "parallelism": self.parallelism,
             "created_at": self.created_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
@@ -179,7 +209,7 @@ class Dump:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Dump:
-        tables = [TableProgress(**t) for t in record.pop("tables")]
+        tables = [TableProgress.from_record(dict(t)) for t in record.pop("tables")]
         return cls(tables=tables, **record)
 
 

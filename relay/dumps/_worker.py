@@ -1,9 +1,23 @@
-"""One buffer's dump worker: its thread runs the buffer's dumps chunk by chunk (DESIGN
-8.1; the manager, ``_engine``, owns the dumps, the lock and the state file). Per chunk::
+"""One buffer's dump worker: its thread runs the buffer's dumps (DESIGN 8.1; the
+manager, ``_engine``, owns the dumps, the lock and the state file).
+
+A dump's tables are cut into key ranges when they start (``_plan``: one range, or, for a
+table of more than two chunks with ``parallelism`` > 1, up to four ranges per reader at
+split points the source reads from its index). ``parallelism`` readers, each on its own
+connection (the worker's thread is the first), take the ranges in table order. Per
+range, each chunk is::
 
     offer(chunk) -> write low watermark -> wait until the fetcher read it
-      -> SELECT the chunk (own connection) -> set_rows -> write high watermark
-      -> wait until the rows landed in the high watermark's window -> save progress
+      -> SELECT the chunk (keys after the range's cursor, up to its end)
+      -> set_rows -> write high watermark
+      -> [the previous chunk of this range: wait until its rows landed, save progress]
+
+so a reader reads chunk k+1 while the fetcher thread writes chunk k into the buffer.
+Progress is saved per range, in order, only for chunks whose rows landed: a restart
+resumes every range after its own last completed chunk. A retriable error (source
+down, a watermark that did not come back) retries that range after a backoff; a
+``DumpSetupError`` fails its table (the other readers leave its ranges); anything else
+fails the dump.
 
 A table that failed or was cancelled after its start marker reached the buffer gets
 its end marker (with that outcome) the same way, as an empty last chunk.
@@ -15,17 +29,24 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from databus._limited_log import limited
 from databus._redact import redact
 from databus.errors import DatabusError, DumpSetupError
-from databus.event import HEADER_SIZE
-from databus.fetchers._api import DumpChunk, DumpSource, Fetcher
-from databus.relay.dumps._sink import Chunk, DumpSink
-from databus.relay.dumps._state import Dump, TableProgress
+from databus.fetchers._api import DumpSource, Fetcher
+from databus.relay.dumps._readers import (
+    DumpRun,
+    ReaderSlot,
+    Stopped,
+    fail_table,
+    plan_ranges,
+    run_readers,
+)
+from databus.relay.dumps._sink import Chunk, DumpSink, TableRun
+from databus.relay.dumps._state import Dump, KeyRange, TableProgress
 
 if TYPE_CHECKING:
     from databus.relay.dumps._engine import DumpManager
@@ -49,18 +70,6 @@ class DumpPort:
     flush: Callable[[], None] = lambda: None
 
 
-class _TooBig(Exception):
-    """A chunk's rows would not fit a window of the buffer: read ``rows`` at a time."""
-
-    def __init__(self, rows: int) -> None:
-        super().__init__(rows)
-        self.rows = rows
-
-
-class _Stopped(Exception):
-    """The relay is stopping, or the dump was paused or cancelled: leave the chunk."""
-
-
 class _Worker:
     """Runs one buffer's dumps (its own thread and source connection)."""
 
@@ -72,6 +81,7 @@ class _Worker:
         self._current: Dump | None = None
         self._ends_retry_at = 0.0
         self._ends_backoff = 0.5
+        self._slots: dict[int, ReaderSlot] = {}  # readers 2..P: their connections
         self.thread = threading.Thread(target=self.loop, name=f"databus-dump-{port.buffer}",
                                        daemon=True)
 
@@ -89,15 +99,30 @@ class _Worker:
             except Exception as exc:
                 log.debug("closing a dump source: %s", exc)
 
+    def close_readers(self) -> None:
+        for slot in self._slots.values():
+            slot.close()
+        self._slots.clear()
+
+    def reader_slot(self, i: int) -> ReaderSlot:
+        """Reader ``i``'s (2..P) connection, kept for the next dumps."""
+        slot = self._slots.get(i)
+        if slot is None:
+            slot = self._slots[i] = ReaderSlot(self._open_source)
+        return slot
+
+    def _open_source(self) -> DumpSource:
+        fetcher = self.port.new_fetcher()
+        source = fetcher.open_dump_source()
+        if source is None:
+            raise DumpSetupError(
+                f"the source of buffer {self.port.buffer!r} cannot be dumped "
+                f"({type(fetcher).__name__} has no dump support)")
+        return source
+
     def _source(self) -> DumpSource:
         if self.source is None:
-            fetcher = self.port.new_fetcher()
-            source = fetcher.open_dump_source()
-            if source is None:
-                raise DumpSetupError(
-                    f"the source of buffer {self.port.buffer!r} cannot be dumped "
-                    f"({type(fetcher).__name__} has no dump support)")
-            self.source = source
+            self.source = self._open_source()
         return self.source
 
     def loop(self) -> None:
@@ -118,6 +143,7 @@ class _Worker:
                 self.run(dump)
         finally:
             self.close_source()
+            self.close_readers()
 
     def _write_owed_ends(self, dumps: list[Dump]) -> None:
         """Write the end marker (outcome failed or cancelled) of every table of
@@ -130,7 +156,7 @@ class _Worker:
                     if table.owes_end:
                         self._write_end(dump, table, source)
             self._ends_backoff = 0.5
-        except _Stopped:
+        except Stopped:
             return
         except Exception as exc:
             log.warning("dump end markers on buffer %s: %s; trying again in %.1f s",
@@ -144,9 +170,9 @@ class _Worker:
         outcome the table ended with."""
         outcome = "failed" if table.state == "failed" else "cancelled"
         sink = self.port.sink
-        chunk = Chunk(dump_id=dump.id, source=table.source, source_id=-1,
-                      low=uuid.uuid4().hex, high=uuid.uuid4().hex, first=False,
-                      rows_before=table.rows, outcome=outcome)
+        run = TableRun(dump.id, table.source, started=True, ranges_left=1, rows=table.rows)
+        chunk = Chunk(table=run, source_id=-1, low=uuid.uuid4().hex, high=uuid.uuid4().hex,
+                      outcome=outcome)
         sink.offer(chunk)
         try:
             source.write_watermark(chunk.low)
@@ -174,7 +200,7 @@ class _Worker:
             try:
                 self._run(dump)
                 return
-            except _Stopped:
+            except Stopped:
                 return
             except DumpSetupError as exc:
                 self._finish(dump, "failed", str(exc))
@@ -246,19 +272,10 @@ class _Worker:
             manager._save()
             self._current = dump
             self._run_started = time.monotonic()
+        self._read_tables(dump, source)
         for table in dump.tables:
-            if table.state in ("done", "failed"):
-                continue
-            try:
-                self._dump_table(dump, table, source)
-            except DumpSetupError as exc:
-                with manager._lock:
-                    table.state = "failed"
-                    table.error = str(exc)
-                    manager._save()
-                log.error("dump %s: table %s failed: %s", dump.id, table.source, exc)
-                if table.owes_end:
-                    self._write_end(dump, table, source)
+            if table.owes_end:
+                self._write_end(dump, table, source)
         failed = [t.source for t in dump.tables if t.state == "failed"]
         if failed:
             self._finish(dump, "failed", f"tables failed: {', '.join(failed)}")
@@ -292,90 +309,40 @@ class _Worker:
             self.manager._save()
 
     def _check_state(self, dump: Dump) -> None:
-        """Raise ``_Stopped`` when the relay stops or the dump was paused or cancelled."""
+        """Raise ``Stopped`` when the relay stops or the dump was paused or cancelled."""
         if self.manager._stop.is_set() or dump.state in ("paused", "cancelled"):
-            raise _Stopped
+            raise Stopped
 
-    def _dump_table(self, dump: Dump, table: TableProgress, source: DumpSource) -> None:
+    def _read_tables(self, dump: Dump, source: DumpSource) -> None:
+        """Fix each table's key ranges (saved), then read them all (``_readers``)."""
         manager = self.manager
-        if table.state == "pending":
-            with manager._lock:
-                table.state = "running"
-                manager._save()
-        limit = dump.chunk_rows
-        while True:
-            with manager._lock:
-                self._check_state(dump)
-            try:
-                chunk, result = self._one_chunk(dump, table, source, limit)
-                self.port.flush()
-            except _TooBig as big:
-                limit = big.rows
-                limited(log).warning("dump %s: chunks of %s are too big for buffer %s; reading "
-                                     "%d rows at a time", dump.id, table.source,
-                                     self.port.buffer, limit, kind=dump.id)
+        work: deque[tuple[TableProgress, KeyRange]] = deque()
+        runs: dict[str, TableRun] = {}
+        for table in dump.tables:
+            if table.state in ("done", "failed"):
                 continue
-            with manager._lock:
-                table.chunks += 1
-                table.rows += chunk.emitted_rows
-                table.overtaken += chunk.dropped_rows
-                table.started = True
-                table.last_scn = chunk.emitted_scn
-                dump.error = None  # a retry's error (run) is over
-                if dump.keys is not None:
-                    table.key_index = min(len(dump.keys), table.key_index + limit)
-                elif result.cursor is not None:
-                    table.cursor = result.cursor
-                if chunk.last:
-                    table.state = "done"
-                    table.ended = True
-                self._fold_clock(dump)
-                manager._save()
-            if chunk.last:
-                log.info("dump %s: %s done, %d rows in %d chunks (%d overtaken by the log)",
-                         dump.id, table.source, table.rows, table.chunks, table.overtaken)
-                return
-            if dump.delay_ms and manager._stop.wait(dump.delay_ms / 1000):
-                raise _Stopped
-
-    def _one_chunk(self, dump: Dump, table: TableProgress, source: DumpSource, limit: int
-                   ) -> tuple[Chunk, DumpChunk]:
-        sink = self.port.sink
-        chunk = Chunk(dump_id=dump.id, source=table.source, source_id=-1,
-                      low=uuid.uuid4().hex, high=uuid.uuid4().hex, first=not table.started,
-                      rows_before=table.rows)
-        sink.offer(chunk)
-        try:
-            source.write_watermark(chunk.low)
-            self._wait(dump, chunk, ("open",))
-            result = self._read(dump, table, source, limit)
-            # The rows travel in one window, which must fit in the buffer with room to
-            # spare: a chunk over a quarter of it is read again, smaller (a window larger
-            # than the buffer would stop the fetcher for good).
-            size = sum(HEADER_SIZE + 64 + len(row.value) for row in result.rows)
-            budget = self.port.capacity_bytes // 4
-            if size > budget and len(result.rows) > 1:
-                raise _TooBig(max(1, len(result.rows) * budget // size))
-            chunk.source_id = result.source_id
-            sink.set_rows(chunk, result.rows, last=result.done)
-            source.write_watermark(chunk.high)
-            self._wait(dump, chunk, ("emitted",))
-        except BaseException as exc:
-            sink.withdraw(chunk)  # waits for rows being written into the buffer
-            if chunk.phase != "emitted" or not isinstance(exc, Exception):
-                raise
-            # Its rows landed as the engine gave up on it (paused, cancelled): they are in
-            # the buffer, so the chunk counts (a resumed dump must not read it again).
-        return chunk, result
-
-    def _read(self, dump: Dump, table: TableProgress, source: DumpSource, limit: int
-              ) -> DumpChunk:
-        if dump.keys is None:
-            return source.read_chunk(table.source, table.cursor, limit)
-        batch = dump.keys[table.key_index:table.key_index + limit]
-        result = source.read_keys(table.source, batch)
-        done = table.key_index + limit >= len(dump.keys)
-        return DumpChunk(result.source, result.source_id, result.rows, None, done)
+            if table.ranges is None:
+                with manager._lock:
+                    self._check_state(dump)
+                try:
+                    ranges = plan_ranges(dump, table, source)
+                except DumpSetupError as exc:
+                    fail_table(self, dump, table, exc)
+                    continue
+                with manager._lock:
+                    table.ranges = ranges
+                    manager._save()
+                if len(ranges) > 1:
+                    log.info("dump %s: %s is read in %d key ranges", dump.id, table.source,
+                             len(ranges))
+            left = [r for r in table.ranges or () if not r.done]
+            runs[table.source] = TableRun(dump.id, table.source, started=table.started,
+                                          ranges_left=max(1, len(left)), rows=table.rows)
+            if not left:  # every range read, the end marker not: an empty last chunk
+                last = (table.ranges or [KeyRange(cursor=table.cursor)])[-1]
+                left = [KeyRange(lo=last.lo, hi=last.hi, cursor=last.cursor)]
+            work.extend((table, r) for r in left)
+        run_readers(self, dump, DumpRun(work, runs))
 
     def _wait(self, dump: Dump | None, chunk: Chunk, phases: tuple[Any, ...]) -> None:
         """Wait for the fetcher to carry ``chunk`` to one of ``phases`` (``dump`` None:
@@ -385,7 +352,7 @@ class _Worker:
         while True:
             if dump is None:
                 if self.manager._stop.is_set():
-                    raise _Stopped
+                    raise Stopped
             else:
                 with self.manager._lock:
                     self._check_state(dump)

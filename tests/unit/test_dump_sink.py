@@ -20,6 +20,7 @@ from databus.event import (
 from databus.fetchers._api import DumpRow
 from databus.relay._buffer import EventBuffer
 from databus.relay.dumps import Chunk, DumpSink
+from databus.relay.dumps._sink import TableRun
 
 pytestmark = pytest.mark.twin("databus.batch")
 
@@ -63,8 +64,11 @@ def _window(sink: DumpSink, scn: int, *events: bytes, watermark: str | None = No
     sink.end_window()
 
 
-def _chunk(first: bool = True) -> Chunk:
-    return Chunk(dump_id="d1", source="db.t", source_id=SRC, low="L", high="H", first=first)
+def _chunk(first: bool = True, *, low: str = "L", high: str = "H",
+           run: TableRun | None = None) -> Chunk:
+    if run is None:
+        run = TableRun("d1", "db.t", started=not first)
+    return Chunk(table=run, source_id=SRC, low=low, high=high)
 
 
 def test_rows_land_in_the_high_watermark_window_minus_touched_keys(buffer: EventBuffer) -> None:
@@ -149,18 +153,18 @@ def test_a_failed_end_window_is_retried_when_the_fetcher_reads_high_again(
     assert [s[2] for s in _served(buffer) if s[1] == SRC] == [1]
 
 
-def test_an_offered_chunk_abandons_the_previous_one(buffer: EventBuffer) -> None:
+def test_a_withdrawn_chunk_never_lands(buffer: EventBuffer) -> None:
     sink = DumpSink(buffer, 0)
     old = _chunk()
     sink.offer(old)
     _window(sink, 60, watermark="L")
-    new = Chunk(dump_id="d1", source="db.t", source_id=SRC, low="L2", high="H2", first=True)
-    sink.offer(new)
+    sink.withdraw(old)
     assert old.phase == "abandoned"
     sink.set_rows(old, _rows(1), last=True)
     _window(sink, 61, watermark="H")  # the old chunk's high: ignored
     assert _served(buffer) == []
     assert old.phase == "abandoned"
+    assert sink.append == buffer.append
 
 
 def test_wait_returns_when_the_fetcher_thread_emits(buffer: EventBuffer) -> None:
@@ -192,3 +196,72 @@ def test_no_open_chunk_costs_nothing_per_event(buffer: EventBuffer) -> None:
     assert sink.append == buffer.append
     # An empty last chunk still marks the table: start and end, no rows.
     assert [s[1] for s in _served(buffer)] == [DUMP_START_SOURCE_ID, DUMP_END_SOURCE_ID]
+
+
+def test_chunks_of_two_ranges_in_flight_each_drop_only_keys_touched_after_their_low(
+        buffer: EventBuffer) -> None:
+    sink = DumpSink(buffer, 0)
+    run = TableRun("d1", "db.t", ranges_left=2)
+    a = _chunk(low="La", high="Ha", run=run)  # range (.., 10]
+    b = _chunk(low="Lb", high="Hb", run=run)  # range (10, ..]
+    sink.offer(a)
+    sink.offer(b)
+    _window(sink, 10, watermark="La")
+    _window(sink, 11, _event(11, 12))  # touches 12 before b's low: b keeps its row
+    _window(sink, 12, watermark="Lb")
+    _window(sink, 13, _event(13, 3), _event(13, 14))  # after both lows
+    sink.set_rows(a, _rows(1, 3), last=True)
+    sink.set_rows(b, _rows(12, 14, 15), last=False)
+    _window(sink, 14, watermark="Hb")
+    assert (b.phase, b.emitted_rows, b.dropped_rows) == ("emitted", 2, 1)
+    assert (run.started, run.ranges_left, run.rows, run.ended) == (True, 2, 2, False)
+    _window(sink, 15, watermark="Ha")
+    assert (a.emitted_rows, a.dropped_rows) == (1, 1)
+    assert (run.ranges_left, run.ended) == (1, False)  # b's range still has rows
+    last = _chunk(low="Lc", high="Hc", run=run)
+    sink.offer(last)
+    _window(sink, 16, watermark="Lc")
+    sink.set_rows(last, [], last=True)
+    _window(sink, 17, watermark="Hc")
+    assert (run.ranges_left, run.rows, run.ended) == (0, 3, True)
+    served = _served(buffer)
+    dumped = [(s[0], s[2]) for s in served if s[4]]
+    assert dumped == [(14, 12), (14, 15), (15, 1)]
+    starts = [s[0] for s in served if s[1] == DUMP_START_SOURCE_ID]
+    ends = [s[0] for s in served if s[1] == DUMP_END_SOURCE_ID]
+    assert (starts, ends) == ([14], [17])  # one start before any row, one end after all
+    assert sink.append == buffer.append  # nothing in flight: no cost per event
+
+
+def test_a_window_that_fails_leaves_the_table_counts_as_they_were(buffer: EventBuffer) -> None:
+    sink = DumpSink(buffer, 0)
+    run = TableRun("d1", "db.t")
+    chunk = _chunk(run=run)
+    sink.offer(chunk)
+    _window(sink, 50, watermark="L")
+    sink.set_rows(chunk, _rows(1, 2), last=True)
+    sink.start_window(51)
+    sink.watermark("H")
+    sink.rollback()  # the window never landed (the fetcher died)
+    assert (run.started, run.rows, run.ranges_left, run.ended) == (False, 0, 1, False)
+    _window(sink, 51, watermark="H")
+    assert (run.started, run.rows, run.ranges_left, run.ended) == (True, 2, 0, True)
+    assert [s[1] for s in _served(buffer)] == [DUMP_START_SOURCE_ID, SRC, SRC,
+                                               DUMP_END_SOURCE_ID]
+
+
+def test_composite_and_string_keys_are_matched_exactly(buffer: EventBuffer) -> None:
+    sink = DumpSink(buffer, 0)
+    chunk = _chunk(first=False)
+    sink.offer(chunk)
+    _window(sink, 60, watermark="L")
+    _window(sink, 61, encode_event(scn=61, source_id=SRC, op=Op.UPSERT, key=("a", 1),
+                                   value=b"v"),
+            encode_event(scn=61, source_id=SRC, op=Op.UPSERT, key="x", value=b"v"),
+            encode_event(scn=61, source_id=SRC + 1, op=Op.UPSERT, key=("a", 2), value=b"v"))
+    rows = [DumpRow(("a", 1), b"r", 0), DumpRow(("a", 2), b"r", 0), DumpRow("x", b"r", 0),
+            DumpRow(b"x", b"r", 0), DumpRow(("a", 1.5), b"r", 0)]
+    sink.set_rows(chunk, rows, last=False)
+    _window(sink, 62, watermark="H")
+    # ("a", 2) was touched in another source; bytes b"x" is not the string "x".
+    assert [s[2] for s in _served(buffer) if s[4]] == [("a", 2), b"x", ("a", 1.5)]

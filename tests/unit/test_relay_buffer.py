@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from databus.checkpoint import Checkpoint
-from databus.errors import ScnNotFoundError
+from databus.errors import EventFormatError, ScnNotFoundError
 from databus.event import (
     DUMP_END_SOURCE_ID,
     DUMP_START_SOURCE_ID,
@@ -29,6 +29,7 @@ from databus.event import (
 )
 from databus.relay._buffer import (
     META_SIZE,
+    BufferError_,
     EventBuffer,
     ScnOrderError,
     WindowTooLargeError,
@@ -365,3 +366,55 @@ def test_concurrent_readers_never_see_torn_bytes(path: Path) -> None:
             t.join()
     assert not failures, failures[0]
     assert checked[0] > 100
+
+
+@pytest.mark.parametrize("sizes", [(40, 7), (200, 3), (13, 11), (1000, 1)])
+def test_append_many_writes_what_append_writes_across_the_ring_end(
+        tmp_path: Path, sizes: tuple[int, int]) -> None:
+    size, per_window = sizes
+    one = EventBuffer(tmp_path / "one.buf", 4096)
+    many = EventBuffer(tmp_path / "many.buf", 4096)
+    try:
+        for scn in range(1, 60):  # many laps of a 4 KiB ring: every split point happens
+            events = [ev(scn, scn * 100 + i, size) for i in range(per_window)]
+            one.start_window(scn)
+            for event in events:
+                one.append(event)
+            one.end_window()
+            many.start_window(scn)
+            many.append_many(events)
+            many.end_window()
+            assert bytes(one._ring) == bytes(many._ring)
+        assert read_all(one, Checkpoint.flexible()) == read_all(many, Checkpoint.flexible())
+    finally:
+        one.close()
+        many.close()
+
+
+def test_append_many_refuses_what_append_refuses(path: Path) -> None:
+    with EventBuffer(path, 1 << 16) as buf:
+        with pytest.raises(BufferError_):
+            buf.append_many([ev(5, 1)])  # outside a window
+        buf.start_window(5)
+        with pytest.raises(BufferError_, match="SCN"):
+            buf.append_many([ev(5, 1), ev(6, 2)])
+        with pytest.raises(BufferError_, match="control"):
+            buf.append_many([encode_dump_marker(scn=5, kind="start", source="db.t",
+                                                dump_id="d")])
+        with pytest.raises(EventFormatError):
+            buf.append_many([ev(5, 1)[:-1]])
+        buf.append_many([])
+        buf.append_many([ev(5, 1), ev(5, 2)])
+        assert buf.window_events() == 2
+        buf.end_window()
+        assert [e[2] for e in read_all(buf, Checkpoint.flexible())[0]] == [1, 2, 2]
+
+
+def test_a_window_too_large_by_append_many_says_its_size(path: Path) -> None:
+    with EventBuffer(path, 4096) as buf:
+        buf.start_window(1)
+        buf.append_many([ev(1, i, 300) for i in range(20)])
+        with pytest.raises(WindowTooLargeError) as caught:
+            buf.end_window()
+        assert caught.value.window_bytes > 4096
+        fill(buf, [2])  # still usable
