@@ -85,6 +85,7 @@ class DumpRun:
     lock: threading.Lock = field(default_factory=threading.Lock)
     fatal: BaseException | None = None
     stopped: bool = False
+    reading: dict[str, int] = field(default_factory=dict)  # readers in each table
 
     def take(self) -> tuple[TableProgress, KeyRange] | None:
         with self.lock:
@@ -93,8 +94,17 @@ class DumpRun:
             while self.work:
                 table, key_range = self.work.popleft()
                 if table.state != "failed":
+                    self.reading[table.source] = self.reading.get(table.source, 0) + 1
                     return table, key_range
             return None
+
+    def leave(self, table: TableProgress) -> bool:
+        """A reader is done with a range of ``table``: True when it was the last one
+        reading it (a failed table's end marker may go now: no chunk of it is in
+        flight any more)."""
+        with self.lock:
+            self.reading[table.source] -= 1
+            return self.reading[table.source] == 0
 
     def give_back(self, table: TableProgress, key_range: KeyRange) -> None:
         """A range a reader could not finish (retriable error): first in line again."""
@@ -125,7 +135,7 @@ def reader_loop(worker: _Worker, dump: Dump, run: DumpRun,
             read_range(worker, dump, table, key_range, run.runs[table.source], source())
             backoff = 0.5
         except _TableFailed:
-            continue
+            pass
         except Stopped as exc:
             run.end(exc)
             return
@@ -140,14 +150,27 @@ def reader_loop(worker: _Worker, dump: Dump, run: DumpRun,
             with manager._lock:  # visible in /v1/dumps until a chunk completes
                 dump.error = redact(f"{exc}; trying again in {backoff:.1f} s")
             close()
+            run.leave(table)
             run.give_back(table, key_range)
             if manager._stop.wait(backoff):
                 run.end(Stopped())
                 return
             backoff = min(backoff * 2, _BACKOFF_MAX)
+            continue
         except BaseException as exc:
             run.end(exc)
             return
+        if run.leave(table) and table.owes_end:
+            # The table failed and no reader has a chunk of it in flight: its end
+            # marker (outcome failed) goes before the next tables' rows.
+            try:
+                worker._write_end(dump, table, source())
+            except Stopped as exc:
+                run.end(exc)
+                return
+            except Exception as exc:  # the run's end writes it again
+                log.warning("dump %s: the end marker of %s: %s", dump.id, table.source,
+                            redact(str(exc)))
 
 
 def fail_table(worker: _Worker, dump: Dump, table: TableProgress, exc: Exception) -> None:
