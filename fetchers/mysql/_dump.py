@@ -44,6 +44,9 @@ __all__ = ["MysqlDumpSource", "setup_statements"]
 
 log = logging.getLogger("databus.fetchers.mysql.dump")
 
+# An integer key spanning more than this many times the table's rows is cut by its index,
+# not by arithmetic (a few outlying ids would leave every row in one range).
+SPARSE = 4
 _ER_NO_SUCH_TABLE = 1146
 _ER_BAD_DB = 1049
 _ER_DENIED = (1142, 1143, 1044, 1227)
@@ -254,9 +257,10 @@ class MysqlDumpSource:
 
     def split_points(self, source: str, count: int) -> list[list[Any]]:
         """Up to ``count - 1`` keys cutting ``source`` into ``count`` ranges of about
-        the same number of rows: for a single integer key, evenly between its least and
+        the same number of rows: for a single integer key whose values are dense (their
+        span at most ``SPARSE`` times the row estimate), evenly between its least and
         greatest value (two index lookups); otherwise every n-th key of the primary key
-        index (one pass over the index, no row read)."""
+        index (one pass over the index, no row read), which holds for any key."""
         layout = self._layout(source)
         _, key_columns = self._select(layout)
         shape = layout.shape
@@ -268,7 +272,8 @@ class MysqlDumpSource:
         if len(key_columns) == 1:
             found = self._run(action, f"SELECT MIN({keys}), MAX({keys}) FROM {table}")
             low, high = found[0] if found else (None, None)
-            if isinstance(low, int) and isinstance(high, int):
+            if (isinstance(low, int) and isinstance(high, int)
+                    and high - low <= SPARSE * max(1, layout.rows_estimate)):
                 step = (high - low) / count
                 points = sorted({low + int(step * i) for i in range(1, count)})
                 return [cursor_to_json([p]) for p in points if low <= p < high]

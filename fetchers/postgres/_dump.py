@@ -42,6 +42,8 @@ from databus.fetchers.postgres._uri import LogicalSource
 
 __all__ = ["LogicalDumpSource"]
 
+SPARSE = 4  # see databus.fetchers.mysql._dump.SPARSE
+
 _COLUMNS_SQL = (
     "SELECT c.oid, n.nspname, c.relname, c.relreplident, a.attname, a.atttypid, "
     "a.atttypmod, format_type(a.atttypid, a.atttypmod) FROM pg_class c "
@@ -244,8 +246,9 @@ class LogicalDumpSource:
 
     def split_points(self, source: str, count: int) -> list[list[Any]]:
         """Up to ``count - 1`` keys cutting ``source`` into ranges of about the same
-        size: for a single integer key, evenly between its least and greatest value;
-        otherwise every n-th key of the primary key index (an index-only pass)."""
+        size: for a single integer key whose values are dense (as ``MysqlDumpSource``
+        judges it), evenly between its least and greatest value; otherwise every n-th
+        key of the primary key index (an index-only pass)."""
         if count < 2:
             return []
         estimate = max(1, self.estimate_rows(source))
@@ -262,9 +265,10 @@ class LogicalDumpSource:
                 if low is None or high is None:
                     return []
                 low, high = int(low), int(high)
-                step = (high - low) / count
-                points = sorted({low + int(step * i) for i in range(1, count)})
-                return [cursor_to_json([str(p)]) for p in points if low <= p < high]
+                if high - low <= SPARSE * estimate:
+                    step = (high - low) / count
+                    points = sorted({low + int(step * i) for i in range(1, count)})
+                    return [cursor_to_json([str(p)]) for p in points if low <= p < high]
             every = max(1, estimate // count)
             out: list[list[Any]] = []
             after: list[Any] | None = None
