@@ -28,6 +28,7 @@ from databus.relay._catalog import RelayCatalog, SourceEntry
 from databus.relay._fetcher_host import FetcherHost
 from databus.relay._liveness import SessionLostError, session_judge
 from databus.relay.dumps import DumpManager, DumpRequest
+from databus.relay.dumps._engine import dump_parallelism
 from databus.relay.quarantine._record import (
     QUARANTINE_FILENAME,
     Quarantine,
@@ -171,6 +172,7 @@ class Relay:
                         DumpRequest(buffer=buffer_config.name, sources=(),
                                     chunk_rows=buffer_config.dump_chunk_rows,
                                     delay_ms=buffer_config.dump_delay_ms,
+                                    parallelism=dump_parallelism(buffer_config),
                                     reason="initial_dump"),
                         buffer_of=self.fetchers.configured_buffer)
             for record in self.quarantines.healing():
@@ -272,7 +274,8 @@ class Relay:
             dump_id = self.dumps.start_dump(
                 DumpRequest(buffer=record.buffer, sources=(record.source,),
                             chunk_rows=config.dump_chunk_rows,
-                            delay_ms=config.dump_delay_ms, reason="heal"),
+                            delay_ms=config.dump_delay_ms,
+                            parallelism=dump_parallelism(config), reason="heal"),
                 buffer_of=lambda name: record.buffer).id
         self.quarantines.heal_step(record.buffer, record.source, dump=dump_id or "")
         return dump_id
@@ -298,7 +301,8 @@ class Relay:
             return
         self.dumps.start_dump(
             DumpRequest(buffer=buffer, sources=(), chunk_rows=config.dump_chunk_rows,
-                        delay_ms=config.dump_delay_ms, reason="source_gap"),
+                        delay_ms=config.dump_delay_ms, parallelism=dump_parallelism(config),
+                        reason="source_gap"),
             buffer_of=self.fetchers.configured_buffer)
 
     def close(self) -> None:

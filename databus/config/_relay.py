@@ -56,9 +56,11 @@ class BufferConfig:
     # default) sets that source aside and keeps capturing the others; "stop" fails the
     # fetcher, as before quarantines existed.
     on_source_error: str = "quarantine"
-    # Rows per dump chunk and pause between chunks for the dumps above.
+    # Rows per dump chunk, pause between chunks and chunk readers at once (0: the
+    # relay's cores) for the dumps above.
     dump_chunk_rows: int = 10_000
     dump_delay_ms: int = 0
+    dump_parallelism: int = 0
 
     def __post_init__(self) -> None:
         register_uri(self.source)
@@ -69,6 +71,7 @@ class BufferConfig:
             raise ConfigFieldError("on_source_error", 'must be "quarantine" or "stop"')
         check_range(self.dump_chunk_rows, "dump_chunk_rows", min=1, max=1_000_000)
         check_range(self.dump_delay_ms, "dump_delay_ms", min=0, max=3_600_000)
+        check_range(self.dump_parallelism, "dump_parallelism", min=0, max=64)
         check_range(self.capacity_mb, "capacity_mb", min=1, max=1 << 20)
         check_range(self.index_every_bytes, "index_every_bytes", min=1024)
         if self.index_every_bytes >= self.capacity_bytes:

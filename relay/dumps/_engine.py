@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from databus.config import BufferConfig
 from databus.errors import (
     DumpConflictError,
     DumpNotFoundError,
@@ -52,6 +53,11 @@ MAX_PARALLELISM = 64
 def default_parallelism() -> int:
     """Chunk readers per dump when a request names none: the machine's cores."""
     return max(1, min(MAX_PARALLELISM, os.cpu_count() or 1))
+
+
+def dump_parallelism(config: BufferConfig) -> int:
+    """The readers of the relay's own dumps of a buffer (initial, gap, heal)."""
+    return config.dump_parallelism or default_parallelism()
 
 
 @dataclass(frozen=True)
