@@ -268,10 +268,14 @@ def _print_tables(dump: dict[str, Any], out: TextIO) -> None:
     from rich.table import Table
 
     table = Table(title=f"tables of dump {dump['id']}", title_justify="left")
-    for name in ("source", "state", "chunks", "rows", "overtaken", "%", "last scn", "error"):
+    for name in ("source", "state", "ranges", "chunks", "rows", "overtaken", "%", "last scn",
+                 "error"):
         table.add_column(name)
     for t in dump["tables"]:
-        table.add_row(t["source"], t["state"], str(t["chunks"]), f"{t['rows']:,}",
+        ranges = t.get("ranges") or []
+        table.add_row(t["source"], t["state"],
+                      f"{sum(r['done'] for r in ranges)}/{len(ranges)}" if ranges else "-",
+                      str(t["chunks"]), f"{t['rows']:,}",
                       str(t["overtaken"]), "-" if t["percent"] is None else str(t["percent"]),
                       "-" if t["last_scn"] is None else str(t["last_scn"]), t["error"] or "")
     Console(file=out, width=160).print(table)

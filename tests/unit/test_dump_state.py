@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from databus.relay.dumps._state import Dump, TableProgress, load_dumps, save_dumps
+import pytest
+
+from databus.relay.dumps._state import Dump, KeyRange, TableProgress, load_dumps, save_dumps
 
 
 def _dump(*estimates: int) -> Dump:
@@ -82,3 +84,44 @@ def test_a_state_file_from_before_is_read(tmp_path: Path) -> None:
     assert dump.progress()["percent"] == 50.0  # a running table has its estimate
     save_dumps(path, [dump])
     assert load_dumps(path)[0].tables[0].estimate == 10
+
+
+@pytest.mark.parametrize(("value", "ok"), [(1, True), (64, True), (0, False), (65, False),
+                                           (True, False), ("2", False), (2.0, False)])
+def test_parallelism_in_a_dump_request(value: object, ok: bool) -> None:
+    from databus._http import BadRequest
+    from databus.relay._dump_api import parse_dump_request
+
+    body = {"sources": ["db.t"], "parallelism": value}
+    if ok:
+        assert parse_dump_request(body).parallelism == value
+    else:
+        with pytest.raises(BadRequest, match="parallelism"):
+            parse_dump_request(body)
+
+
+def test_parallelism_defaults_to_the_cores() -> None:
+    import os
+
+    from databus.relay._dump_api import parse_dump_request
+
+    assert parse_dump_request({}).parallelism == max(1, min(64, os.cpu_count() or 1))
+
+
+def test_a_state_file_without_ranges_resumes_its_one_cursor(tmp_path: Path) -> None:
+    """A dumps.json written before key ranges existed: its table's cursor is kept, and
+    the dump (no parallelism recorded) reads with one reader."""
+    path = tmp_path / "dumps.json"
+    path.write_text(json.dumps({"format": 1, "dumps": [{
+        "id": "abc", "buffer": "b", "chunk_rows": 10, "delay_ms": 0, "state": "running",
+        "tables": [{"source": "db.t", "state": "running", "cursor": [41], "chunks": 4,
+                    "rows": 40}]}]}))
+    (dump,) = load_dumps(path)
+    assert dump.parallelism == 1
+    (table,) = dump.tables
+    assert table.cursor == [41] and table.ranges is None
+    table.ranges = [KeyRange(cursor=[41]), KeyRange(lo=[50], hi=None)]
+    save_dumps(path, [dump])
+    (again,) = load_dumps(path)
+    assert again.tables[0].ranges == [KeyRange(cursor=[41]), KeyRange(lo=[50])]
+    assert again.tables[0].ranges[0].after == [41] and again.tables[0].ranges[1].after == [50]
