@@ -364,7 +364,9 @@ def test_a_client_sees_the_dump_between_its_markers(mariadb_server: MariaDBServe
         assert calls[0] == ("change", 3)
         t_start, t_end = calls.index(("start", "dump7.t")), calls.index(("end", "dump7.t"))
         rows = [c[1] for c in calls[t_start:t_end] if c[0] == "row"]
-        assert rows == list(range(250))
+        # Each key once, between the markers; in key order within each chunk's window
+        # only, since the table's key ranges are read in parallel (docs/dumps.md).
+        assert sorted(rows) == list(range(250))
         assert not [c for c in calls if c[0] == "row" and c not in calls[t_start:t_end]]
         e_start = calls.index(("start", "dump7.empty_one"))
         assert calls[e_start + 1] == ("end", "dump7.empty_one")
