@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := mariadb-server postgresql zookeeper openjdk-17-jre-headless \
-	libpostgresql-jdbc-java libmariadb-java gcc zlib1g-dev
+	libpostgresql-jdbc-java libmariadb-java gcc zlib1g-dev libmariadb-dev pkg-config
 # The import packages, mapped from top-level folders (pyproject's package-dir).
 SUBPACKAGES := relay bootstrap client fetchers spark_jobs replicator
 
@@ -65,10 +65,14 @@ venv: $(BIN)/.installed
 
 # The compiled event core is built by the install (setup.py); its sources rebuild it.
 $(BIN)/.installed: pyproject.toml setup.py databus/batch/_native.pyx databus/batch/_wire.h \
-		fetchers/postgres/_transcode_native.pyx
+		fetchers/postgres/_transcode_native.pyx fetchers/mysql/_rows_native.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,spark,fast]'
+	@# The dump's C driver (mysqlclient) builds against libmariadb-dev, which `make deps`
+	@# installs; without it (`make demo` on a bare machine) dumps read with pymysql.
+	@$(BIN)/pip install -q 'mysqlclient>=2.2' 2>/dev/null || echo "WARNING: databus: \
+	mysqlclient was not built (run make deps for libmariadb-dev); dumps read with pymysql"
 	touch $@
 
 lint: venv

@@ -45,6 +45,12 @@ def _extensions() -> list[Extension]:
             libraries=["z"],
             extra_compile_args=["-O3"],
         ),
+        # The MySQL/MariaDB dump's rows (its twin: _rows_python).
+        Extension(
+            "databus.fetchers.mysql._rows_native",
+            ["fetchers/mysql/_rows_native.pyx"],
+            extra_compile_args=["-O3"],
+        ),
         # The PostgreSQL logical fetcher's fast path (its twin: _transcode_python).
         Extension(
             "databus.fetchers.postgres._transcode_native",

@@ -26,11 +26,11 @@ from typing import Any
 import pymysql
 
 from databus._ddl import serialized_ddl
-from databus.errors import DumpSetupError, SourceError
-from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
+from databus.errors import DatabusError, DumpSetupError, SourceError
+from databus.fetchers._api import DumpChunk, FetcherContext
 from databus.fetchers._cursor import cursor_from_json, cursor_to_json
-from databus.fetchers.mysql._avro_writers import encode_row, row_writers
-from databus.fetchers.mysql._keys import row_key_function
+from databus.fetchers.mysql import _dump_driver
+from databus.fetchers.mysql._rows import encode_rows, make_rows, row_plan, typers_for
 from databus.fetchers.mysql._select import (
     TableLayout,
     UnmappableTableError,
@@ -47,6 +47,8 @@ log = logging.getLogger("databus.fetchers.mysql.dump")
 # An integer key spanning more than this many times the table's rows is cut by its index,
 # not by arithmetic (a few outlying ids would leave every row in one range).
 SPARSE = 4
+# A chunk as read: its rows, and each result column's field type when they are raw.
+_Read = tuple[list[tuple[Any, ...]], list[int] | None]
 _ER_NO_SUCH_TABLE = 1146
 _ER_BAD_DB = 1049
 _ER_DENIED = (1142, 1143, 1044, 1227)
@@ -93,6 +95,7 @@ class MysqlDumpSource:
         self.config = config
         self.context = context
         self._conn: pymysql.Connection[Any] | None = None
+        self._raw: Any = None  # the chunk reads' mysqlclient connection (_dump_driver)
 
     def _connection(self) -> pymysql.Connection[Any]:
         if self._conn is None:
@@ -101,11 +104,13 @@ class MysqlDumpSource:
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception as exc:
-                log.debug("closing the dump connection: %s", exc)
+        raw, self._raw = self._raw, None
+        for each in (conn, raw):
+            if each is not None:
+                try:
+                    each.close()
+                except Exception as exc:
+                    log.debug("closing the dump connection: %s", exc)
 
     def _run(self, action: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         return self._run_all(action, [sql], params)
@@ -124,15 +129,20 @@ class MysqlDumpSource:
                     rows = list(cur.fetchall())
                 return rows
         except pymysql.MySQLError as exc:
-            code = exc.args[0] if exc.args else None
-            if code in _ER_DENIED:
-                raise DumpSetupError(
-                    f"{action}: {self.config.address} lacks a privilege ({exc.args[-1]}); "
-                    f"{grant_hint(self.config)}") from None
-            error = source_error(exc, self.config, action)
-            if error.retriable:
-                self.close()
-            raise error from None
+            raise self._error(action, exc) from None
+
+    def _error(self, action: str, exc: BaseException) -> DatabusError:
+        """A driver error of ``action`` as the dump reports it (its connections closed
+        when it is retriable)."""
+        code = exc.args[0] if exc.args else None
+        if code in _ER_DENIED:
+            return DumpSetupError(
+                f"{action}: {self.config.address} lacks a privilege ({exc.args[-1]}); "
+                f"{grant_hint(self.config)}")
+        error = source_error(exc, self.config, action)
+        if error.retriable:
+            self.close()
+        return error
 
     # -- DumpSource ------------------------------------------------------------------
 
@@ -209,24 +219,28 @@ class MysqlDumpSource:
         table = f"{quote(shape.database)}.{quote(shape.table)}"
         return f"SELECT {', '.join(exprs)} FROM {table}", key_columns
 
-    def _chunk(self, source: str, layout: TableLayout, rows: list[tuple[Any, ...]],
-               done: bool) -> DumpChunk:
+    def _chunk(self, source: str, layout: TableLayout, read: _Read, done: bool) -> DumpChunk:
+        """The rows of a chunk as ``DumpRow``s (``_rows``: the compiled twin for
+        mysqlclient's raw rows, the reference for pymysql's typed ones), and its cursor:
+        the last row's raw key columns, typed as pymysql types them."""
+        rows, types = read
         shape = layout.shape
         catalog = self.context.catalog
         schema = catalog.register_schema(source, shape.avro_schema())
         source_id = catalog.source_id(source)
-        writers = row_writers(shape.columns)
-        key_of = row_key_function(shape.columns, shape.primary_key)
-        converts = [c.convert for c in layout.columns]
-        n = len(converts)
-        fp = schema.fingerprint
-        out: list[DumpRow] = []
-        for raw in rows:
-            native = [None if v is None else convert(v)
-                      for convert, v in zip(converts, raw[:n], strict=True)]
-            value = encode_row(writers, native)
-            out.append(DumpRow(key_of(native, value), value, fp))
-        cursor = cursor_to_json(list(rows[-1][n:])) if rows else None
+        plan = row_plan(layout)
+        if types is not None:
+            plan = plan.with_types(types)
+        keys, values = encode_rows(rows, plan)
+        out = make_rows(keys, values, schema.fingerprint)
+        cursor = None
+        if rows:
+            n = len(layout.columns)
+            last = rows[-1]
+            typers = typers_for(types[n:]) if types is not None else None
+            cursor = cursor_to_json([
+                v if typers is None or v is None else typers[i](v)
+                for i, v in enumerate(last[n:])])
         return DumpChunk(source, source_id, out, cursor, done)
 
     def read_chunk(self, source: str, after: list[Any] | None, limit: int, *,
@@ -311,9 +325,19 @@ class MysqlDumpSource:
         rows = self._read(source, select, params)
         return self._chunk(source, layout, rows, done=True)
 
-    def _read(self, source: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    def _read(self, source: str, sql: str, params: list[Any]) -> _Read:
+        """The chunk's rows: raw through mysqlclient (with each column's field type)
+        when it is installed, else typed through pymysql (types None)."""
+        action = f"reading a chunk of {source}"
         try:
-            return self._run(f"reading a chunk of {source}", sql, params)
+            if not _dump_driver.available():
+                return self._run(action, sql, params), None
+            try:
+                if self._raw is None:
+                    self._raw = _dump_driver.connect_raw(self.config)
+                return _dump_driver.select_raw(self._raw, sql, params)
+            except _dump_driver.driver_errors() as exc:
+                raise self._error(action, exc) from None
         except SourceError as exc:
             if "1146" in str(exc) or "doesn't exist" in str(exc):
                 raise DumpSetupError(f"table {source} was dropped during the dump") from None

@@ -17,6 +17,7 @@ from typing import Any
 import pymysql
 
 from databus.errors import DatabusError, SourceError
+from databus.fetchers.mysql import _dump_driver
 from databus.fetchers.mysql._errors import ScnNotAvailableError, SourceMisconfiguredError
 from databus.fetchers.mysql._schema import (
     INFORMATION_SCHEMA_COLUMNS,
@@ -71,9 +72,9 @@ def source_error(exc: BaseException, config: BinlogSourceConfig, action: str) ->
     if isinstance(exc, DatabusError):
         return exc
     where = config.address
-    code = exc.args[0] if isinstance(exc, pymysql.MySQLError) and exc.args else None
-    said = _scrub(str(exc.args[1] if isinstance(exc, pymysql.MySQLError) and len(exc.args) > 1
-                      else exc), config)
+    driver = isinstance(exc, (pymysql.MySQLError, *_dump_driver.driver_errors()))
+    code = exc.args[0] if driver and exc.args else None
+    said = _scrub(str(exc.args[1] if driver and len(exc.args) > 1 else exc), config)
     if code == ER_ACCESS_DENIED:
         return SourceMisconfiguredError(
             f"{action}: access denied for {where}: check the user and password of the "
@@ -93,7 +94,8 @@ def source_error(exc: BaseException, config: BinlogSourceConfig, action: str) ->
             "buffer at the server's current position (move the buffer file away) and let "
             "consumers with older checkpoints bootstrap"
         )
-    if code in _LOST or isinstance(exc, OSError | socket.timeout | pymysql.err.InterfaceError):
+    if code in _LOST or isinstance(exc, (OSError, socket.timeout, pymysql.err.InterfaceError,
+                                         *_dump_driver.interface_errors())):
         return SourceError(f"{action}: lost or no connection to {where}: {said}")
     return SourceError(f"{action}: {where}: {type(exc).__name__}: {said}")
 

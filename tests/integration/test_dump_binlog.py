@@ -176,10 +176,13 @@ def test_dump_while_writing_equals_the_source(mariadb_server: MariaDBServer,
     sql.close()
 
 
+@pytest.mark.twin("databus.fetchers.mysql._rows")
 def test_dumped_rows_are_encoded_as_the_binlog_encodes_them(mariadb_server: MariaDBServer,
                                                             tmp_path: Path) -> None:
     """Every type row of the fetcher's mapping, dumped and then logged by a no-op
-    UPDATE-style rewrite: the two events' values are byte-identical."""
+    UPDATE-style rewrite: the two events' values are byte-identical. The dump reads
+    with the compiled twin and mysqlclient (``make test``) and with the reference twin
+    (``make twins``), whose rows it also declines to (the edge values)."""
     sql = fresh_database(mariadb_server, "dump2")
     sql.run("CREATE TABLE t (id BIGINT UNSIGNED PRIMARY KEY, a TINYINT, b SMALLINT UNSIGNED, "
             "c MEDIUMINT, d INT UNSIGNED, e DECIMAL(20,6), f FLOAT, g DOUBLE, h BIT(1), "
@@ -192,7 +195,23 @@ def test_dumped_rows_are_encoded_as_the_binlog_encodes_them(mariadb_server: Mari
             "'2024-06-01 12:00:00.25', 'ab', 'héllo wörld', REPEAT('z', 300), 'ab', 'xyz', "
             "x'00ff10', 'y', 'p,r', '{\"k\": [1, 2]}', POINT(1, 2), '::1', "
             "'123e4567-e89b-12d3-a456-426614174000')",
-            "INSERT INTO t (id) VALUES (1)")
+            "INSERT INTO t (id) VALUES (1)",
+            # Edges: zero dates (the text branch), the widest values of each type, a
+            # DECIMAL of 20 digits (beyond the compiled twin's 18: declined), negative
+            # fractions, 4-byte UTF-8, control characters.
+            "INSERT INTO t VALUES (2, 127, 0, 8388607, 0, 99999999999999.999999, "
+            "-3.40282e38, 1.7976931348623157e308, b'0', b'0', 1901, '0000-00-00', "
+            "'838:59:59', '0000-00-00 00:00:00', '1970-01-01 00:00:01.5', '', "
+            "'tab\there\nline', '😀 ∑ ü', x'00000000', '', '', 'x', '', "
+            "'{\"ü\": \"😀\", \"n\": null}', POINT(-1.5, 1e10), 'ffff::', "
+            "'00000000-0000-0000-0000-000000000000')",
+            "INSERT INTO t VALUES (3, -1, 1, -1, 1, -0.5, 0, -0.0, b'1', b'111111111111', "
+            "2155, '9999-12-31', '-00:00:00.001', '9999-12-31 23:59:59.999999', NULL, "
+            "'zzzzz', 'x', '', NULL, NULL, NULL, NULL, 'p,q,r', '[]', NULL, NULL, NULL)",
+            "SET SESSION sql_mode = 'ALLOW_INVALID_DATES'",
+            "INSERT INTO t VALUES (4, 0, 2, 0, 2, 0.000001, 1e-30, 5e-324, NULL, NULL, NULL, "
+            "'2024-02-30', NULL, '2023-02-29 00:00:00', '2038-01-19 03:14:07.99', NULL, "
+            "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
     uri = source_uri(mariadb_server, "dump2.t")
     _setup_watermark(mariadb_server, uri)
 
@@ -216,7 +235,7 @@ def test_dumped_rows_are_encoded_as_the_binlog_encodes_them(mariadb_server: Mari
                 event = decode_event(body, offset)
                 (dumped if header.from_snapshot else logged)[event.key] = (
                     event.value, header.schema_fingerprint)
-            assert set(dumped) == set(logged) and len(dumped) == 2
+            assert set(dumped) == set(logged) and len(dumped) == 5
             for key, value in dumped.items():
                 assert value == logged[key], key
 
