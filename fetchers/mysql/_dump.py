@@ -258,8 +258,8 @@ class MysqlDumpSource:
         if terms:
             select += " WHERE " + " AND ".join(terms)
         select += f" ORDER BY {', '.join(key_columns)} LIMIT {int(limit)}"
-        rows = self._read(source, select, params)
-        return self._chunk(source, layout, rows, done=len(rows) < limit)
+        read = self._read(source, select, params)
+        return self._chunk(source, layout, read, done=len(read[0]) < limit)
 
     @staticmethod
     def _key_values(source: str, cursor: list[Any], key_columns: list[str]) -> list[Any]:
@@ -322,8 +322,7 @@ class MysqlDumpSource:
             terms.append("(" + " AND ".join(f"{c} = %s" for c in key_columns) + ")")
             params.extend(values)
         select += " WHERE " + " OR ".join(terms) + f" ORDER BY {', '.join(key_columns)}"
-        rows = self._read(source, select, params)
-        return self._chunk(source, layout, rows, done=True)
+        return self._chunk(source, layout, self._read(source, select, params), done=True)
 
     def _read(self, source: str, sql: str, params: list[Any]) -> _Read:
         """The chunk's rows: raw through mysqlclient (with each column's field type)

@@ -10825,7 +10825,7 @@ static PyObject *__pyx_pf_7databus_8fetchers_5mysql_12_rows_native_2encode_rows(
   return __pyx_r;
 }
 
-/* "fetchers/mysql/_rows_native.pyx":466
+/* "fetchers/mysql/_rows_native.pyx":467
  * 
  * 
  * def make_rows(list keys, list values, object fingerprint, type row_type):             # <<<<<<<<<<<<<<
@@ -10876,44 +10876,44 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_keys,&__pyx_mstate_global->__pyx_n_u_values,&__pyx_mstate_global->__pyx_n_u_fingerprint,&__pyx_mstate_global->__pyx_n_u_row_type,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 466, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 467, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 466, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 467, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 466, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 467, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 466, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 467, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 466, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 467, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "make_rows", 0) < (0)) __PYX_ERR(0, 466, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "make_rows", 0) < (0)) __PYX_ERR(0, 467, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 4; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("make_rows", 1, 4, 4, i); __PYX_ERR(0, 466, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("make_rows", 1, 4, 4, i); __PYX_ERR(0, 467, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 4)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 466, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 467, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 466, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 467, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 466, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 467, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 466, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 467, __pyx_L3_error)
     }
     __pyx_v_keys = ((PyObject*)values[0]);
     __pyx_v_values = ((PyObject*)values[1]);
@@ -10922,7 +10922,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("make_rows", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 466, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("make_rows", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 467, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -10933,9 +10933,9 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_keys), (&PyList_Type), 1, "keys", 1))) __PYX_ERR(0, 466, __pyx_L1_error)
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_values), (&PyList_Type), 1, "values", 1))) __PYX_ERR(0, 466, __pyx_L1_error)
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_row_type), (&PyType_Type), 1, "row_type", 1))) __PYX_ERR(0, 466, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_keys), (&PyList_Type), 1, "keys", 1))) __PYX_ERR(0, 467, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_values), (&PyList_Type), 1, "values", 1))) __PYX_ERR(0, 467, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_row_type), (&PyType_Type), 1, "row_type", 1))) __PYX_ERR(0, 467, __pyx_L1_error)
   __pyx_r = __pyx_pf_7databus_8fetchers_5mysql_12_rows_native_4make_rows(__pyx_self, __pyx_v_keys, __pyx_v_values, __pyx_v_fingerprint, __pyx_v_row_type);
 
   /* function exit code */
@@ -10975,7 +10975,7 @@ static PyObject *__pyx_pf_7databus_8fetchers_5mysql_12_rows_native_4make_rows(CY
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("make_rows", 0);
 
-  /* "fetchers/mysql/_rows_native.pyx":469
+  /* "fetchers/mysql/_rows_native.pyx":470
  *     """``[row_type(key, value, fingerprint), ...]`` for a class of those three slots (the
  *     frozen ``DumpRow``): the same objects, without the cost of its ``__init__``."""
  *     cdef Py_ssize_t i, n = len(keys)             # <<<<<<<<<<<<<<
@@ -10984,45 +10984,45 @@ static PyObject *__pyx_pf_7databus_8fetchers_5mysql_12_rows_native_4make_rows(CY
 */
   if (unlikely(__pyx_v_keys == Py_None)) {
     PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
-    __PYX_ERR(0, 469, __pyx_L1_error)
+    __PYX_ERR(0, 470, __pyx_L1_error)
   }
-  __pyx_t_1 = __Pyx_PyList_GET_SIZE(__pyx_v_keys); if (unlikely(__pyx_t_1 == ((Py_ssize_t)-1))) __PYX_ERR(0, 469, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyList_GET_SIZE(__pyx_v_keys); if (unlikely(__pyx_t_1 == ((Py_ssize_t)-1))) __PYX_ERR(0, 470, __pyx_L1_error)
   __pyx_v_n = __pyx_t_1;
 
-  /* "fetchers/mysql/_rows_native.pyx":470
+  /* "fetchers/mysql/_rows_native.pyx":471
  *     frozen ``DumpRow``): the same objects, without the cost of its ``__init__``."""
  *     cdef Py_ssize_t i, n = len(keys)
  *     cdef list out = [None] * n             # <<<<<<<<<<<<<<
  *     if getattr(row_type, "__slots__", None) != ("key", "value", "fingerprint"):
  *         raise TypeError("row_type: a class of the slots key, value, fingerprint")
 */
-  __pyx_t_2 = PyList_New(1 * ((__pyx_v_n<0) ? 0:__pyx_v_n)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 470, __pyx_L1_error)
+  __pyx_t_2 = PyList_New(1 * ((__pyx_v_n<0) ? 0:__pyx_v_n)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 471, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   { Py_ssize_t __pyx_temp;
     for (__pyx_temp=0; __pyx_temp < __pyx_v_n; __pyx_temp++) {
       __Pyx_INCREF(Py_None);
       __Pyx_GIVEREF(Py_None);
-      if (__Pyx_PyList_SET_ITEM(__pyx_t_2, __pyx_temp, Py_None) != (0)) __PYX_ERR(0, 470, __pyx_L1_error);
+      if (__Pyx_PyList_SET_ITEM(__pyx_t_2, __pyx_temp, Py_None) != (0)) __PYX_ERR(0, 471, __pyx_L1_error);
     }
   }
   __pyx_v_out = ((PyObject*)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fetchers/mysql/_rows_native.pyx":471
+  /* "fetchers/mysql/_rows_native.pyx":472
  *     cdef Py_ssize_t i, n = len(keys)
  *     cdef list out = [None] * n
  *     if getattr(row_type, "__slots__", None) != ("key", "value", "fingerprint"):             # <<<<<<<<<<<<<<
  *         raise TypeError("row_type: a class of the slots key, value, fingerprint")
  *     for i in range(n):
 */
-  __pyx_t_2 = __Pyx_GetAttr3(((PyObject *)__pyx_v_row_type), __pyx_mstate_global->__pyx_n_u_slots, Py_None); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 471, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_GetAttr3(((PyObject *)__pyx_v_row_type), __pyx_mstate_global->__pyx_n_u_slots, Py_None); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 472, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_3 = __Pyx_PyObject_RichCompareBool(__pyx_t_2, __pyx_mstate_global->__pyx_tuple[0], Py_NE); if (unlikely((__pyx_t_3 < 0))) __PYX_ERR(0, 471, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_RichCompareBool(__pyx_t_2, __pyx_mstate_global->__pyx_tuple[0], Py_NE); if (unlikely((__pyx_t_3 < 0))) __PYX_ERR(0, 472, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   if (unlikely(__pyx_t_3)) {
 
 
-    /* "fetchers/mysql/_rows_native.pyx":472
+    /* "fetchers/mysql/_rows_native.pyx":473
  *     cdef list out = [None] * n
  *     if getattr(row_type, "__slots__", None) != ("key", "value", "fingerprint"):
  *         raise TypeError("row_type: a class of the slots key, value, fingerprint")             # <<<<<<<<<<<<<<
@@ -11035,14 +11035,14 @@ static PyObject *__pyx_pf_7databus_8fetchers_5mysql_12_rows_native_4make_rows(CY
       PyObject *__pyx_callargs[2] = {__pyx_t_4, __pyx_mstate_global->__pyx_kp_u_row_type_a_class_of_the_slots_ke};
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_TypeError)), __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 472, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 473, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(0, 472, __pyx_L1_error)
+    __PYX_ERR(0, 473, __pyx_L1_error)
 
-    /* "fetchers/mysql/_rows_native.pyx":471
+    /* "fetchers/mysql/_rows_native.pyx":472
  *     cdef Py_ssize_t i, n = len(keys)
  *     cdef list out = [None] * n
  *     if getattr(row_type, "__slots__", None) != ("key", "value", "fingerprint"):             # <<<<<<<<<<<<<<
@@ -11051,7 +11051,7 @@ static PyObject *__pyx_pf_7databus_8fetchers_5mysql_12_rows_native_4make_rows(CY
 */
   }
 
-  /* "fetchers/mysql/_rows_native.pyx":473
+  /* "fetchers/mysql/_rows_native.pyx":474
  *     if getattr(row_type, "__slots__", None) != ("key", "value", "fingerprint"):
  *         raise TypeError("row_type: a class of the slots key, value, fingerprint")
  *     for i in range(n):             # <<<<<<<<<<<<<<
@@ -11065,19 +11065,19 @@ static PyObject *__pyx_pf_7databus_8fetchers_5mysql_12_rows_native_4make_rows(CY
   for (__pyx_t_7 = 0; __pyx_t_7 < __pyx_t_6; __pyx_t_7+=1) {
     __pyx_v_i = __pyx_t_7;
 
-    /* "fetchers/mysql/_rows_native.pyx":474
+    /* "fetchers/mysql/_rows_native.pyx":475
  *         raise TypeError("row_type: a class of the slots key, value, fingerprint")
  *     for i in range(n):
  *         row = PyType_GenericAlloc(<PyTypeObject *>row_type, 0)             # <<<<<<<<<<<<<<
  *         PyObject_GenericSetAttr(row, "key", keys[i])
  *         PyObject_GenericSetAttr(row, "value", values[i])
 */
-    __pyx_t_2 = PyType_GenericAlloc(((PyTypeObject *)__pyx_v_row_type), 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 474, __pyx_L1_error)
+    __pyx_t_2 = PyType_GenericAlloc(((PyTypeObject *)__pyx_v_row_type), 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 475, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
     __Pyx_XDECREF_SET(__pyx_v_row, __pyx_t_2);
     __pyx_t_2 = 0;
 
-    /* "fetchers/mysql/_rows_native.pyx":475
+    /* "fetchers/mysql/_rows_native.pyx":476
  *     for i in range(n):
  *         row = PyType_GenericAlloc(<PyTypeObject *>row_type, 0)
  *         PyObject_GenericSetAttr(row, "key", keys[i])             # <<<<<<<<<<<<<<
@@ -11086,53 +11086,62 @@ static PyObject *__pyx_pf_7databus_8fetchers_5mysql_12_rows_native_4make_rows(CY
 */
     if (unlikely(__pyx_v_keys == Py_None)) {
       PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
-      __PYX_ERR(0, 475, __pyx_L1_error)
+      __PYX_ERR(0, 476, __pyx_L1_error)
     }
     __pyx_t_2 = __Pyx_PyList_GET_ITEM(__pyx_v_keys, __pyx_v_i);
     __Pyx_INCREF(__pyx_t_2);
-    __pyx_t_8 = PyObject_GenericSetAttr(__pyx_v_row, __pyx_mstate_global->__pyx_n_u_key, __pyx_t_2); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 475, __pyx_L1_error)
-    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-
-
-    /* "fetchers/mysql/_rows_native.pyx":476
- *         row = PyType_GenericAlloc(<PyTypeObject *>row_type, 0)
- *         PyObject_GenericSetAttr(row, "key", keys[i])
- *         PyObject_GenericSetAttr(row, "value", values[i])             # <<<<<<<<<<<<<<
- *         PyObject_GenericSetAttr(row, "fingerprint", fingerprint)
- *         out[i] = row
-*/
-    if (unlikely(__pyx_v_values == Py_None)) {
-      PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
-      __PYX_ERR(0, 476, __pyx_L1_error)
-    }
-    __pyx_t_2 = __Pyx_PyList_GET_ITEM(__pyx_v_values, __pyx_v_i);
-    __Pyx_INCREF(__pyx_t_2);
-    __pyx_t_8 = PyObject_GenericSetAttr(__pyx_v_row, __pyx_mstate_global->__pyx_n_u_value, __pyx_t_2); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 476, __pyx_L1_error)
+    __pyx_t_8 = PyObject_GenericSetAttr(__pyx_v_row, __pyx_mstate_global->__pyx_n_u_key, __pyx_t_2); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 476, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
 
     /* "fetchers/mysql/_rows_native.pyx":477
+ *         row = PyType_GenericAlloc(<PyTypeObject *>row_type, 0)
  *         PyObject_GenericSetAttr(row, "key", keys[i])
- *         PyObject_GenericSetAttr(row, "value", values[i])
- *         PyObject_GenericSetAttr(row, "fingerprint", fingerprint)             # <<<<<<<<<<<<<<
- *         out[i] = row
- *     return out
+ *         PyObject_GenericSetAttr(row, "value", values[i])             # <<<<<<<<<<<<<<
+ *         PyObject_GenericSetAttr(row, "fingerprint", fingerprint)
+ *         # A key, bytes and an int cannot lead back to the row: untracked, so that a
 */
-    __pyx_t_8 = PyObject_GenericSetAttr(__pyx_v_row, __pyx_mstate_global->__pyx_n_u_fingerprint, __pyx_v_fingerprint); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 477, __pyx_L1_error)
+    if (unlikely(__pyx_v_values == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+      __PYX_ERR(0, 477, __pyx_L1_error)
+    }
+    __pyx_t_2 = __Pyx_PyList_GET_ITEM(__pyx_v_values, __pyx_v_i);
+    __Pyx_INCREF(__pyx_t_2);
+    __pyx_t_8 = PyObject_GenericSetAttr(__pyx_v_row, __pyx_mstate_global->__pyx_n_u_value, __pyx_t_2); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 477, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
 
     /* "fetchers/mysql/_rows_native.pyx":478
+ *         PyObject_GenericSetAttr(row, "key", keys[i])
  *         PyObject_GenericSetAttr(row, "value", values[i])
- *         PyObject_GenericSetAttr(row, "fingerprint", fingerprint)
+ *         PyObject_GenericSetAttr(row, "fingerprint", fingerprint)             # <<<<<<<<<<<<<<
+ *         # A key, bytes and an int cannot lead back to the row: untracked, so that a
+ *         # chunk's rows do not make the cycle collector run (full collections).
+*/
+    __pyx_t_8 = PyObject_GenericSetAttr(__pyx_v_row, __pyx_mstate_global->__pyx_n_u_fingerprint, __pyx_v_fingerprint); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 478, __pyx_L1_error)
+
+
+    /* "fetchers/mysql/_rows_native.pyx":481
+ *         # A key, bytes and an int cannot lead back to the row: untracked, so that a
+ *         # chunk's rows do not make the cycle collector run (full collections).
+ *         PyObject_GC_UnTrack(row)             # <<<<<<<<<<<<<<
+ *         out[i] = row
+ *     return out
+*/
+    PyObject_GC_UnTrack(__pyx_v_row);
+
+    /* "fetchers/mysql/_rows_native.pyx":482
+ *         # chunk's rows do not make the cycle collector run (full collections).
+ *         PyObject_GC_UnTrack(row)
  *         out[i] = row             # <<<<<<<<<<<<<<
  *     return out
 */
-    if (unlikely((__Pyx_SetItemInt(__pyx_v_out, __pyx_v_i, __pyx_v_row, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference) < 0))) __PYX_ERR(0, 478, __pyx_L1_error)
+    if (unlikely((__Pyx_SetItemInt(__pyx_v_out, __pyx_v_i, __pyx_v_row, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference) < 0))) __PYX_ERR(0, 482, __pyx_L1_error)
   }
 
 
-  /* "fetchers/mysql/_rows_native.pyx":479
- *         PyObject_GenericSetAttr(row, "fingerprint", fingerprint)
+  /* "fetchers/mysql/_rows_native.pyx":483
+ *         PyObject_GC_UnTrack(row)
  *         out[i] = row
  *     return out             # <<<<<<<<<<<<<<
 */
@@ -11147,7 +11156,7 @@ static PyObject *__pyx_pf_7databus_8fetchers_5mysql_12_rows_native_4make_rows(CY
   }
   goto __pyx_L0;
 
-  /* "fetchers/mysql/_rows_native.pyx":466
+  /* "fetchers/mysql/_rows_native.pyx":467
  * 
  * 
  * def make_rows(list keys, list values, object fingerprint, type row_type):             # <<<<<<<<<<<<<<
@@ -12179,19 +12188,19 @@ __Pyx_RefNannySetupContext("PyInit__rows_native", 0);
   if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_encode_rows, __pyx_t_2) < (0)) __PYX_ERR(0, 436, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fetchers/mysql/_rows_native.pyx":466
+  /* "fetchers/mysql/_rows_native.pyx":467
  * 
  * 
  * def make_rows(list keys, list values, object fingerprint, type row_type):             # <<<<<<<<<<<<<<
  *     """``[row_type(key, value, fingerprint), ...]`` for a class of those three slots (the
  *     frozen ``DumpRow``): the same objects, without the cost of its ``__init__``."""
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_7databus_8fetchers_5mysql_12_rows_native_5make_rows, 0, __pyx_mstate_global->__pyx_n_u_make_rows, NULL, __pyx_mstate_global->__pyx_n_u_databus_fetchers_mysql__rows_nat, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 466, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_7databus_8fetchers_5mysql_12_rows_native_5make_rows, 0, __pyx_mstate_global->__pyx_n_u_make_rows, NULL, __pyx_mstate_global->__pyx_n_u_databus_fetchers_mysql__rows_nat, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 467, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_make_rows, __pyx_t_2) < (0)) __PYX_ERR(0, 466, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_make_rows, __pyx_t_2) < (0)) __PYX_ERR(0, 467, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
   /* "(tree fragment)":4
@@ -12281,7 +12290,7 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
   CYTHON_UNUSED_VAR(__pyx_mstate);
   __Pyx_RefNannySetupContext("__Pyx_InitCachedConstants", 0);
 
-  /* "fetchers/mysql/_rows_native.pyx":471
+  /* "fetchers/mysql/_rows_native.pyx":472
  *     cdef Py_ssize_t i, n = len(keys)
  *     cdef list out = [None] * n
  *     if getattr(row_type, "__slots__", None) != ("key", "value", "fingerprint"):             # <<<<<<<<<<<<<<
@@ -12290,7 +12299,7 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
 */
   {
     PyObject* __pyx_temp[3] = {__pyx_mstate_global->__pyx_n_u_key, __pyx_mstate_global->__pyx_n_u_value, __pyx_mstate_global->__pyx_n_u_fingerprint};
-    __pyx_mstate_global->__pyx_tuple[0] = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_mstate_global->__pyx_tuple[0])) __PYX_ERR(0, 471, __pyx_L1_error)
+    __pyx_mstate_global->__pyx_tuple[0] = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_mstate_global->__pyx_tuple[0])) __PYX_ERR(0, 472, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[0]);
   }
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[0]);
@@ -12332,30 +12341,30 @@ static int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate) {
   CYTHON_UNUSED_VAR(__pyx_mstate);
   {
     const struct { const unsigned int length: 8; } str_length_index[] = {{15},{1},{179},{8},{7},{6},{31},{2},{9},{54},{14},{4},{22},{24},{20},{12},{8},{8},{12},{8},{10},{8},{7},{14},{12},{11},{10},{19},{12},{10},{17},{13},{12},{12},{19},{9},{8},{5},{13},{18},{3},{18},{5},{5},{35},{6},{11},{9},{6},{11},{1},{5},{1},{3},{6},{8},{4},{2},{9},{1},{6},{8},{3},{1},{3},{7},{11},{3},{8},{4},{1},{6},{4},{10},{5},{5},{6},{12},{5},{6}};
-    const struct { const unsigned int length: 8; } bytes_length_index[] = {{11},{152},{55},{133},{182},{154}};
+    const struct { const unsigned int length: 8; } bytes_length_index[] = {{11},{152},{55},{142},{182},{154}};
     #ifndef CYTHON_COMPRESS_STRINGS
       #define CYTHON_COMPRESS_STRINGS 90
     #endif
-    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (1051 bytes) */
-static const char cstring[] = "x\332mR\315O\033G\024\307`\307NB\003\016\244\021J\253\216QZ\322(u\352BI\325\252\252\254\340TD\r\305\224$MUi5\336}\013[\257g?f\026\354\250\007\216{\234\343\034\367\270\307=r\344\310\321G\037\371\023\370\023\372f\215\251\253\306\362\316\233y\237\277\337{\357\221\010\001\210\035\322\203\0360\361\345O;\236\000\"\016\251 \317\007\342\320c\304\341\304\002\327\351@H\005\270\003\302E\350\230\002B\355\304\310nk\367\253\215\3576\010e\026\t\341/0\005\047<\352\230.\345\0348\361l\322\211\034W8\214\210\201\017\274N\266m2\360\"\302\000,\"<\342\243\337t\2008\004F8\010}!k\2241OP\341x\314\300p\207\035\254\021\313\t\261\210s\004:\372\005u9\324\251e\031\350\007\226\303i\307\005`\372\264A\230\207\020\362\247\275\001\017\334\247F\350\035s\203Q\035Y\367\007\375\003\323\341cG\013-:;|O(\311ah\324\272<w=d\323\205\301\023rD\335\010\236\020\033!@\350\207\016\023\333\257v\177i\275j\355\3547\367\267\177\335\331u)\323_\3350B\260\"\023\0143\357\236a\\i\221\022G&\377\352\3212\350\343\267\205\3154v\240/\366\3006\214+\302\240\355\226\266\340\317\216\230\251\345\301$\005\376z\324\311s\364<+rs\r\243\275\261\204c-\220\242\201\374\315.\217z\343W\010<r\305\370~\225G_5\363\361-b\276cv1\233\206l\030AD\335I\322+N\306\377\330]+\240\257\037\310\362\032\010\237\202\373\001\366ys\365E\000\027\023\266\0167L/\364\"\334\027\240|\300L\307\253_+x\047\262M\027/\006r\027!5\241C\315\256\351Y\300M/b\302\242\202v\"^\237L\276\236O\276>=ypp\256!0\035\224\353\201E\275|\261q\000\300\254\251\371:\216\200\036\357\342\364\361oP\241O\035\206\222\273G=\332\035\047`\343\304,r]\275L\210\324\367=\337\017\301\247\370\r\214q\255\220\243\357d\317t\030\347&u\0017\336\265\2617\026\330\024g\303\235\367\250\322}\212|K\237\034\256;\227/`~\360\223\302\250\270\232\324\222\315\264zR\270(\336\225\017%\275(\226Ox\\\213\237\311U\331\034U\026\342`T,\235\274\213MY\225\265Q\261\022\227\342\327\262&\033\332x3\3768\016dI\276V5\325\320\317\025\264|\253*I!\251\352\347}Y\220\367\244\255\232\252\375\201\347t,\22600#\212?eU\213?t\335\333qC\343\372L\005C""\362uv\373\364\207\263\356\260\2757*.\311\r\331WA\202\360\313\047\177\313g\2526\252|\221\320\3448e\247\315\253\260\313\0333\245O\324\272\242\n\023-\313\246\374\035\253\242\373qL\343\367\352\323\304N\267\262r68+\214*wbG\006\2520E\016u\303;\265\244:\\\375&{\214)+\010!)%o1\246\220U\047\317w\251\2355\263\366\344id\350\210\265\343\226\246p\r\202(\216-F\212\367d[\036*:*\336\307j\025\r~E\255h\323ee\246ts\252t| \367UU\223Z\224\267\260=\353\n0\036So\312%l\322\374G\3432/\245\251\252\243\371E9\247\247!\333\243\371\2058D\217\226ZR[I9\t\322\271\264\221>O\203l.[\317\254\323\307g\315\263\337\316\347\316\033\347\315\321b\036\250\307AuA\032G2o\334\246\304M@<\267\036\350\362U\271\214m\333OV\322\207\251\223\t\354\277u\376h\270\367f\370\206\016)\014\201\017\371\361\345\314L\277\320\234E\321\234mi\321\232}1\253\221\227\221\345\r\345\2465\335\365\243\370-\342Z\326\203\277\213kT\301\026\\\340!\324\217i9\r\264G\200\2736\\\370<\331O\253\351Z\366\340\364\347\263\306\305\1775\315\177\000e\020y\366";
-    PyObject *data = __Pyx_DecompressString(cstring, 1051, 1);
+    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (1058 bytes) */
+static const char cstring[] = "x\332mR\317O\033G\024\306`\307&\241\001\007\322\010%U\307(\ti\224:u\241\244jUU\253\340TT\r\005J\222\246\252\264\032\357\276\205\255\327\263\353\235Y\260\243\0368\356q\216s\334\343\036\367\310\221#G\037}\344O\340O\350\2335\246\256\032\313;o\346\375\374\276\367\336\023\021\002\020\047\244\007\035`\342\213\037\267}\001D\034RA^\366\305\241\317\210\313\211\r\236\333\202\220\n\360\372\204\213\320\265\004\204\332\211\221\235\346\316\227\353\337\256\023\312l\022\302_`\tNx\324\262<\3129p\342;\244\025\271\236p\031\021\375\000x\235l9\244\357G\204\001\330D\370$@\277\311\000q\010\214p\020\372BV)c\276\240\302\365\231\211\341.;X%\266\033b\021\367\010t\364+\352q\250S\3336\321\017l\227\323\226\007\300\364\351\200\260\016!\344\317;}\336\365\236\233\241\177\314MFud=\350\367\016,\227\217\034m\264\350\354\360\035\241$\207\241Q\353\362\334\363\221M\033\372\317\310\021\365\"xF\034\204\000a\020\272Ll\275\336\371\245\371\272\271\275o\354o\375\272\275\343Q\246\277\272i\206`G\026\230V\336=\323\274\322\"%\216L\376\325\243\245\337\303o\023\233inCO\354\201c\232W\204A\333mm\301\237\0231K\313\203q\n\374u\250\233\347\350\370v\344\345\032F;#\t\307Z E\023\371[m\036uF\257\020x\344\211\321\375*\217\276j\346\243[\304\002\327jc6\r\3314\273\021\365\306I\2578\231\377cw\255\200\236~ \313k |\002\356G\330\347\315\325\027\001\\\214\331\272\334\264\374\320\217p_\200\362>\263\\\277~\255\340\255\310\261<\274\230\310]\204\324\202\026\265\332\226o\003\267\374\210\t\233\n\332\212x}<\371z>\371\372\344\344\301\305\271\206\300tP\256\007\026u\362\305\306\001\000\263\047\346\353\272\002:\274\215\323\307\277I\205>u\030J\356\035uh{\224\200\215\022\263\310\363\3642!\322 \360\203 \204\200\342\3277G\265B\216\276\343=\323a\234[\324\003\334x\317\301\336\330\340P\234\rw?\240J\367)\nl}r\270\356\\\276\200\371\301O\n\303\342JRK6\322\352I\341\242xG>\224\364\242X>\341q-~!W\2441\254\314\307\335a\261t\362>\266dU\326\206\305J\\\212\337\310\232lh\343l\374i\334\225%\371F\325TC?\227\321\362\215\252$\205\244\252\237\367dA\336\225\2162\324""\356G\236\223\261X\302\304\214(\376\224U-\376\320uo\305\r\215\353s\325\035\220\257\262[\247\337\237\265\007\273{\303\342\242\\\227=\325M\020~\371\344o\371B\325\206\225\307\tM\216Svj\\\205]\336\230*=Pk\212*L\264$\r\371;VE\367\343\230\306\037\324g\211\223nf\345\254\177V\030Vn\307\256\354\252\302\0049\324\rn\327\222\352`\345\353\354)\246\254 \204\244\224\274\303\230BV\035?\337\247Nfd\273\343\247\231\031Xt\366\201j(\214@\020qSs\271FC\024\307^#\327\273rW\036*:,\336\303\262\025\315bY-k\323ee\2524;\201!>\220\373\252\252\331-\310\233\330\2475\005\030\217\2517\344\"vk\356\223Q\231\237\245\245\252\303\271\0059\243\307\"w\207s\363q\210\036M\265\2506\223r\322Mg\322F\3722\355f3\331Zf\237>=3\316~;\2379o\234\033\303\205<P\317\205\352\2024\216d\336\301\r\211+\201xn\336\327\345\253r\t\373\267\237,\247\017S7\0238\010\373\374\311`\357\355\340-\035P\030\000\037\360\343\313\251\251^\301\230FaL7\265hN\277\232\326\310\313\310\362\206\362\322\232n\377Q\374\016q-\351\r\270\203\373T\301\026\\\340!\324\017i9\355j\217..\335`\376Q\262\237V\323\325\354\376\351Og\215\213\377j\214\177\000\335\033|\263";
+    PyObject *data = __Pyx_DecompressString(cstring, 1058, 1);
     #define __Pyx_DecompressString_LZSS_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (1344 bytes) */
-static const char cstring[] = "\377(tree fr\377agment)?\377Note tha\377t Cython\377 is deli\377berately\377 stricte\375r!\001n PEP-\377484 and \377rejects \377subclass\377es of bu\377iltin ty\377pes. If \377you need\237 to p%\000%\tt\177hen set\200\000\377e \047annot\277ation_<\000i\177ng\047 dirb\000\373iv\242\000o Fal\177se.add_%\000\377edisable\373en\002\001fetch\377ers/mysq\377l/_rows_\375nI\000ve.pyx/gcis#\003d\027\000Z\001\037e: a \263\002\262\001\205\000\357 slo\313\000key\377, value,\373 f\200\000erpri\377ntIMPLEM\377ENTATION\357Plan\000\001.__\377reduce_c&\271\"__\017\004\320\000s\307\000\016\007~\027\000yx_PyD\312 \377_NextRef\373__\352\004e____yd\026\001\006\000func\014\001\347get=\003\032\000mai}n \001modul)\0027nam\002\003ew9\001\340\000\375_\375\000cksum_\375_\n\001result\340\006\003A\004!\001\223A\033\003unp\347ickK\000\311\001__q\047ualM\005\315\004_\315\016\346\006Sex\257\001\266@_\201\005s\244\010x\353\020\330\"\343\001test\346\005\377is_corou\376\255`easynci\373o.\010\006sbufc\337line_\371\000tr\377acebackc\377odescoun\377tdatabus\325.\362E.\365B.\356Iei\316\335`ren1\001\215bensum\324\204\002\376 end\325H\177iitemsk\373@\216\376@_at\002\001h\001\214`s\277lvmake\316bn\236\315cnull\370a\270\000p\377popprepa6\001\000y_f\003rs\374`\340e\376\206\204\001sscales\377selfsetdwefa\231@siz\020\000\366\242aup\312\000euse\361_\260e\374b\201\204\002s\200\001\330\377\004\"\240!\2406\250\021\377\200\001\340\004\022\220$\220\377a\340\004\007\200s\210!\377\2107\220\"\220A\330\010\377\017\210q\330\004\005\200Y\377\210c\220\021\220!\330\004\377\010\210\005\210U\220!\220\3751\031\001\t\210\026\210q\220\377\005\220U\230!\2301\330\357\010\t\210\031\027\0005\230\010\357\240\001\240\021\013\001\027\220\001\377\220\025\220f\230A\230Q\220\000\014)\0010\t`\000_l\000g\000\\\353\220\021m\001Zt\001\013\2101\376\224\001\037\230q\320 0\260\377\013\270;\300k\320QR\377\330\004\023\2204\220x\230\373q\240\274\000\007\200|\2207\377\230!\330\010&\240a\240\177w\250n\270A\330\0042\002\377\360\006\000\005\034\2303\230""\373a\230\276\000\024\220A\220X\374\202\000\331\000w\210a\210z\230\377\035\240f\250D\260\007\260\377y\300\001\330\010\016\210i\317\220q\230\001\322\010\021\000\320\016\377!\240\021\320\"2\260*zP\000\010\200\000\240\005\240W1\000\363\001\260\330\000\t\003Y\250f\2603A\260\330\000\030\003_\260\255 \260\000s\210E\277\001|\006 \230s\340 \3771\330\004\025\220Q\220h\237\230a\330\004\027k\000\241 \330\357\004\031\230\031\027\001\360\010\000\363\005\t\320%\213\001g\220T\230\335\021\321\001\020\220\n\330 3\230\373e\240\334 \013\2106\220\023\336\221@\014\r\330\010c\001J\220\377c\230\021\330\014\020\220\003\376\212A\220Q\330\014\017\210r\376\037\000E\230\023\230D\240\007\377\240q\250\003\2501\250C\377\250q\260\003\2603\260d\377\270*\300A\300S\310\003?\3101\310A\330\0204\002\232A\035a\374\001a\210u\372!^\001\207`v\215\000\n\033\320!\021\220\024\264 \377T\240\031\250$\250i\260\375t\375 d\310(\320RV\377\320Va\320ae\320e\377s\320sw\360\000\000xw\001A\002\004\000A\002E\003\001\377E\002F\002\330\010\020\220\275\007\321 \006\230l\250\262`\007\377\200v\210W\220E\230\024\252\204a\022\304`\010\200 \340\002\000t\337\230=\250\007\250\337`\007\200\375q\351`\320\017%\240T\250\377\021\250\047\260\033\270G\300/1\340\010\017\006\tA";
-    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 1344, 1633);
+    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (1353 bytes) */
+static const char cstring[] = "\377(tree fr\377agment)?\377Note tha\377t Cython\377 is deli\377berately\377 stricte\375r!\001n PEP-\377484 and \377rejects \377subclass\377es of bu\377iltin ty\377pes. If \377you need\237 to p%\000%\tt\177hen set\200\000\377e \047annot\277ation_<\000i\177ng\047 dirb\000\373iv\242\000o Fal\177se.add_%\000\377edisable\373en\002\001fetch\377ers/mysq\377l/_rows_\375nI\000ve.pyx/gcis#\003d\027\000Z\001\037e: a \263\002\262\001\205\000\357 slo\313\000key\377, value,\373 f\200\000erpri\377ntIMPLEM\377ENTATION\357Plan\000\001.__\377reduce_c&\271\"__\017\004\320\000s\307\000\016\007~\027\000yx_PyD\312 \377_NextRef\373__\352\004e____yd\026\001\006\000func\014\001\347get=\003\032\000mai}n \001modul)\0027nam\002\003ew9\001\340\000\375_\375\000cksum_\375_\n\001result\340\006\003A\004!\001\223A\033\003unp\347ickK\000\311\001__q\047ualM\005\315\004_\315\016\346\006Sex\257\001\266@_\201\005s\244\010x\353\020\330\"\343\001test\346\005\377is_corou\376\255`easynci\373o.\010\006sbufc\337line_\371\000tr\377acebackc\377odescoun\377tdatabus\325.\362E.\365B.\356Iei\316\335`ren1\001\215bensum\324\204\002\376 end\325H\177iitemsk\373@\216\376@_at\002\001h\001\214`s\277lvmake\316bn\236\315cnull\370a\270\000p\377popprepa6\001\000y_f\003rs\374`\340e\376\206\204\001sscales\377selfsetdwefa\231@siz\020\000\366\242aup\312\000euse\361_\260e\374b\201\204\002s\200\001\330\377\004\"\240!\2406\250\021\377\200\001\340\004\022\220$\220\377a\340\004\007\200s\210!\377\2107\220\"\220A\330\010\377\017\210q\330\004\005\200Y\377\210c\220\021\220!\330\004\377\010\210\005\210U\220!\220\3751\031\001\t\210\026\210q\220\377\005\220U\230!\2301\330\357\010\t\210\031\027\0005\230\010\357\240\001\240\021\013\001\027\220\001\377\220\025\220f\230A\230Q\220\000\014)\0010\t`\000_l\000g\000\\\353\220\021m\001Zt\001\013\2101\376\224\001\037\230q\320 0\260\377\013\270;\300k\320QR\377\330\004\023\2204\220x\230\373q\240\274\000\007\200|\2207\377\230!\330\010&\240a\240\177w\250n\270A\330\0042\002\377\360\006\000\005\034\2303\230""\373a\230\276\000\024\220A\220X\374\202\000\331\000w\210a\210z\230\377\035\240f\250D\260\007\260\377y\300\001\330\010\016\210i\317\220q\230\001\322\010\021\000\320\016\377!\240\021\320\"2\260*zP\000\010\200\000\240\005\240W1\000\363\001\260\330\000\t\003Y\250f\260sA\260\330\000\030\003_\260Ar\000\237\t\034\2301\230\266 \271\000\210\271E\310\001\205\006 \230s\351 1\377\330\004\025\220Q\220h\230\317a\330\004\027t\000\252 \330\004\367\031\230\031\027\001\360\010\000\005\371\t\331%\224\001g\220T\230\021\356\332\001\020\220\n\341 3\230e}\240\345 \013\2106\220\023\232@\357\014\r\330\010c\001J\220c\177\230\021\330\014\020\220\003\223A\177\220Q\330\014\017\210r\037\000\377E\230\023\230D\240\007\240\377q\250\003\2501\250C\250\377q\260\003\2603\260d\270\377*\300A\300S\310\003\310\2371\310A\330\0204\002\243Aa\016\205!a\210u\203A^\001\220`\215\000\273\n\033\331!\021\220\024\275 T\377\240\031\250$\250i\260t\376\206@d\310(\320RV\320\377Va\320ae\320es\377\320sw\360\000\000x\001\273A\002\004\000A\002E\003\001E\377\002F\002\330\010\020\220\007\336\332 \006\230l\250\273`\007\200\177v\210W\220E\230\024\215a\325\022\315`\010\200 \340\002\000t\230\357=\250\007\250\350`\007\200q\376\362`\320\017%\240T\250\021\377\250\047\260\033\270G\3001\027\340\010\017\006\tA";
+    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 1353, 1642);
     #define __Pyx_DecompressString_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #else /* compression: none (1633 bytes) */
-static const char bytes[] = "(tree fragment)?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notedisableenablefetchers/mysql/_rows_native.pyxgcisenabledrow_type: a class of the slots key, value, fingerprintIMPLEMENTATIONPlanPlan.__reduce_cython__Plan.__setstate_cython____Pyx_PyDict_NextRef__annotate____dict____func____getstate____main____module____name____new____pyx_checksum__pyx_result__pyx_state__pyx_type__pyx_unpickle_Plan__qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____slots____test___dict_is_coroutineasyncio.coroutinesbufcline_in_tracebackcodescountdatabus.fetchers.mysql._rows_nativeeitherencode_rowsenumerateextendfingerprintiitemskkeykey_atkey_codekeyslvmake_rowsnnativenullableoutppoppreparepy_encodersrowrow_typerowssscalesselfsetdefaultsizesstateupdateuse_setstatevaluevalues\200\001\330\004\"\240!\2406\250\021\200\001\340\004\022\220$\220a\340\004\007\200s\210!\2107\220\"\220A\330\010\017\210q\330\004\005\200Y\210c\220\021\220!\330\004\010\210\005\210U\220!\2201\220A\330\010\t\210\026\210q\220\005\220U\230!\2301\330\010\t\210\031\220!\2205\230\010\240\001\240\021\330\010\t\210\027\220\001\220\025\220f\230A\230Q\330\010\t\210\027\220\001\220\025\220f\230A\230Q\330\010\t\210\026\210q\220\005\220U\230!\2301\330\004\005\200_\220A\330\004\005\200\\\220\021\330\004\005\200Z\210q\330\004\013\2101\200\001\340\004\037\230q\320 0\260\013\270;\300k\320QR\330\004\023\2204\220x\230q\240\001\330\004\007\200|\2207\230!\330\010&\240a\240w\250n\270A\330\004\013\2101\200\001\360\006\000\005\034\2303\230a\230q\330\004\024\220A\220X\230Q\330\004\007\200w\210a\210z\230\035\240f\250D\260\007\260y\300\001\330\010\016\210i\220q\230\001\330\004\010\210\005\210U\220!\2201\330\010\016\320\016!\240\021\320\"2\260*\270A\330\010\037\230q\240\005\240W\250D\260\001\260\021\330\010\037\230q\240\005\240Y\250f\260A\260Q\330\010\037\230q""\240\005\240_\260A\330\010\013\2101\210E\220\021\330\004\013\2101\200\001\360\006\000\005 \230s\240!\2401\330\004\025\220Q\220h\230a\330\004\027\220q\230\010\240\001\330\004\031\230\031\240!\2401\360\010\000\005\t\210\005\210U\220!\2201\330\010\016\210g\220T\230\021\230!\330\010\020\220\n\230!\2303\230e\2401\330\010\013\2106\220\023\220A\330\014\r\330\010\013\2101\210J\220c\230\021\330\014\020\220\003\2201\220A\220Q\330\014\017\210r\220\023\220E\230\023\230D\240\007\240q\250\003\2501\250C\250q\260\003\2603\260d\270*\300A\300S\310\003\3101\310A\330\020\021\330\014\020\220\001\220\025\220a\330\010\016\210a\210u\220A\330\004\013\2106\220\021\200\001\360\010\000\n\033\230!\330\010\021\220\024\220X\230T\240\031\250$\250i\260t\270;\300d\310(\320RV\320Va\320ae\320es\320sw\360\000\000x\001A\002\360\000\000A\002E\002\360\000\000E\002F\002\330\010\020\220\007\220q\230\006\230l\250!\330\004\007\200v\210W\220E\230\024\230Q\330\010\022\220!\330\010\027\220q\340\010\027\220t\230=\250\007\250q\330\004\007\200q\330\010\017\320\017%\240T\250\021\250\047\260\033\270G\3001\340\010\017\320\017%\240T\250\021\250\047\260\033\270A";
+    #else /* compression: none (1642 bytes) */
+static const char bytes[] = "(tree fragment)?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notedisableenablefetchers/mysql/_rows_native.pyxgcisenabledrow_type: a class of the slots key, value, fingerprintIMPLEMENTATIONPlanPlan.__reduce_cython__Plan.__setstate_cython____Pyx_PyDict_NextRef__annotate____dict____func____getstate____main____module____name____new____pyx_checksum__pyx_result__pyx_state__pyx_type__pyx_unpickle_Plan__qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____slots____test___dict_is_coroutineasyncio.coroutinesbufcline_in_tracebackcodescountdatabus.fetchers.mysql._rows_nativeeitherencode_rowsenumerateextendfingerprintiitemskkeykey_atkey_codekeyslvmake_rowsnnativenullableoutppoppreparepy_encodersrowrow_typerowssscalesselfsetdefaultsizesstateupdateuse_setstatevaluevalues\200\001\330\004\"\240!\2406\250\021\200\001\340\004\022\220$\220a\340\004\007\200s\210!\2107\220\"\220A\330\010\017\210q\330\004\005\200Y\210c\220\021\220!\330\004\010\210\005\210U\220!\2201\220A\330\010\t\210\026\210q\220\005\220U\230!\2301\330\010\t\210\031\220!\2205\230\010\240\001\240\021\330\010\t\210\027\220\001\220\025\220f\230A\230Q\330\010\t\210\027\220\001\220\025\220f\230A\230Q\330\010\t\210\026\210q\220\005\220U\230!\2301\330\004\005\200_\220A\330\004\005\200\\\220\021\330\004\005\200Z\210q\330\004\013\2101\200\001\340\004\037\230q\320 0\260\013\270;\300k\320QR\330\004\023\2204\220x\230q\240\001\330\004\007\200|\2207\230!\330\010&\240a\240w\250n\270A\330\004\013\2101\200\001\360\006\000\005\034\2303\230a\230q\330\004\024\220A\220X\230Q\330\004\007\200w\210a\210z\230\035\240f\250D\260\007\260y\300\001\330\010\016\210i\220q\230\001\330\004\010\210\005\210U\220!\2201\330\010\016\320\016!\240\021\320\"2\260*\270A\330\010\037\230q\240\005\240W\250D\260\001\260\021\330\010\037\230q\240\005\240Y\250f\260A\260Q\330\010\037\230q""\240\005\240_\260A\360\006\000\t\034\2301\230A\330\010\013\2101\210E\220\021\330\004\013\2101\200\001\360\006\000\005 \230s\240!\2401\330\004\025\220Q\220h\230a\330\004\027\220q\230\010\240\001\330\004\031\230\031\240!\2401\360\010\000\005\t\210\005\210U\220!\2201\330\010\016\210g\220T\230\021\230!\330\010\020\220\n\230!\2303\230e\2401\330\010\013\2106\220\023\220A\330\014\r\330\010\013\2101\210J\220c\230\021\330\014\020\220\003\2201\220A\220Q\330\014\017\210r\220\023\220E\230\023\230D\240\007\240q\250\003\2501\250C\250q\260\003\2603\260d\270*\300A\300S\310\003\3101\310A\330\020\021\330\014\020\220\001\220\025\220a\330\010\016\210a\210u\220A\330\004\013\2106\220\021\200\001\360\010\000\n\033\230!\330\010\021\220\024\220X\230T\240\031\250$\250i\260t\270;\300d\310(\320RV\320Va\320ae\320es\320sw\360\000\000x\001A\002\360\000\000A\002E\002\360\000\000E\002F\002\330\010\020\220\007\220q\230\006\230l\250!\330\004\007\200v\210W\220E\230\024\230Q\330\010\022\220!\330\010\027\220q\340\010\027\220t\230=\250\007\250q\330\004\007\200q\330\010\017\320\017%\240T\250\021\250\047\260\033\270G\3001\340\010\017\320\017%\240T\250\021\250\047\260\033\270A";
     PyObject *data = NULL;
     #define __Pyx_DecompressString_UNUSED
     #define __Pyx_DecompressString_LZSS_UNUSED
@@ -12500,7 +12509,7 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
     __pyx_mstate_global->__pyx_codeobj_tab[3] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fetchers_mysql__rows_native_pyx, __pyx_mstate->__pyx_n_u_encode_rows, __pyx_mstate->__pyx_kp_b_iso88591_s_1_Qha_q_1_U_1_gT_3e1_6_A_1Jc, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[3])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 8, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 466};
+    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 8, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 467};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_keys, __pyx_mstate->__pyx_n_u_values, __pyx_mstate->__pyx_n_u_fingerprint, __pyx_mstate->__pyx_n_u_row_type, __pyx_mstate->__pyx_n_u_i, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_out, __pyx_mstate->__pyx_n_u_row};
     __pyx_mstate_global->__pyx_codeobj_tab[4] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fetchers_mysql__rows_native_pyx, __pyx_mstate->__pyx_n_u_make_rows, __pyx_mstate->__pyx_kp_b_iso88591_3aq_AXQ_waz_fD_y_iq_U_1_2_A_q_W, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[4])) goto bad;
   }

@@ -461,6 +461,7 @@ cdef extern from "Python.h":
     ctypedef struct PyTypeObject
     object PyType_GenericAlloc(PyTypeObject *, Py_ssize_t)
     int PyObject_GenericSetAttr(object, object, object) except -1
+    void PyObject_GC_UnTrack(object)
 
 
 def make_rows(list keys, list values, object fingerprint, type row_type):
@@ -475,5 +476,8 @@ def make_rows(list keys, list values, object fingerprint, type row_type):
         PyObject_GenericSetAttr(row, "key", keys[i])
         PyObject_GenericSetAttr(row, "value", values[i])
         PyObject_GenericSetAttr(row, "fingerprint", fingerprint)
+        # A key, bytes and an int cannot lead back to the row: untracked, so that a
+        # chunk's rows do not make the cycle collector run (full collections).
+        PyObject_GC_UnTrack(row)
         out[i] = row
     return out

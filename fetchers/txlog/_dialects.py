@@ -150,14 +150,32 @@ class SqlDialect(ABC):
         return (f"CREATE TABLE IF NOT EXISTS {self.table(shape.ref)} (id {id_type} NOT NULL "
                 f"PRIMARY KEY, created_at {ts_type} NOT NULL DEFAULT {self.now_default})")
 
-    def chunk_sql(self, shape: TableShape, *, after: bool, limit: int) -> str:
+    def chunk_sql(self, shape: TableShape, *, after: bool, limit: int,
+                  until: bool = False) -> str:
         """A dump chunk: the table's columns as ``rows_sql`` selects them, in key order,
-        after the key ``k0, k1, ...`` (row comparison) when ``after``."""
+        after the key ``k0, k1, ...`` (row comparison) when ``after``, up to the key
+        ``u0, u1, ...`` (a key range's end, inclusive) when ``until``."""
         sql, keys = self._dump_select(shape)
+        terms = []
+        if after:
+            params = ", ".join(self.param(f"k{i}") for i in range(len(keys)))
+            terms.append(f"({', '.join(keys)}) > ({params})")
+        if until:
+            params = ", ".join(self.param(f"u{i}") for i in range(len(keys)))
+            terms.append(f"({', '.join(keys)}) <= ({params})")
+        if terms:
+            sql += " WHERE " + " AND ".join(terms)
+        return sql + f" ORDER BY {', '.join(keys)} LIMIT {int(limit)}"
+
+    def split_sql(self, shape: TableShape, *, after: bool, skip: int) -> str:
+        """The key ``skip`` rows after the key ``k0, k1, ...`` (or the table's start): a
+        split point of a dump's key ranges, read from the primary key index."""
+        keys = [f"t.{self.q(k)}" for k in shape.key]
+        sql = f"SELECT {', '.join(keys)} FROM {self.table(shape.ref)} t"
         if after:
             params = ", ".join(self.param(f"k{i}") for i in range(len(keys)))
             sql += f" WHERE ({', '.join(keys)}) > ({params})"
-        return sql + f" ORDER BY {', '.join(keys)} LIMIT {int(limit)}"
+        return sql + f" ORDER BY {', '.join(keys)} LIMIT 1 OFFSET {int(skip)}"
 
     def keys_sql(self, shape: TableShape, count: int) -> str:
         """The rows whose key is one of ``count`` keys (parameters ``k<i>_<j>``)."""

@@ -209,20 +209,49 @@ class TxlogDumpSource:
             cursor = cursor_to_json([rows[-1][i] for i in codec.key_positions])
         return DumpChunk(name, source_id, out, cursor, done)
 
-    def read_chunk(self, source: str, after: list[Any] | None, limit: int) -> DumpChunk:
+    @staticmethod
+    def _key_params(source: str, shape: TableShape, cursor: list[Any], prefix: str
+                    ) -> dict[str, Any]:
+        values = cursor_from_json(cursor)
+        if len(values) != len(shape.key):
+            raise DumpSetupError(f"table {source}: its primary key changed during "
+                                 "the dump; cancel it and dump the table again")
+        return {f"{prefix}{i}": v for i, v in enumerate(values)}
+
+    def read_chunk(self, source: str, after: list[Any] | None, limit: int, *,
+                   until: list[Any] | None = None) -> DumpChunk:
         spec = self._spec(source)
         with self._use() as session, session.transaction("read"):
             shape = self._shape(session, spec)
-            params: dict[str, Any] | None = None
+            params: dict[str, Any] = {}
             if after is not None:
-                values = cursor_from_json(after)
-                if len(values) != len(shape.key):
-                    raise DumpSetupError(f"table {source}: its primary key changed during "
-                                         "the dump; cancel it and dump the table again")
-                params = {f"k{i}": v for i, v in enumerate(values)}
-            sql = session.dialect.chunk_sql(shape, after=after is not None, limit=limit)
-            rows = session.query(sql, params)
+                params.update(self._key_params(source, shape, after, "k"))
+            if until is not None:
+                params.update(self._key_params(source, shape, until, "u"))
+            sql = session.dialect.chunk_sql(shape, after=after is not None, limit=limit,
+                                            until=until is not None)
+            rows = session.query(sql, params or None)
         return self._chunk(source, shape, rows, done=len(rows) < limit)
+
+    def split_points(self, source: str, count: int) -> list[list[Any]]:
+        """Up to ``count - 1`` keys cutting ``source`` into ranges of about the same
+        size: every n-th key of its primary key index."""
+        if count < 2:
+            return []
+        every = max(1, self.estimate_rows(source) // count)
+        spec = self._spec(source)
+        points: list[list[Any]] = []
+        with self._use() as session, session.transaction("read"):
+            shape = self._shape(session, spec)
+            for _ in range(count - 1):
+                params = (self._key_params(source, shape, points[-1], "k") if points
+                          else None)
+                sql = session.dialect.split_sql(shape, after=bool(points), skip=every - 1)
+                found = session.query(sql, params)
+                if not found:
+                    break
+                points.append(cursor_to_json(list(found[0])))
+        return points
 
     def read_keys(self, source: str, keys: list[Any]) -> DumpChunk:
         spec = self._spec(source)

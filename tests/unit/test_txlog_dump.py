@@ -88,6 +88,22 @@ def test_chunks_cover_every_row_once_in_key_order(tmp_path: Path) -> None:
                 break
             after = chunk.cursor
         assert keys == expected, name
+        # Cut into key ranges at split points: each range read to its end, every row
+        # once, in key order within a range.
+        points = source.split_points(name, 4)
+        assert len(points) == 3 and points == sorted(points)
+        bounds: list[Any] = [None, *points, None]
+        ranged: list[Any] = []
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            after = lo
+            while True:
+                chunk = source.read_chunk(name, after, 7, until=hi)
+                ranged += [tuple(r.key) if isinstance(r.key, tuple) else r.key
+                           for r in chunk.rows]
+                if chunk.done:
+                    break
+                after = chunk.cursor
+        assert ranged == expected, name
     only = source.read_keys("shop.pairs", [["p1", 1], ["p2", 2], ["nope", 0]])
     assert [tuple(r.key) for r in only.rows] == [("p1", 1), ("p2", 2)]
     with pytest.raises(DumpSetupError, match="not a table"):
@@ -106,7 +122,8 @@ async def _wait_done(r: RunningRelay, dump_id: str, timeout: float = 60) -> dict
     raise TimeoutError(f"dump not finished: {doc}")
 
 
-def test_a_dump_while_writing_equals_the_source(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallelism", [1, 4])
+def test_a_dump_while_writing_equals_the_source(tmp_path: Path, parallelism: int) -> None:
     db = _source(tmp_path, rows=ROWS)
     assert cli("install", "--source", db.uri(TABLES)) == 0
     _dump_source(tmp_path, db).setup()
@@ -136,7 +153,8 @@ def test_a_dump_while_writing_equals_the_source(tmp_path: Path) -> None:
             thread.start()
             try:
                 dump = r.relay.dumps.start_dump(
-                    DumpRequest(buffer=BUFFER, sources=(), chunk_rows=500),
+                    DumpRequest(buffer=BUFFER, sources=(), chunk_rows=500,
+                                parallelism=parallelism),
                     buffer_of=r.relay.fetchers.configured_buffer)
                 doc = await _wait_done(r, dump.id)
                 assert doc["state"] == "done", doc
