@@ -6,7 +6,8 @@
        "buffer": "shop",          # with no sources: which buffer (needed if several)
        "keys": [1, 2, [3, "x"]],  # listed keys of ONE source (composite: arrays)
        "chunk_rows": 10000, "delay_ms": 0,
-       "parallelism": 2}          # chunk readers at once; default: the relay's cores
+       "parallelism": 2}          # chunk readers at once; default: the relay's cores,
+                                  # giving way to the source's writers
 
   201 with the dump; 400 ``bad_request``; 404 ``unknown_source``; 409 ``conflict``
   (a dump of one of these tables is already queued or running).
@@ -28,12 +29,7 @@ from databus._http import BadRequest, admin_body, check_bearer, json_response
 from databus.errors import ConfigError, UnknownSourceError
 from databus.relay._relay import Relay
 from databus.relay.dumps import DumpRequest
-from databus.relay.dumps._engine import (
-    MAX_CHUNK_ROWS,
-    MAX_DELAY_MS,
-    MAX_PARALLELISM,
-    default_parallelism,
-)
+from databus.relay.dumps._engine import MAX_CHUNK_ROWS, MAX_DELAY_MS, MAX_PARALLELISM
 
 __all__ = ["add_dump_routes"]
 
@@ -84,7 +80,8 @@ def parse_dump_request(body: dict[str, Any]) -> DumpRequest:
             raise BadRequest("keys need exactly one source in sources")
     chunk_rows = _int_field(body, "chunk_rows", 10_000, 1, MAX_CHUNK_ROWS)
     delay_ms = _int_field(body, "delay_ms", 0, 0, MAX_DELAY_MS)
-    parallelism = _int_field(body, "parallelism", default_parallelism(), 1, MAX_PARALLELISM)
+    parallelism = (None if body.get("parallelism") is None
+                   else _int_field(body, "parallelism", 1, 1, MAX_PARALLELISM))
     return DumpRequest(buffer=buffer, sources=tuple(sources),
                        keys=None if keys is None else tuple(keys),
                        chunk_rows=chunk_rows, delay_ms=delay_ms, parallelism=parallelism)

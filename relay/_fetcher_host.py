@@ -779,7 +779,8 @@ class FetcherHost:
         return {
             name: DumpPort(buffer=name, sink=runner.sink, new_fetcher=runner.new_fetcher,
                            fetcher_state=runner.get_state,
-                           capacity_bytes=runner.buffer.capacity, flush=runner.buffer.flush)
+                           capacity_bytes=runner.buffer.capacity, flush=runner.buffer.flush,
+                           log_events=_log_events(runner.buffer, runner.sink))
             for name, runner in self._runners.items()
         }
 
@@ -811,3 +812,8 @@ class FetcherHost:
     def status(self) -> dict[str, FetcherStatus]:
         """Per buffer name: the fetcher's state, restarts, last error and lag."""
         return {name: runner.status() for name, runner in self._runners.items()}
+
+
+def _log_events(buffer: EventBuffer, sink: DumpSink) -> Callable[[], int]:
+    """The data events ``buffer`` got from the log (its events minus dump rows)."""
+    return lambda: buffer.state().events - sink.dumped

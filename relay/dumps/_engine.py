@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,10 @@ def default_parallelism() -> int:
     return max(1, min(MAX_PARALLELISM, os.cpu_count() or 1))
 
 
-def dump_parallelism(config: BufferConfig) -> int:
-    """The readers of the relay's own dumps of a buffer (initial, gap, heal)."""
-    return config.dump_parallelism or default_parallelism()
+def dump_parallelism(config: BufferConfig) -> int | None:
+    """The readers of the relay's own dumps of a buffer (initial, gap, heal); None: the
+    default (``DumpRequest.parallelism``)."""
+    return config.dump_parallelism or None
 
 
 @dataclass(frozen=True)
@@ -70,14 +71,16 @@ class DumpRequest:
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     delay_ms: int = 0
     reason: str = "request"
-    parallelism: int = field(default_factory=default_parallelism)
+    # None: the default, the relay's cores while the source is idle, giving way to its
+    # writers (``_readers.Gate``); a number: exactly that many readers, no giving way.
+    parallelism: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.chunk_rows <= MAX_CHUNK_ROWS:
             raise ValueError(f"chunk_rows must be in 1..{MAX_CHUNK_ROWS}")
         if not 0 <= self.delay_ms <= MAX_DELAY_MS:
             raise ValueError(f"delay_ms must be in 0..{MAX_DELAY_MS}")
-        if not 1 <= self.parallelism <= MAX_PARALLELISM:
+        if self.parallelism is not None and not 1 <= self.parallelism <= MAX_PARALLELISM:
             raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}")
         if self.keys is not None:
             if len(self.sources) != 1:
@@ -186,7 +189,9 @@ class DumpManager:
                 tables=[TableProgress(source) for source in request.sources],
                 chunk_rows=request.chunk_rows, delay_ms=request.delay_ms,
                 keys=None if request.keys is None else list(request.keys),
-                reason=request.reason, parallelism=request.parallelism,
+                reason=request.reason,
+                parallelism=request.parallelism or default_parallelism(),
+                gives_way=request.parallelism is None,
             )
             self._dumps.append(dump)
             self._save()

@@ -19,7 +19,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,7 @@ from databus.relay.dumps._state import Dump, KeyRange, TableProgress
 if TYPE_CHECKING:
     from databus.relay.dumps._worker import _Worker
 
-__all__ = ["DumpRun", "Stopped", "TooBig", "plan_ranges", "read_range"]
+__all__ = ["DumpRun", "Gate", "Stopped", "TooBig", "plan_ranges", "read_range"]
 
 log = logging.getLogger("databus.relay.dumps")
 
@@ -76,12 +77,56 @@ def plan_ranges(dump: Dump, table: TableProgress, source: DumpSource) -> list[Ke
     return [KeyRange(lo=bounds[i], hi=bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
+class Gate:
+    """How a run's readers share the source with its writers (``Dump.gives_way``).
+
+    Off (the operator chose ``parallelism``): nothing. On (the default): while the log
+    has carried a write within the last second, the dump gives way: one chunk at a
+    time, read and landed whole (no reader ahead), then a pause as long as it took, so
+    that the dump keeps the source and the relay busy at most half the time and never
+    two cores at once; on a source without writes every reader goes, one chunk ahead.
+    """
+
+    WRITES_WITHIN_S = 1.0
+
+    def __init__(self, on: bool, log_events: Callable[[], int], stop: threading.Event
+                 ) -> None:
+        self.on = on
+        self._log_events = log_events
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._seen = log_events()
+        self._busy_until = 0.0
+        self.turns_given_way = 0
+
+    def writers_active(self) -> bool:
+        now = time.monotonic()
+        events = self._log_events()
+        if events != self._seen:
+            self._seen = events
+            self._busy_until = now + self.WRITES_WITHIN_S
+        return now < self._busy_until
+
+    @contextmanager
+    def turn(self) -> Iterator[bool]:
+        """One chunk's turn: True when the dump gives way (exclusive, paced)."""
+        if not self.on or not self.writers_active():
+            yield False
+            return
+        with self._lock:
+            started = time.monotonic()
+            yield True
+            self.turns_given_way += 1
+            self._stop.wait(time.monotonic() - started)
+
+
 @dataclass
 class DumpRun:
     """The ranges still to read and what ended readers (shared by them, one lock)."""
 
     work: deque[tuple[TableProgress, KeyRange]]
     runs: dict[str, TableRun]
+    gate: Gate
     lock: threading.Lock = field(default_factory=threading.Lock)
     fatal: BaseException | None = None
     stopped: bool = False
@@ -132,7 +177,8 @@ def reader_loop(worker: _Worker, dump: Dump, run: DumpRun,
             return
         table, key_range = item
         try:
-            read_range(worker, dump, table, key_range, run.runs[table.source], source())
+            read_range(worker, dump, table, key_range, run.runs[table.source], source(),
+                       run.gate)
             backoff = 0.5
         except _TableFailed:
             pass
@@ -184,7 +230,7 @@ def fail_table(worker: _Worker, dump: Dump, table: TableProgress, exc: Exception
 
 
 def read_range(worker: _Worker, dump: Dump, table: TableProgress, key_range: KeyRange,
-               run: TableRun, source: DumpSource) -> None:
+               run: TableRun, source: DumpSource, gate: Gate) -> None:
     """Read ``key_range`` to its end, one chunk ahead of the buffer (see the module
     docstring); progress saved per chunk whose rows landed, in order."""
     manager = worker.manager
@@ -202,25 +248,27 @@ def read_range(worker: _Worker, dump: Dump, table: TableProgress, key_range: Key
                 worker._check_state(dump)
                 if table.state == "failed":
                     raise _TableFailed
-            try:
-                chunk, result = write_chunk(worker, dump, source, run, table, key_range,
-                                            after, index, limit)
-            except TooBig as big:
-                limit = big.rows
-                limited(log).warning("dump %s: chunks of %s are too big for buffer %s; "
-                                     "reading %d rows at a time", dump.id, table.source,
-                                     worker.port.buffer, limit, kind=dump.id)
-                continue
-            if pending is not None:
-                land(worker, dump, table, key_range, *pending)
-            index = min(len(dump.keys), index + limit) if dump.keys is not None else 0
-            pending = (chunk, result, index)
-            if result.cursor is not None:
-                after = result.cursor
-            if result.done:
-                done, pending = pending, None
-                land(worker, dump, table, key_range, *done)
-                return
+            with gate.turn() as giving_way:
+                try:
+                    chunk, result = write_chunk(worker, dump, source, run, table,
+                                                key_range, after, index, limit)
+                except TooBig as big:
+                    limit = big.rows
+                    limited(log).warning("dump %s: chunks of %s are too big for buffer %s; "
+                                         "reading %d rows at a time", dump.id, table.source,
+                                         worker.port.buffer, limit, kind=dump.id)
+                    continue
+                if pending is not None:
+                    land(worker, dump, table, key_range, *pending)
+                index = min(len(dump.keys), index + limit) if dump.keys is not None else 0
+                pending = (chunk, result, index)
+                if result.cursor is not None:
+                    after = result.cursor
+                if result.done or giving_way:
+                    landing, pending = pending, None
+                    land(worker, dump, table, key_range, *landing)
+                if result.done:
+                    return
             if dump.delay_ms and manager._stop.wait(dump.delay_ms / 1000):
                 raise Stopped
     except BaseException:

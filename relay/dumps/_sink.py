@@ -158,6 +158,7 @@ class DumpSink:
         self._watermarks = False  # the open window held a watermark
         self._controls = False  # the open window holds a marker from the fetcher's side
         self._emit: list[Chunk] = []
+        self.dumped = 0  # dump rows written into the buffer (the rest came from the log)
         # The buffer's own bound method while no chunk is open: no cost per event.
         self.append: Callable[[bytes], None] = target.append
 
@@ -284,6 +285,7 @@ class DumpSink:
         else:
             result = self._target.end_window(timestamp_ns)
         # The window landed: the tables' counts move on.
+        self.dumped += sum(rows for _, rows, _ in emitted)
         for run, started, ranges_left, rows, ended in runs.values():
             run.started, run.ranges_left, run.rows, run.ended = (started, ranges_left,
                                                                  rows, ended)

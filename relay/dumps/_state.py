@@ -120,6 +120,9 @@ class Dump:
     delay_ms: int
     keys: list[Any] | None = None  # listed keys (one table only)
     parallelism: int = 1  # chunk readers at once (tables and key ranges of a table)
+    # The default: give way to the source's writers (one paced chunk at a time while the
+    # log carries writes: _readers.Gate); off when the operator chose the parallelism.
+    gives_way: bool = False
     reason: str = "request"  # request | initial_dump | source_gap | heal
     state: DumpState = "queued"
     created_at: float = field(default_factory=time.time)
@@ -195,6 +198,7 @@ class Dump:
             "chunk_rows": self.chunk_rows,
             "delay_ms": self.delay_ms,
             "parallelism": self.parallelism,
+            "gives_way": self.gives_way,
             "created_at": self.created_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,

@@ -39,6 +39,7 @@ from databus.errors import DatabusError, DumpSetupError
 from databus.fetchers._api import DumpSource, Fetcher
 from databus.relay.dumps._readers import (
     DumpRun,
+    Gate,
     ReaderSlot,
     Stopped,
     fail_table,
@@ -68,6 +69,9 @@ class DumpPort:
     # msync the buffer: a completed chunk is recorded only once its rows are on disk
     # (they are nowhere in the source's log to be fetched again after a machine crash).
     flush: Callable[[], None] = lambda: None
+    # Events the fetcher wrote into the buffer from the log (dump rows excluded): a
+    # dump that gives way to writers watches it (``_readers.Gate``).
+    log_events: Callable[[], int] = lambda: 0
 
 
 class _Worker:
@@ -342,7 +346,11 @@ class _Worker:
                 last = (table.ranges or [KeyRange(cursor=table.cursor)])[-1]
                 left = [KeyRange(lo=last.lo, hi=last.hi, cursor=last.cursor)]
             work.extend((table, r) for r in left)
-        run_readers(self, dump, DumpRun(work, runs))
+        gate = Gate(dump.gives_way, self.port.log_events, self.manager._stop)
+        run_readers(self, dump, DumpRun(work, runs, gate))
+        if gate.turns_given_way:
+            log.info("dump %s gave way to the source's writers for %d chunks", dump.id,
+                     gate.turns_given_way)
 
     def _wait(self, dump: Dump | None, chunk: Chunk, phases: tuple[Any, ...]) -> None:
         """Wait for the fetcher to carry ``chunk`` to one of ``phases`` (``dump`` None:

@@ -100,12 +100,21 @@ def test_parallelism_in_a_dump_request(value: object, ok: bool) -> None:
             parse_dump_request(body)
 
 
-def test_parallelism_defaults_to_the_cores() -> None:
+def test_parallelism_defaults_to_the_cores_giving_way_to_writers(tmp_path: Path) -> None:
     import os
 
     from databus.relay._dump_api import parse_dump_request
+    from databus.relay.dumps import DumpManager
 
-    assert parse_dump_request({}).parallelism == max(1, min(64, os.cpu_count() or 1))
+    manager = DumpManager(tmp_path / "dumps.json")
+    by_default = manager.start_dump(parse_dump_request({"sources": ["db.t"]}),
+                                    buffer_of=lambda _: "b")
+    assert by_default.parallelism == max(1, min(64, os.cpu_count() or 1))
+    assert by_default.gives_way and by_default.to_json()["gives_way"] is True
+    chosen = manager.start_dump(parse_dump_request({"sources": ["db.u"], "parallelism": 3}),
+                                buffer_of=lambda _: "b")
+    assert (chosen.parallelism, chosen.gives_way) == (3, False)
+    manager.close()
 
 
 def test_a_state_file_without_ranges_resumes_its_one_cursor(tmp_path: Path) -> None:
