@@ -81,13 +81,17 @@ class Gate:
     """How a run's readers share the source with its writers (``Dump.gives_way``).
 
     Off (the operator chose ``parallelism``): nothing. On (the default): while the log
-    has carried a write within the last second, the dump gives way: one chunk at a
-    time, read and landed whole (no reader ahead), then a pause as long as it took, so
-    that the dump keeps the source and the relay busy at most half the time and never
-    two cores at once; on a source without writes every reader goes, one chunk ahead.
+    has carried a write within the last second, the dump gives way: one chunk of at
+    most ``ROWS`` rows at a time, read and landed whole (no reader ahead), then a pause
+    as long as it took, so that the dump keeps the source and the relay busy at most
+    half the time, never two cores at once, in bursts of a few milliseconds; on a source
+    without writes every reader goes, one chunk ahead.
     """
 
     WRITES_WITHIN_S = 1.0
+    # Rows of a chunk while giving way: short bursts (a writer's transaction that meets
+    # one waits for a few milliseconds at most), each followed by its pause.
+    ROWS = 1_000
 
     def __init__(self, on: bool, log_events: Callable[[], int], stop: threading.Event
                  ) -> None:
@@ -249,9 +253,10 @@ def read_range(worker: _Worker, dump: Dump, table: TableProgress, key_range: Key
                 if table.state == "failed":
                     raise _TableFailed
             with gate.turn() as giving_way:
+                size = min(limit, Gate.ROWS) if giving_way else limit
                 try:
                     chunk, result = write_chunk(worker, dump, source, run, table,
-                                                key_range, after, index, limit)
+                                                key_range, after, index, size)
                 except TooBig as big:
                     limit = big.rows
                     limited(log).warning("dump %s: chunks of %s are too big for buffer %s; "
@@ -260,7 +265,7 @@ def read_range(worker: _Worker, dump: Dump, table: TableProgress, key_range: Key
                     continue
                 if pending is not None:
                     land(worker, dump, table, key_range, *pending)
-                index = min(len(dump.keys), index + limit) if dump.keys is not None else 0
+                index = min(len(dump.keys), index + size) if dump.keys is not None else 0
                 pending = (chunk, result, index)
                 if result.cursor is not None:
                     after = result.cursor
