@@ -117,11 +117,14 @@ def transcode_copy_rows(data: bytes, codec: TableCodec
                         ) -> tuple[list[tuple[Key, bytes]], list[str | None] | None]:
     """The rows of ``COPY (...) TO STDOUT`` (text format, UTF-8) of ``codec``'s table as
     ``(key, avro body)``, and the last row's key columns as text (None without rows)."""
-    if not data:
-        return [], None
-    if not data.endswith(b"\n"):
-        raise ValueError("a COPY row without its newline")
     ncols = len(codec.relation.columns)
-    texts = [copy_row_texts(line, ncols) for line in data[:-1].split(b"\n")]
-    rows = [reference_row(t, codec) for t in texts]
-    return rows, [texts[-1][i] for i in codec.key_positions]
+    lines = data.split(b"\n")
+    incomplete = lines.pop()  # b"" after the last row's newline
+    rows: list[tuple[Key, bytes]] = []
+    texts: tuple[str | None, ...] = ()
+    for line in lines:  # row by row: the first error is the native twin's first error
+        texts = copy_row_texts(line, ncols)
+        rows.append(reference_row(texts, codec))
+    if incomplete:
+        raise ValueError("a COPY row without its newline")
+    return rows, ([texts[i] for i in codec.key_positions] if rows else None)
