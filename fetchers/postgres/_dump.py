@@ -30,7 +30,7 @@ from psycopg2 import sql
 from databus._ddl import serialized_ddl
 from databus._redact import redact
 from databus.errors import DumpSetupError, SourceError
-from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
+from databus.fetchers._api import DumpChunk, FetcherContext
 from databus.fetchers._cursor import cursor_from_json, cursor_to_json
 from databus.fetchers.postgres._catalog import read_table_info
 from databus.fetchers.postgres._changes import (
@@ -222,8 +222,7 @@ class LogicalDumpSource:
         catalog = self.context.catalog
         source_id = catalog.source_id(name)
         catalog.register_schema(name, codec.schema)
-        rows, last = encoded
-        out = [DumpRow(key, body, codec.fingerprint) for key, body in rows]
+        out, last = encoded
         cursor = None if last is None else cursor_to_json(last)
         return DumpChunk(name, source_id, out, cursor, done)
 

@@ -19,15 +19,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from databus.event import Key
+from databus.fetchers._api import DumpRow
 from databus.fetchers.postgres._changes import TableCodec
 from databus.fetchers.postgres._transcode import transcode_copy_rows
 from databus.fetchers.postgres._transcode_python import reference_row
 
 __all__ = ["EncodedRows", "read_encoded"]
 
-# Each row's (key, Avro body), and the last row's key columns as text (the cursor).
-EncodedRows = tuple[list[tuple[Key, bytes]], list[Any] | None]
+# The rows (key, Avro body, fingerprint), and the last row's key columns as text (the
+# cursor).
+EncodedRows = tuple[list[DumpRow], list[Any] | None]
 
 _UTF8 = frozenset({"UTF8", "UNICODE"})
 
@@ -50,8 +51,8 @@ def read_encoded(cur: Any, query: Any, params: Sequence[Any], codec: TableCodec
         statement = b"COPY (" + cur.mogrify(query, list(params)) + b") TO STDOUT"
         sink = _Sink()
         cur.copy_expert(statement.decode("utf-8"), sink)
-        return transcode_copy_rows(b"".join(sink.parts), codec)
+        return transcode_copy_rows(b"".join(sink.parts), codec, DumpRow)
     cur.execute(query, list(params))
     rows = cur.fetchall()
-    encoded = [reference_row(row, codec) for row in rows]
+    encoded = [DumpRow(*reference_row(row, codec), codec.fingerprint) for row in rows]
     return encoded, ([rows[-1][i] for i in codec.key_positions] if rows else None)

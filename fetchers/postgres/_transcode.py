@@ -48,7 +48,8 @@ decoded as text is STRING, ...) has no plan: its rows take the general path.
 
 A dump chunk (``_dump_copy``) is read as ``COPY (SELECT ...) TO STDOUT`` in text format,
 whose values are the same text output pgoutput sends, escaped. ``transcode_copy_rows(data,
-codec)`` turns a chunk's bytes into ``(key, avro body)`` per row and the last row's key
+codec[, row_type])`` turns a chunk's bytes into ``(key, avro body)`` (or a ``DumpRow``)
+per row and the last row's key
 columns as text (the dump's cursor), again exactly as the general path (``reference_row``:
 ``TableCodec.convert`` then ``key`` and ``encode``, what the dump did with a SELECT's
 text values) gives them; the native twin runs the grammar above on each unescaped value
@@ -149,9 +150,9 @@ _impl = _native if _native is not None else _transcode_python
 IMPLEMENTATION: str = _impl.IMPLEMENTATION
 transcode_change: Callable[[bytes, RowPlan], tuple[Key, bytes] | None] = (
     _impl.transcode_change)
-transcode_copy_rows: Callable[
-    [bytes, TableCodec], tuple[list[tuple[Key, bytes]], list[str | None] | None]] = (
-        _impl.transcode_copy_rows)
+# (data, codec[, row_type]) -> ([(key, body) or row_type(key, body, fingerprint)], cursor)
+transcode_copy_rows: Callable[..., tuple[list[Any], list[str | None] | None]] = (
+    _impl.transcode_copy_rows)
 
 
 def twin(name: str) -> ModuleType:

@@ -17,6 +17,10 @@ from databus.fetchers.postgres._transcode_python import reference_row
 cdef extern from "Python.h":
     double PyOS_string_to_double(const char *s, char **endptr,
                                  PyObject *overflow_exception) except? -1.0
+    ctypedef struct PyTypeObject:
+        pass
+    object PyType_GenericAlloc(PyTypeObject *type, Py_ssize_t nitems)
+    int PyObject_GenericSetAttr(object o, object name, object value) except -1
 
 IMPLEMENTATION = "native"
 
@@ -765,12 +769,22 @@ cdef object line_key(Prepared p, const uint8_t **at, Py_ssize_t *length, int64_t
     return tuple(parts)
 
 
-def transcode_copy_rows(data, codec):
+cdef object new_row(object row_type, object key, object body, object fingerprint):
+    """``row_type(key, body, fingerprint)`` of a class of those three slots (a frozen
+    dataclass): the same object, without the cost of its ``__init__``."""
+    row = PyType_GenericAlloc(<PyTypeObject *>row_type, 0)
+    PyObject_GenericSetAttr(row, "key", key)
+    PyObject_GenericSetAttr(row, "value", body)
+    PyObject_GenericSetAttr(row, "fingerprint", fingerprint)
+    return row
+
+
+def transcode_copy_rows(data, codec, row_type=None):
     """The rows of ``COPY (...) TO STDOUT`` (text format, UTF-8) of ``codec``'s table as
-    ``(key, avro body)``, and the last row's key columns as text (None without rows).
-    A row the fast path declines (or every row, when the table has no plan) takes the
-    reference path (``_transcode_python.reference_row``), which gives its event or
-    raises its error."""
+    ``(key, avro body)`` (or ``row_type(key, body, codec.fingerprint)``), and the last
+    row's key columns as text (None without rows). A row the fast path declines (or
+    every row, when the table has no plan) takes the reference path
+    (``_transcode_python.reference_row``), which gives its event or raises its error."""
     cdef Prepared p = None
     cdef const uint8_t *base
     cdef const uint8_t *line
@@ -784,6 +798,10 @@ def transcode_copy_rows(data, codec):
     cdef int64_t key_int[32]
     if type(data) is not bytes:
         data = bytes(data)
+    if row_type is not None and not (isinstance(row_type, type) and getattr(
+            row_type, "__slots__", None) == ("key", "value", "fingerprint")):
+        raise TypeError("row_type: a class of the slots key, value, fingerprint")
+    fingerprint = codec.fingerprint
     plan = codec.plan
     if plan is not None and plan.native is not None:
         p = plan.native
@@ -811,10 +829,14 @@ def transcode_copy_rows(data, codec):
                 written = encode_line(p, line, n, scratch, out, key_at, key_length,
                                       key_int)
             if written >= 0:
-                rows.append((line_key(p, key_at, key_length, key_int),
-                             PyBytes_FromStringAndSize(<char *>out, written)))
+                key = line_key(p, key_at, key_length, key_int)
+                body = PyBytes_FromStringAndSize(<char *>out, written)
             else:
-                rows.append(reference_row(line_texts(line, n, ncols, scratch), codec))
+                key, body = reference_row(line_texts(line, n, ncols, scratch), codec)
+            if row_type is None:
+                rows.append((key, body))
+            else:
+                rows.append(new_row(row_type, key, body, fingerprint))
             last = pos
             last_n = n
             pos += n + 1

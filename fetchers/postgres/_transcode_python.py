@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from databus.errors import DatabusError
 from databus.event import Key
@@ -113,18 +113,24 @@ def reference_row(texts: Sequence[str | None], codec: TableCodec) -> tuple[Key, 
     return codec.key(row), codec.encode(row)
 
 
-def transcode_copy_rows(data: bytes, codec: TableCodec
-                        ) -> tuple[list[tuple[Key, bytes]], list[str | None] | None]:
+def transcode_copy_rows(data: bytes, codec: TableCodec, row_type: Any = None
+                        ) -> tuple[list[Any], list[str | None] | None]:
     """The rows of ``COPY (...) TO STDOUT`` (text format, UTF-8) of ``codec``'s table as
-    ``(key, avro body)``, and the last row's key columns as text (None without rows)."""
+    ``(key, avro body)`` (or ``row_type(key, body, codec.fingerprint)``), and the last
+    row's key columns as text (None without rows)."""
+    if row_type is not None and not (isinstance(row_type, type) and getattr(
+            row_type, "__slots__", None) == ("key", "value", "fingerprint")):
+        raise TypeError("row_type: a class of the slots key, value, fingerprint")
     ncols = len(codec.relation.columns)
     lines = data.split(b"\n")
     incomplete = lines.pop()  # b"" after the last row's newline
-    rows: list[tuple[Key, bytes]] = []
+    rows: list[Any] = []
     texts: tuple[str | None, ...] = ()
     for line in lines:  # row by row: the first error is the native twin's first error
         texts = copy_row_texts(line, ncols)
-        rows.append(reference_row(texts, codec))
+        key, body = reference_row(texts, codec)
+        rows.append((key, body) if row_type is None
+                    else row_type(key, body, codec.fingerprint))
     if incomplete:
         raise ValueError("a COPY row without its newline")
     return rows, ([texts[i] for i in codec.key_positions] if rows else None)

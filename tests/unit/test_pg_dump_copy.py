@@ -195,3 +195,28 @@ def test_damaged_bytes_give_the_same_in_both_twins(where: int, bit: int,
     damaged = bytes(data) + extra
     results = {name: run(name, damaged, codec) for name in TWINS}
     assert len({repr(r) for r in results.values()}) == 1, results
+
+
+def test_rows_made_as_dump_rows() -> None:
+    """``row_type=DumpRow``: each row ``DumpRow(key, body, codec.fingerprint)``, equal
+    to one made the ordinary way and as frozen; a class of other slots is refused."""
+    import dataclasses
+
+    from databus.fetchers._api import DumpRow
+
+    codec = codec_of([(T.TEXT, -1), (T.INTERVAL, -1)])
+    fast = codec_of([(T.TEXT, -1), (T.TIMESTAMP, -1)])
+    for c, rows in [(codec, [["1", "a\tb", "P1D"], ["2", None, None]]),
+                    (fast, [["1", "a\tb", "2024-01-02 03:04:05"], ["2", None, None],
+                            ["3", "x", "infinity"]])]:
+        pairs, cursor = reference(c, rows)
+        want = [DumpRow(k, v, c.fingerprint) for k, v in pairs]
+        for name in TWINS:
+            got, got_cursor = twin(name).transcode_copy_rows(copy_data(rows), c, DumpRow)
+            assert got == want and got_cursor == cursor
+            assert [type(r) for r in got] == [DumpRow] * len(rows)
+            assert [hash(r) for r in got] == [hash(r) for r in want]
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                got[0].key = 9  # type: ignore[misc]
+            with pytest.raises(TypeError):
+                twin(name).transcode_copy_rows(copy_data(rows), c, tuple)
