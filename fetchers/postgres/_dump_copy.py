@@ -11,7 +11,10 @@ caller's transaction (REPEATABLE READ, READ ONLY).
 
 COPY's bytes are in the connection's client encoding: the fast path reads UTF-8 only, so
 a connection in another encoding reads the SELECT's values as before (psycopg2 decodes
-them) and encodes them by the reference path, row by row.
+them) and encodes them by the reference path, row by row. So does an install without
+the compiled twin (or with ``DATABUS_PURE_PYTHON=1``): unescaping COPY in Python costs
+more than psycopg2's own decoding (benchmarks/README.md), and the reference twin of
+``transcode_copy_rows`` is there to be the reference, not to be fast.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from databus.fetchers._api import DumpRow
+from databus.fetchers.postgres import _transcode
 from databus.fetchers.postgres._changes import TableCodec
 from databus.fetchers.postgres._transcode import transcode_copy_rows
 from databus.fetchers.postgres._transcode_python import reference_row
@@ -31,6 +35,7 @@ __all__ = ["EncodedRows", "read_encoded"]
 EncodedRows = tuple[list[DumpRow], list[Any] | None]
 
 _UTF8 = frozenset({"UTF8", "UNICODE"})
+COPY_READS = _transcode.IMPLEMENTATION == "native"
 
 
 class _Sink:
@@ -46,8 +51,9 @@ class _Sink:
 def read_encoded(cur: Any, query: Any, params: Sequence[Any], codec: TableCodec
                  ) -> EncodedRows:
     """The rows of ``query`` (a SELECT of every column of ``codec``'s table, in order)
-    encoded, and the cursor: by COPY in a UTF-8 session, else by the SELECT itself."""
-    if str(cur.connection.encoding).upper() in _UTF8:
+    encoded, and the cursor: by COPY in a UTF-8 session with the compiled twin, else by
+    the SELECT itself."""
+    if COPY_READS and str(cur.connection.encoding).upper() in _UTF8:
         statement = b"COPY (" + cur.mogrify(query, list(params)) + b") TO STDOUT"
         sink = _Sink()
         cur.copy_expert(statement.decode("utf-8"), sink)

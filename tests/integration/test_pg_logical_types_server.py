@@ -624,8 +624,8 @@ def test_a_dump_gives_the_slots_events_byte_for_byte(
     code, encoded by the compiled twin but for the edge values it declines), dumped by
     ``LogicalDumpSource`` in chunks of 3 (``read_chunk``) and by key (``read_keys``),
     equals the event the logical fetcher makes of the same row's Insert from the slot
-    (``ChangeStream``): key, Avro body and schema fingerprint. ``fast``: COPY and the
-    fetcher's ``transcode_copy_rows`` (the compiled twin unless DATABUS_PURE_PYTHON=1);
+    (``ChangeStream``): key, Avro body and schema fingerprint. ``fast``: what the dump
+    does (COPY and the compiled twin; with DATABUS_PURE_PYTHON=1 the SELECT);
     ``reference``: COPY and the reference twin; ``select``: the SELECT of a session not
     in UTF-8 (as before COPY). The cursor is the last key as text."""
     from databus.fetchers._api import FetcherContext
@@ -641,8 +641,11 @@ def test_a_dump_gives_the_slots_events_byte_for_byte(
     if path == "reference":
         monkeypatch.setattr(_dump_copy, "transcode_copy_rows",
                             _transcode.twin("python").transcode_copy_rows)
+        monkeypatch.setattr(_dump_copy, "COPY_READS", True)
     elif path == "select":
         monkeypatch.setattr(_dump_copy, "_UTF8", frozenset())
+    else:
+        assert (_transcode.IMPLEMENTATION == "native") == _dump_copy.COPY_READS
     # What the fetcher writes: the slot's messages through its ChangeStream.
     conn = db.connect()
     try:
