@@ -172,10 +172,74 @@ cdef int parse_double(const uint8_t *s, Py_ssize_t n, double *value) except -1:
         i = j
     if i != n:
         return 0
+    if exact_double(s, n, value):
+        return 1
     memcpy(text, s, n)
     text[n] = 0
     value[0] = PyOS_string_to_double(text, &end, NULL)
     return end == text + n
+
+
+# 10**0 .. 10**22: every one an exact double (filled at import from Python ints).
+cdef double POW10[23]
+for _k in range(23):
+    POW10[_k] = float(10 ** _k)
+
+
+cdef inline int exact_double(const uint8_t *s, Py_ssize_t n, double *value) noexcept:
+    """Clinger's fast path of a text of parse_double's grammar: with at most 15
+    significant digits and a decimal exponent within +-22, the digits and the power of
+    ten are exact doubles, so one IEEE multiplication or division gives the correctly
+    rounded value, the one float() gives; 0 (not done) otherwise."""
+    cdef Py_ssize_t i = 0
+    cdef uint64_t w = 0
+    cdef int significant = 0, fraction = 0, exponent = 0, exponent_digits = 0
+    cdef int e
+    cdef bint negative = False, dot = False, exponent_negative = False
+    cdef uint8_t c
+    cdef double d
+    if s[0] == 45:
+        negative = True
+        i = 1
+    while i < n:
+        c = s[i]
+        if digit(c):
+            if w != 0 or c != 48:
+                significant += 1
+                if significant > 15:
+                    return 0
+                w = w * 10 + (c - 48)
+            if dot:
+                fraction += 1
+        elif c == 46:
+            dot = True
+        else:  # 'e': the grammar has checked its sign and digits
+            i += 1
+            if s[i] == 43 or s[i] == 45:
+                exponent_negative = s[i] == 45
+                i += 1
+            while i < n:
+                if exponent != 0 or s[i] != 48:
+                    exponent_digits += 1
+                    if exponent_digits > 3:
+                        return 0
+                    exponent = exponent * 10 + (s[i] - 48)
+                i += 1
+            break
+        i += 1
+    if w == 0:
+        value[0] = -0.0 if negative else 0.0
+        return 1
+    e = (-exponent if exponent_negative else exponent) - fraction
+    if e < -22 or e > 22:
+        return 0
+    d = <double>w
+    if e >= 0:
+        d = d * POW10[e]
+    else:
+        d = d / POW10[-e]
+    value[0] = -d if negative else d
+    return 1
 
 
 cdef inline int numeric_grammar(const uint8_t *s, Py_ssize_t n, Py_ssize_t *int_start,
