@@ -201,6 +201,7 @@ def test_rows_made_as_dump_rows() -> None:
     """``row_type=DumpRow``: each row ``DumpRow(key, body, codec.fingerprint)``, equal
     to one made the ordinary way and as frozen; a class of other slots is refused."""
     import dataclasses
+    import gc
 
     from databus.fetchers._api import DumpRow
 
@@ -216,6 +217,8 @@ def test_rows_made_as_dump_rows() -> None:
             assert got == want and got_cursor == cursor
             assert [type(r) for r in got] == [DumpRow] * len(rows)
             assert [hash(r) for r in got] == [hash(r) for r in want]
+            if name == "native":  # untracked: rows of atoms, no cycle through them
+                assert not any(gc.is_tracked(r) for r in got)
             with pytest.raises(dataclasses.FrozenInstanceError):
                 got[0].key = 9  # type: ignore[misc]
             with pytest.raises(TypeError):
