@@ -190,10 +190,11 @@ for _k in range(23):
 
 
 cdef inline int exact_double(const uint8_t *s, Py_ssize_t n, double *value) noexcept:
-    """Clinger's fast path of a text of parse_double's grammar: with at most 15
-    significant digits and a decimal exponent within +-22, the digits and the power of
-    ten are exact doubles, so one IEEE multiplication or division gives the correctly
-    rounded value, the one float() gives; 0 (not done) otherwise."""
+    """Clinger's fast path of a text of parse_double's grammar: when its significant
+    digits make an integer of at most 2**53 and its decimal exponent is within +-22,
+    the digits and the power of ten are exact doubles, so one IEEE multiplication or
+    division gives the correctly rounded value, the one float() gives; 0 (not done)
+    otherwise."""
     cdef Py_ssize_t i = 0
     cdef uint64_t w = 0
     cdef int significant = 0, fraction = 0, exponent = 0, exponent_digits = 0
@@ -209,7 +210,7 @@ cdef inline int exact_double(const uint8_t *s, Py_ssize_t n, double *value) noex
         if digit(c):
             if w != 0 or c != 48:
                 significant += 1
-                if significant > 15:
+                if significant > 16:  # 10**16 > 2**53: not exact
                     return 0
                 w = w * 10 + (c - 48)
             if dot:
@@ -234,7 +235,7 @@ cdef inline int exact_double(const uint8_t *s, Py_ssize_t n, double *value) noex
         value[0] = -0.0 if negative else 0.0
         return 1
     e = (-exponent if exponent_negative else exponent) - fraction
-    if e < -22 or e > 22:
+    if e < -22 or e > 22 or w > 9007199254740992ULL:  # 2**53
         return 0
     d = <double>w
     if e >= 0:

@@ -231,7 +231,7 @@ def test_rows_made_as_dump_rows() -> None:
 def test_float_texts_near_the_exact_path_give_the_general_paths_bytes(
         negative: bool, whole: str, fraction: str, exponent: int | None) -> None:
     """Doubles and reals of up to 18 digits each side of the point and exponents within
-    +-30: the compiled twin's exact path (15 digits, 10**+-22) and its strtod path agree
+    +-30: the compiled twin's exact path (digits <= 2**53, 10**+-22) and its strtod path agree
     with float() bit for bit; the compiled twin takes every one."""
     text = ("-" if negative else "") + whole + ("." + fraction if fraction else "") + (
         "" if exponent is None else f"e{exponent:+d}")
@@ -249,7 +249,9 @@ def test_float_texts_at_the_exact_paths_edges() -> None:
     codec = codec_of([(T.FLOAT8, -1)], nullable=False)
     texts = ["0", "-0", "0.0", "-0.000", "0e5", "-0e-5", "1e22", "1e23", "1e-22", "1e-23",
              "123456789012345", "1234567890123456", "0.123456789012345",
-             "9007199254740993", "900719925474099.3", "4.35", "-4.35e-3", "2.5e-22",
+             "9007199254740993", "900719925474099.3", "9007199254740992", "9.007199254740992",
+             "9007199254740991e-22", "9999999999999999", "1.000000000000001", "4.35",
+             "-4.35e-3", "2.5e-22",
              "0.000000000000000000001", "1e0003", "1e-0003", "5e-324", "1.7976931348623157e308",
              "142.85714285714286", "0.1", "0.2", "0.30000000000000004", ".5", "5.", "-.5e+1"]
     check(codec, [[str(i), t] for i, t in enumerate(texts)])
