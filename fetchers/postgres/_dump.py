@@ -7,7 +7,8 @@ in the slot's publication: its inserts come through the slot in log order, and
 
 A chunk is read in a REPEATABLE READ, READ ONLY transaction (one snapshot, no lock a
 writer waits for) as the columns' *text output*, exactly what pgoutput sends for them
-(every column's type is read as a string: no driver conversion), and converted and
+(every column's type is read as a string: no driver conversion; by ``COPY (SELECT
+...) TO STDOUT`` and the compiled fast path, ``_dump_copy``), and converted and
 encoded by the fetcher's own ``TableCodec`` built from the catalog as a Relation message
 would describe the table, so a dumped row is byte-identical to the same row in a window.
 The cursor is the last row's key columns as text; the next chunk is
@@ -29,7 +30,7 @@ from psycopg2 import sql
 from databus._ddl import serialized_ddl
 from databus._redact import redact
 from databus.errors import DumpSetupError, SourceError
-from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
+from databus.fetchers._api import DumpChunk, FetcherContext
 from databus.fetchers._cursor import cursor_from_json, cursor_to_json
 from databus.fetchers.postgres._catalog import read_table_info
 from databus.fetchers.postgres._changes import (
@@ -37,6 +38,7 @@ from databus.fetchers.postgres._changes import (
     WATERMARK_TABLE,
     TableCodec,
 )
+from databus.fetchers.postgres._dump_copy import EncodedRows, read_encoded
 from databus.fetchers.postgres._pgoutput import Column, Relation
 from databus.fetchers.postgres._uri import LogicalSource
 
@@ -217,18 +219,13 @@ class LogicalDumpSource:
             sql.SQL(", ").join(sql.Identifier(c.name) for c in relation.columns),
             sql.Identifier(relation.namespace), sql.Identifier(relation.name))
 
-    def _chunk(self, name: str, codec: TableCodec, rows: list[tuple[Any, ...]], *,
+    def _chunk(self, name: str, codec: TableCodec, encoded: EncodedRows, *,
                done: bool) -> DumpChunk:
         catalog = self.context.catalog
         source_id = catalog.source_id(name)
         catalog.register_schema(name, codec.schema)
-        out = []
-        for raw in rows:
-            row = codec.convert(raw, None)
-            out.append(DumpRow(codec.key(row), codec.encode(row), codec.fingerprint))
-        cursor = None
-        if rows:
-            cursor = cursor_to_json([rows[-1][i] for i in codec.key_positions])
+        out, last = encoded
+        cursor = None if last is None else cursor_to_json(last)
         return DumpChunk(name, source_id, out, cursor, done)
 
     @staticmethod
@@ -310,11 +307,10 @@ class LogicalDumpSource:
                     query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(terms))
                 query = sql.SQL("{} ORDER BY {} LIMIT %s").format(
                     query, sql.SQL(", ").join(sql.Identifier(k) for k in key))
-                cur.execute(query, [*params, limit])
-                rows = cur.fetchall()
+                encoded = read_encoded(cur, query, [*params, limit], codec)
             finally:
                 cur.execute("COMMIT")
-        return self._chunk(source, codec, rows, done=len(rows) < limit)
+        return self._chunk(source, codec, encoded, done=len(encoded[0]) < limit)
 
     def read_keys(self, source: str, keys: list[Any]) -> DumpChunk:
         with self._cursor() as cur:
@@ -328,7 +324,7 @@ class LogicalDumpSource:
                         raise DumpSetupError(f"table {source}: key {k!r} does not have the "
                                              f"{len(key)} primary key column(s)")
                     wanted.append(values)
-                rows: list[tuple[Any, ...]] = []
+                encoded: EncodedRows = ([], None)
                 if wanted:
                     row_sql = sql.SQL("({})").format(
                         sql.SQL(", ").join(sql.SQL("%s::" + t) for t in types))
@@ -337,11 +333,11 @@ class LogicalDumpSource:
                         sql.SQL(", ").join(sql.Identifier(k) for k in key),
                         sql.SQL(", ").join([row_sql] * len(wanted)),
                         sql.SQL(", ").join(sql.Identifier(k) for k in key))
-                    cur.execute(query, [str(v) for values in wanted for v in values])
-                    rows = cur.fetchall()
+                    encoded = read_encoded(
+                        cur, query, [str(v) for values in wanted for v in values], codec)
             finally:
                 cur.execute("COMMIT")
-        return self._chunk(source, codec, rows, done=True)
+        return self._chunk(source, codec, encoded, done=True)
 
     def cleanup_watermarks(self, keep: frozenset[str]) -> None:
         with self._cursor() as cur:

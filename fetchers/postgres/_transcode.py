@@ -45,6 +45,21 @@ values; a nullable column's field is ``["null", ...]``, branch 0 null, 1 the val
 
 A table any of whose columns has another type (interval, arrays, time with time zone
 decoded as text is STRING, ...) has no plan: its rows take the general path.
+
+A dump chunk (``_dump_copy``) is read as ``COPY (SELECT ...) TO STDOUT`` in text format,
+whose values are the same text output pgoutput sends, escaped. ``transcode_copy_rows(data,
+codec[, row_type])`` turns a chunk's bytes into ``(key, avro body)`` (or a ``DumpRow``)
+per row and the last row's key
+columns as text (the dump's cursor), again exactly as the general path (``reference_row``:
+``TableCodec.convert`` then ``key`` and ``encode``, what the dump did with a SELECT's
+text values) gives them; the native twin runs the grammar above on each unescaped value
+and hands a row it declines (or every row of a table without a plan) to the general
+path::
+
+    data    row*            a row: field ('\\t' field)* '\\n', one field per column
+    field   '\\N'            NULL (the whole field)
+          | byte*           '\\' escapes the next byte: \\b \\f \\n \\r \\t \\v, \\ooo
+                            (octal, & 0xFF), \\xh[h] (hex), any other byte itself
 """
 
 from __future__ import annotations
@@ -61,7 +76,8 @@ from databus.fetchers.postgres import _transcode_python
 if TYPE_CHECKING:
     from databus.fetchers.postgres._changes import TableCodec
 
-__all__ = ["IMPLEMENTATION", "RowPlan", "row_plan", "transcode_change", "twin"]
+__all__ = ["IMPLEMENTATION", "RowPlan", "row_plan", "transcode_change",
+           "transcode_copy_rows", "twin"]
 
 # Column codes (the low 5 bits); the flags say how the value's field is wrapped.
 INT2, INT4, INT8, OID, FLOAT4, FLOAT8, BOOLEAN, STRING = 1, 2, 3, 4, 5, 6, 7, 8
@@ -134,6 +150,9 @@ _impl = _native if _native is not None else _transcode_python
 IMPLEMENTATION: str = _impl.IMPLEMENTATION
 transcode_change: Callable[[bytes, RowPlan], tuple[Key, bytes] | None] = (
     _impl.transcode_change)
+# (data, codec[, row_type]) -> ([(key, body) or row_type(key, body, fingerprint)], cursor)
+transcode_copy_rows: Callable[..., tuple[list[Any], list[str | None] | None]] = (
+    _impl.transcode_copy_rows)
 
 
 def twin(name: str) -> ModuleType:

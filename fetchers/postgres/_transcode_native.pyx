@@ -10,11 +10,20 @@ from cpython.ref cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.math cimport isinf
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
+
+from databus.fetchers.postgres._transcode_python import reference_row
 
 cdef extern from "Python.h":
     double PyOS_string_to_double(const char *s, char **endptr,
                                  PyObject *overflow_exception) except? -1.0
+    ctypedef struct PyTypeObject:
+        pass
+    object PyType_GenericAlloc(PyTypeObject *type, Py_ssize_t nitems)
+    int PyObject_GenericSetAttr(object o, object name, object value) except -1
+    void PyObject_GC_UnTrack(object o)
+    unsigned long PyType_GetFlags(PyTypeObject *type)
+    unsigned long Py_TPFLAGS_HAVE_GC
 
 IMPLEMENTATION = "native"
 
@@ -166,10 +175,75 @@ cdef int parse_double(const uint8_t *s, Py_ssize_t n, double *value) except -1:
         i = j
     if i != n:
         return 0
+    if exact_double(s, n, value):
+        return 1
     memcpy(text, s, n)
     text[n] = 0
     value[0] = PyOS_string_to_double(text, &end, NULL)
     return end == text + n
+
+
+# 10**0 .. 10**22: every one an exact double (filled at import from Python ints).
+cdef double POW10[23]
+for _k in range(23):
+    POW10[_k] = float(10 ** _k)
+
+
+cdef inline int exact_double(const uint8_t *s, Py_ssize_t n, double *value) noexcept:
+    """Clinger's fast path of a text of parse_double's grammar: when its significant
+    digits make an integer of at most 2**53 and its decimal exponent is within +-22,
+    the digits and the power of ten are exact doubles, so one IEEE multiplication or
+    division gives the correctly rounded value, the one float() gives; 0 (not done)
+    otherwise."""
+    cdef Py_ssize_t i = 0
+    cdef uint64_t w = 0
+    cdef int significant = 0, fraction = 0, exponent = 0, exponent_digits = 0
+    cdef int e
+    cdef bint negative = False, dot = False, exponent_negative = False
+    cdef uint8_t c
+    cdef double d
+    if s[0] == 45:
+        negative = True
+        i = 1
+    while i < n:
+        c = s[i]
+        if digit(c):
+            if w != 0 or c != 48:
+                significant += 1
+                if significant > 16:  # 10**16 > 2**53: not exact
+                    return 0
+                w = w * 10 + (c - 48)
+            if dot:
+                fraction += 1
+        elif c == 46:
+            dot = True
+        else:  # 'e': the grammar has checked its sign and digits
+            i += 1
+            if s[i] == 43 or s[i] == 45:
+                exponent_negative = s[i] == 45
+                i += 1
+            while i < n:
+                if exponent != 0 or s[i] != 48:
+                    exponent_digits += 1
+                    if exponent_digits > 3:
+                        return 0
+                    exponent = exponent * 10 + (s[i] - 48)
+                i += 1
+            break
+        i += 1
+    if w == 0:
+        value[0] = -0.0 if negative else 0.0
+        return 1
+    e = (-exponent if exponent_negative else exponent) - fraction
+    if e < -22 or e > 22 or w > 9007199254740992ULL:  # 2**53
+        return 0
+    d = <double>w
+    if e >= 0:
+        d = d * POW10[e]
+    else:
+        d = d / POW10[-e]
+    value[0] = -d if negative else d
+    return 1
 
 
 cdef inline int numeric_grammar(const uint8_t *s, Py_ssize_t n, Py_ssize_t *int_start,
@@ -589,3 +663,262 @@ cdef object _key(Prepared p, const uint8_t *data, Py_ssize_t *start, Py_ssize_t 
     if p.nkeys == 1:
         return parts[0]
     return tuple(parts)
+
+
+# -- a dump chunk: COPY ... TO STDOUT (text format) ------------------------------------------
+
+
+cdef inline int unescape_byte(uint8_t c) noexcept:
+    """The byte of a one-letter COPY escape, or -1 (the letter stands for itself)."""
+    if c == 98:  # b
+        return 8
+    if c == 102:  # f
+        return 12
+    if c == 110:  # n
+        return 10
+    if c == 114:  # r
+        return 13
+    if c == 116:  # t
+        return 9
+    if c == 118:  # v
+        return 11
+    return -1
+
+
+cdef Py_ssize_t field_end(const uint8_t *line, Py_ssize_t i, Py_ssize_t n,
+                          bint *escaped) noexcept:
+    """The index of the tab (or n) that ends the field starting at i; -1 when a
+    backslash ends the line. A backslash escapes the next byte, a tab too."""
+    escaped[0] = False
+    while i < n:
+        if line[i] == 9:
+            return i
+        if line[i] == 92:
+            escaped[0] = True
+            if i + 1 >= n:
+                return -1
+            i += 2
+        else:
+            i += 1
+    return n
+
+
+cdef Py_ssize_t unescape(const uint8_t *s, Py_ssize_t n, uint8_t *out) noexcept:
+    """COPY FROM's reading of a text field's escapes (the field has no raw tab and does
+    not end in a backslash): \\b \\f \\n \\r \\t \\v, \\ooo octal, \\xh[h] hex, any other
+    escaped byte itself. The bytes written."""
+    cdef Py_ssize_t i = 0, k = 0, m
+    cdef int c, value, h
+    while i < n:
+        c = s[i]
+        if c != 92:
+            out[k] = <uint8_t>c
+            k += 1
+            i += 1
+            continue
+        c = s[i + 1]
+        i += 2
+        if 48 <= c <= 55:  # octal, up to 3 digits
+            value = c - 48
+            m = 1
+            while m < 3 and i < n and 48 <= s[i] <= 55:
+                value = value * 8 + (s[i] - 48)
+                i += 1
+                m += 1
+            out[k] = <uint8_t>(value & 0xFF)
+        elif c == 120 and i < n and hex_value(s[i]) >= 0:  # x, 1 or 2 hex digits
+            value = hex_value(s[i])
+            i += 1
+            if i < n:
+                h = hex_value(s[i])
+                if h >= 0:
+                    value = value * 16 + h
+                    i += 1
+            out[k] = <uint8_t>value
+        else:
+            value = unescape_byte(<uint8_t>c)
+            out[k] = <uint8_t>(c if value < 0 else value)
+        k += 1
+    return k
+
+
+cdef tuple line_texts(const uint8_t *line, Py_ssize_t n, int ncols, uint8_t *scratch):
+    """The text values of one COPY row (None for \\N), as the reference twin reads it;
+    ValueError for a row that is not ``ncols`` fields."""
+    cdef Py_ssize_t i = 0, j, m
+    cdef bint escaped
+    cdef int column = 0
+    values = []
+    while True:
+        j = field_end(line, i, n, &escaped)
+        if j < 0:
+            raise ValueError("a COPY row ends in a backslash")
+        if j - i == 2 and line[i] == 92 and line[i + 1] == 78:  # \N
+            values.append(None)
+        elif escaped:
+            m = unescape(line + i, j - i, scratch)
+            values.append(PyUnicode_DecodeUTF8(<const char *>scratch, m, NULL))
+        else:
+            values.append(PyUnicode_DecodeUTF8(<const char *>line + i, j - i, NULL))
+        column += 1
+        if j >= n:
+            break
+        i = j + 1
+    if column != ncols:
+        raise ValueError(f"a COPY row of {column} fields, the table has {ncols} columns")
+    return tuple(values)
+
+
+cdef Py_ssize_t encode_line(Prepared p, const uint8_t *line, Py_ssize_t n,
+                            uint8_t *scratch, uint8_t *out, const uint8_t **key_at,
+                            Py_ssize_t *key_length, int64_t *key_int) except -2:
+    """The Avro body of one COPY row at out (its length), or -1 to decline; the key
+    columns' values (unescaped) in key_at/key_length/key_int."""
+    cdef Py_ssize_t i = 0, j, m, written
+    cdef bint escaped
+    cdef int column, k
+    cdef uint8_t code
+    cdef uint8_t *at = out
+    cdef const uint8_t *value
+    cdef int64_t as_int
+    for column in range(p.ncols):
+        if i > n:
+            return -1  # fewer fields than columns
+        j = field_end(line, i, n, &escaped)
+        if j < 0:
+            return -1
+        if (j < n) != (column < p.ncols - 1):
+            return -1  # more or fewer fields than columns
+        code = p.codes[column]
+        m = j - i
+        if m == 2 and line[i] == 92 and line[i + 1] == 78:  # \N
+            if not code & F_NULLABLE:
+                return -1
+            at[0] = 0
+            at += 1
+            i = j + 1
+            continue
+        if escaped:
+            m = unescape(line + i, m, scratch)
+            value = scratch
+            scratch += m
+        else:
+            value = line + i
+        if code & F_NULLABLE:
+            at[0] = 2
+            at += 1
+        elif code & F_UNION:
+            at[0] = 0
+            at += 1
+        as_int = 0
+        written = put_value(at, value, m, code & CODE_MASK, p, column, &as_int)
+        if written < 0:
+            return -1
+        at += written
+        for k in range(p.nkeys):
+            if p.keys[k] == column:
+                key_at[k] = value
+                key_length[k] = m
+                key_int[k] = as_int
+        i = j + 1
+    return at - out
+
+
+cdef object line_key(Prepared p, const uint8_t **at, Py_ssize_t *length, int64_t *as_int):
+    cdef int k
+    parts = []
+    for k in range(p.nkeys):
+        if (p.codes[p.keys[k]] & CODE_MASK) == C_STRING:
+            parts.append(PyUnicode_DecodeUTF8(<const char *>at[k], length[k], NULL))
+        else:
+            parts.append(as_int[k])
+    if p.nkeys == 1:
+        return parts[0]
+    return tuple(parts)
+
+
+cdef object new_row(object row_type, object key, object body, object fingerprint):
+    """``row_type(key, body, fingerprint)`` of a class of those three slots (a frozen
+    dataclass): the same object, without the cost of its ``__init__``."""
+    row = PyType_GenericAlloc(<PyTypeObject *>row_type, 0)
+    PyObject_GenericSetAttr(row, "key", key)
+    PyObject_GenericSetAttr(row, "value", body)
+    PyObject_GenericSetAttr(row, "fingerprint", fingerprint)
+    if PyType_GetFlags(<PyTypeObject *>row_type) & Py_TPFLAGS_HAVE_GC:
+        # Its key (an int, a str or a tuple of them), bytes and int can never lead
+        # back to it, so the cycle collector need not walk it (as CPython untracks a
+        # tuple of atoms): a chunk of 10,000 rows otherwise costs collections that
+        # walk every object of the process (about 10% of a dump's time).
+        PyObject_GC_UnTrack(row)
+    return row
+
+
+def transcode_copy_rows(data, codec, row_type=None):
+    """The rows of ``COPY (...) TO STDOUT`` (text format, UTF-8) of ``codec``'s table as
+    ``(key, avro body)`` (or ``row_type(key, body, codec.fingerprint)``), and the last
+    row's key columns as text (None without rows). A row the fast path declines (or
+    every row, when the table has no plan) takes the reference path
+    (``_transcode_python.reference_row``), which gives its event or raises its error."""
+    cdef Prepared p = None
+    cdef const uint8_t *base
+    cdef const uint8_t *line
+    cdef const uint8_t *end
+    cdef Py_ssize_t size, pos = 0, n, written, last = -1, last_n = 0
+    cdef int ncols
+    cdef uint8_t *out = NULL
+    cdef uint8_t *scratch = NULL
+    cdef const uint8_t *key_at[32]
+    cdef Py_ssize_t key_length[32]
+    cdef int64_t key_int[32]
+    if type(data) is not bytes:
+        data = bytes(data)
+    if row_type is not None and not (isinstance(row_type, type) and getattr(
+            row_type, "__slots__", None) == ("key", "value", "fingerprint")):
+        raise TypeError("row_type: a class of the slots key, value, fingerprint")
+    fingerprint = codec.fingerprint
+    plan = codec.plan
+    if plan is not None and plan.native is not None:
+        p = plan.native
+    ncols = len(codec.relation.columns)
+    base = <const uint8_t *>PyBytes_AS_STRING(data)
+    size = PyBytes_GET_SIZE(data)
+    rows = []
+    # A row's body is at most its text + 12 bytes a column; its unescaped values at
+    # most its text.
+    out = <uint8_t *>PyMem_Malloc(size + 12 * <Py_ssize_t>ncols + 1)
+    scratch = <uint8_t *>PyMem_Malloc(size + 1)
+    if out == NULL or scratch == NULL:
+        PyMem_Free(out)
+        PyMem_Free(scratch)
+        raise MemoryError()
+    try:
+        while pos < size:
+            line = base + pos
+            end = <const uint8_t *>memchr(line, 10, size - pos)
+            if end == NULL:
+                raise ValueError("a COPY row without its newline")
+            n = end - line
+            written = -1
+            if p is not None:
+                written = encode_line(p, line, n, scratch, out, key_at, key_length,
+                                      key_int)
+            if written >= 0:
+                key = line_key(p, key_at, key_length, key_int)
+                body = PyBytes_FromStringAndSize(<char *>out, written)
+            else:
+                key, body = reference_row(line_texts(line, n, ncols, scratch), codec)
+            if row_type is None:
+                rows.append((key, body))
+            else:
+                rows.append(new_row(row_type, key, body, fingerprint))
+            last = pos
+            last_n = n
+            pos += n + 1
+        cursor = None
+        if last >= 0:
+            texts = line_texts(base + last, last_n, ncols, scratch)
+            cursor = [texts[i] for i in codec.key_positions]
+    finally:
+        PyMem_Free(out)
+        PyMem_Free(scratch)
+    return rows, cursor

@@ -566,3 +566,124 @@ def test_the_fast_path_gives_the_general_paths_bytes(db: Db, session: list[str])
                     taken += 1
     if _transcode.IMPLEMENTATION == "native":
         assert taken > 60 and declined < taken / 2, (taken, declined)
+
+
+# -- the dump: every type read by COPY, byte for byte what the slot gives -------------
+
+FAST_SLOT = "types_fast_slot"
+FAST_PUBLICATION = "types_fast_pub"
+
+
+@pytest.fixture(scope="module")
+def fast_table(db: Db) -> Iterator[str]:
+    """``t_fast``: the rows of ``t`` with only the columns the fast path encodes (so a
+    dump of it goes through the compiled encoder row by row), in a publication and a
+    slot of its own created before its rows."""
+    from databus.fetchers.postgres import _transcode
+    from databus.fetchers.postgres._changes import TableCodec, TableInfo
+    from databus.fetchers.postgres._pgoutput import Column, Relation
+
+    captured = db.peek()
+    maps = mappings(db, captured)
+    fast = []
+    for (name, oid, typmod), mapping in zip(captured.columns[1:], maps[1:], strict=True):
+        rel = Relation(1, "public", "x", "d", (Column(True, "id", 23, -1),
+                                               Column(False, name, oid, typmod)))
+        codec = TableCodec(rel, "public.x", TableInfo(("id",), frozenset({"id"}),
+                                                      (maps[0], mapping)))
+        if _transcode.row_plan(codec) is not None:
+            fast.append(name)
+    assert len(fast) > 15, fast
+    with db.conn.cursor() as cur:
+        cur.execute("CREATE TABLE t_fast (LIKE t)")
+        for name in [c for c, _, _ in COLUMNS if c not in fast]:
+            cur.execute(f"ALTER TABLE t_fast DROP COLUMN {name}")
+        cur.execute("ALTER TABLE t_fast ADD PRIMARY KEY (id)")
+        cur.execute(f"CREATE PUBLICATION {FAST_PUBLICATION} FOR TABLE t_fast")
+        cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                    (FAST_SLOT,))
+        cur.execute("BEGIN")
+        cur.execute("SET LOCAL synchronous_commit = on")
+        cur.execute(f"INSERT INTO t_fast SELECT id, {', '.join(fast)} FROM t")
+        cur.execute("COMMIT")
+    yield "t_fast"
+    with db.conn.cursor() as cur:
+        cur.execute("SELECT pg_drop_replication_slot(%s)", (FAST_SLOT,))
+        cur.execute(f"DROP PUBLICATION {FAST_PUBLICATION}")
+        cur.execute("DROP TABLE t_fast")
+
+
+@pytest.mark.twin("databus.fetchers.postgres._transcode")
+@pytest.mark.parametrize("path", ["fast", "reference", "select"])
+@pytest.mark.parametrize("table", ["t", "t_fast"])
+def test_a_dump_gives_the_slots_events_byte_for_byte(
+        db: Db, fast_table: str, table: str, path: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row of the table of every mapped type (``t``: no fast plan, every row
+    converted by the general path from COPY's text; ``t_fast``: the columns with a fast
+    code, encoded by the compiled twin but for the edge values it declines), dumped by
+    ``LogicalDumpSource`` in chunks of 3 (``read_chunk``) and by key (``read_keys``),
+    equals the event the logical fetcher makes of the same row's Insert from the slot
+    (``ChangeStream``): key, Avro body and schema fingerprint. ``fast``: what the dump
+    does (COPY and the compiled twin; with DATABUS_PURE_PYTHON=1 the SELECT);
+    ``reference``: COPY and the reference twin; ``select``: the SELECT of a session not
+    in UTF-8 (as before COPY). The cursor is the last key as text."""
+    from databus.fetchers._api import FetcherContext
+    from databus.fetchers.postgres import _dump_copy, _transcode
+    from databus.fetchers.postgres._catalog import read_table_info
+    from databus.fetchers.postgres._changes import ChangeStream
+    from databus.fetchers.postgres._dump import LogicalDumpSource
+    from databus.fetchers.postgres._uri import parse_logical_source
+    from tests.unit.test_pg_changes import Catalog, Sink
+
+    slot_name, publication = ((SLOT, PUBLICATION) if table == "t"
+                              else (FAST_SLOT, FAST_PUBLICATION))
+    if path == "reference":
+        monkeypatch.setattr(_dump_copy, "transcode_copy_rows",
+                            _transcode.twin("python").transcode_copy_rows)
+        monkeypatch.setattr(_dump_copy, "COPY_READS", True)
+    elif path == "select":
+        monkeypatch.setattr(_dump_copy, "_UTF8", frozenset())
+    else:
+        assert (_transcode.IMPLEMENTATION == "native") == _dump_copy.COPY_READS
+    # What the fetcher writes: the slot's messages through its ChangeStream.
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, "
+                        "NULL, 'proto_version', '1', 'publication_names', %s)",
+                        (slot_name, publication))
+            payloads = [bytes(r[0]) for r in cur.fetchall()]
+            sink = Sink()
+            stream = ChangeStream(sink, Catalog(), 0, lambda s, t: True,
+                                  lambda rel: read_table_info(cur, rel), None)
+            for payload in payloads:
+                stream.feed_payload(payload)
+    finally:
+        conn.close()
+    slot = [(e[3], e[4], e[5]) for e in sink.events()]
+    assert len(slot) == ROWS
+
+    source = parse_logical_source(db.server.url(DB) + f"?tables=public.{table}"
+                                  f"&slot={slot_name}&publication={publication}")
+    dump = LogicalDumpSource(source, FetcherContext("pg", 0, Catalog()), db.connect)
+    try:
+        with dump._cursor() as cur:
+            codec, _, _ = dump._table(cur, f"public.{table}")
+        assert (codec.plan is not None) == (table == "t_fast")
+        dumped: list[tuple[Any, bytes, int]] = []
+        after = None
+        while True:
+            chunk = dump.read_chunk(f"public.{table}", after, 3)
+            dumped += [(r.key, r.value, r.fingerprint) for r in chunk.rows]
+            if chunk.rows:
+                assert chunk.cursor == [str(chunk.rows[-1].key)]
+            after = chunk.cursor
+            if chunk.done:
+                break
+        by_key = dump.read_keys(f"public.{table}", [ROWS, 2, 1])
+    finally:
+        dump.close()
+    assert dumped == slot
+    assert [(r.key, r.value, r.fingerprint) for r in by_key.rows] == [
+        slot[0], slot[1], slot[ROWS - 1]]
