@@ -6,6 +6,7 @@ events, and a dump while a writer runs that a consumer applies into the source's
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -94,7 +95,7 @@ def test_chunks_cover_every_row_once_in_key_order(tmp_path: Path) -> None:
         assert len(points) == 3 and points == sorted(points)
         bounds: list[Any] = [None, *points, None]
         ranged: list[Any] = []
-        for lo, hi in zip(bounds, bounds[1:], strict=False):
+        for lo, hi in itertools.pairwise(bounds):
             after = lo
             while True:
                 chunk = source.read_chunk(name, after, 7, until=hi)
