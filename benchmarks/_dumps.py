@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _relay_proc import RelayProcess, cpu_seconds, machine_cpu
+from _relay_proc import RelayProcess, cpu_seconds, machine_cpu, tree_cpu_seconds
 
 TOKEN = "bench-admin-token"
 POLL_S = 0.05
@@ -50,7 +50,10 @@ class AdminRelay(RelayProcess):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:  # the fetcher reads the log: dumps can run
             fetcher = self.buffer_status().get("fetcher") or {}
-            if fetcher.get("state") == "running" and fetcher.get("source_scn") is not None:
+            # (a PostgreSQL logical fetcher with nothing to read yet has no source_scn,
+            # but a read_through time once it streams)
+            if fetcher.get("state") == "running" and (
+                    fetcher.get("source_scn") is not None or fetcher.get("read_through")):
                 return
             time.sleep(0.05)
         raise TimeoutError(f"the relay's fetcher did not start: {self.buffer_status()}")
@@ -112,11 +115,13 @@ class DumpRun:
 
 
 def run_dump(relay: AdminRelay, source: str, chunk_rows: int, db_pid: int | None,
-             parallelism: int | None = None) -> DumpRun:
+             parallelism: int | None = None, *, db_tree: bool = False) -> DumpRun:
     """One dump of ``source`` on a started relay, timed from the POST until ``GET
-    /v1/dumps`` shows it finished; raises unless it is ``done``."""
+    /v1/dumps`` shows it finished; raises unless it is ``done``. ``db_tree``: the
+    database's CPU is that of ``db_pid`` and its children (PostgreSQL's backends)."""
+    db_cpu_of = tree_cpu_seconds if db_tree else cpu_seconds
     cpu0 = cpu_seconds(relay.pid)
-    db0 = cpu_seconds(db_pid) if db_pid else 0.0
+    db0 = db_cpu_of(db_pid) if db_pid else 0.0
     busy0, steal0, tot0 = machine_cpu()
     t0 = time.perf_counter()
     dump_id = relay.start_dump(source, chunk_rows, parallelism=parallelism)
@@ -127,7 +132,7 @@ def run_dump(relay: AdminRelay, source: str, chunk_rows: int, db_pid: int | None
             break
         time.sleep(POLL_S)
     relay_cpu = cpu_seconds(relay.pid) - cpu0
-    db_cpu = (cpu_seconds(db_pid) - db0) if db_pid else float("nan")
+    db_cpu = (db_cpu_of(db_pid) - db0) if db_pid else float("nan")
     busy1, steal1, tot1 = machine_cpu()
     if doc["state"] != "done":
         raise RuntimeError(f"dump {doc['state']}: {doc.get('error')} {doc['tables']}")
@@ -141,12 +146,13 @@ def run_dump(relay: AdminRelay, source: str, chunk_rows: int, db_pid: int | None
         steal=(steal1 - steal0) / wall, parallelism=parallelism)
 
 
-def dump_line(d: DumpRun, ref_rate: float | None = None, db: str = "mariadb") -> str:
+def dump_line(d: DumpRun, ref_rate: float | None = None, db: str = "mariadb",
+              ref_name: str = "raw scan") -> str:
     par = "" if d.parallelism is None else f" parallelism={d.parallelism}"
     out = (f"dump chunk_rows={d.chunk_rows:6d}{par}: {d.rows:,} rows in {d.chunks} chunks, "
            f"{d.seconds:7.2f} s (relay's own {d.relay_seconds:.2f} s), {d.rate:9,.0f} rows/s")
     if ref_rate is not None:
-        out += f", ratio to raw scan {d.rate / ref_rate:.3f}"
+        out += f", ratio to {ref_name} {d.rate / ref_rate:.3f}"
     return out + (f"  |  cpu: relay {d.relay_cpu / d.seconds:.2f}, {db} "
                   f"{d.db_cpu / d.seconds:.2f}, machine {d.machine_busy:.2f}, "
                   f"steal {d.steal:.2f} cores")
