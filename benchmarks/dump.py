@@ -1,11 +1,13 @@
-"""Dumps (issue 13, DBLog watermarks, DESIGN 8.1) of a MariaDB table through a real
-relay: the dump rate as a ratio of a raw ``SELECT`` of the same table in the same run,
-what a running dump costs a writer of that table, and how the time of a dump scales
-with ``chunk_rows``.
+"""Dumps (issue 13, DBLog watermarks, DESIGN 8.1; issue 29) of a MariaDB table through a
+real relay: the dump rate as a ratio of a raw ``SELECT`` of the same table and of
+``mydumper`` in the same run, what a running dump costs a writer of that table, and how
+the time of a dump scales with ``chunk_rows`` and with ``parallelism``.
 
     .venv/bin/python benchmarks/dump.py [--quick] [--rows 1000000] [--repeat 2]
         [--chunk-rows 500,1000,2000,5000,10000,20000] [--default-chunk 10000]
-        [--writer-seconds 15] [--writer-rates 0,1000] [--no-writer] [--buffer-pool-mb 512]
+        [--writer-seconds 15] [--writer-rates 0,300,1000] [--no-writer]
+        [--buffer-pool-mb 512] [--mydumper-threads 1,2] [--mydumper-rows 100000]
+        [--parallelism 1,2,4] [--parallelism-plot benchmarks/dump_parallelism.png]
         [--plot benchmarks/dump_chunk_rows.png] [--profile]
 
 Setup: a throwaway MariaDB started as the test fixture starts it (ROW binlog, FULL row
@@ -36,31 +38,40 @@ Figures:
    dump's own read without the dump: keyset pages of the same ``chunk_rows``
    (``WHERE id > last ORDER BY id LIMIT C``, buffered cursor, ``fetchall``). Each is
    the best of ``--repeat`` runs, the reference and the dump alternating, at
-   ``--default-chunk`` (the relay's default, 10,000). Goal >= 0.5.
-2. **Writer throughput during a dump / without** (goal >= 0.9) and
-3. **writer p99 commit latency during a dump / without** (goal <= 2). A writer
-   *process* (one pymysql connection) runs small transactions on ``bench.items``, a
-   random key each: 50 % ``UPDATE`` of one row, 25 % ``DELETE`` of one row, 25 %
-   ``INSERT ... ON DUPLICATE KEY UPDATE`` of a key an earlier delete removed (so the
-   table keeps its size), each its own transaction (statement, ``COMMIT``). Two writers,
-   ``--writer-rates``: 0 = as fast as it can (closed loop: one transaction after the
-   other; this is the throughput figure), and a fixed offered rate of 1,000
-   transactions/s (open loop: each transaction has a scheduled start and its latency is
-   counted from it, so a writer held up is charged for the transactions it could not
-   start; its throughput is 1.0 unless it falls behind: this is the latency figure, the
-   one that says whether writers are ever held up). Per writer, four periods of
-   ``--writer-seconds`` (after one second of warm-up each): without a dump, with a dump,
-   without again, and a control, with a plain reader instead of the dump; "without" is
-   the two periods without a dump pooled (drift on a shared machine cancels out). During
-   the "with" period a dump of ``bench.items`` at ``--default-chunk`` runs all the time:
-   started before the period and, if it ends, started again at once (cancelled after
-   it). The control is a second process reading the table in keyset pages of the same
-   size over and over (``raw_pages``: a dump without watermarks and without a relay):
-   what any reader of the table costs the writer on this machine. The relay runs in
-   every period, its fetcher carrying the writer's changes. Printed per period: CPU of
-   the relay, MariaDB, the writer (and the reader) and everything else, in cores (this
-   is a 2-core machine that also runs the source, so a dump competes with the writer for
-   CPU even though it takes no lock); the increase of the server's lock wait counters
+   ``--default-chunk`` (the relay's default, 10,000). Goal >= 0.5 (issue 13), >= 1.0
+   (issue 29). The outside reference (issue 29), in the same alternation:
+   ``mydumper --threads N`` (``--mydumper-threads``, default 1 and 2; the Debian package,
+   ``make bench-deps``) of ``bench.items`` over TCP as the same user, ``--no-schemas
+   --trx-consistency-only``, no compression, ``--rows`` ``--mydumper-rows`` (100,000: the
+   table in chunks its threads share; without it one thread dumps a table), into a temp
+   dir (under ``--relay-dir`` if given) removed afterwards, timed as a process from
+   start to exit. Figure: dump rows/s / mydumper ``--threads 2`` rows/s (stretch goal
+   >= 0.25); ``--threads 1`` beside it.
+2. **Writer throughput during a dump / without** (goal >= 0.9) and 3. **writer p95
+   (issue 29, at 300 txn/s) and p99 (issue 13) commit latency during a dump / without**
+   (goal <= 2). A writer *process* (one pymysql connection) runs small transactions on
+   ``bench.items``, a random key each: 50 % ``UPDATE`` of one row, 25 % ``DELETE`` of
+   one row, 25 % ``INSERT ... ON DUPLICATE KEY UPDATE`` of a key an earlier delete
+   removed (so the table keeps its size), each its own transaction (statement,
+   ``COMMIT``). Three writers, ``--writer-rates``: 0 = as fast as it can (closed loop:
+   one transaction after the other; this is the throughput figure), and fixed offered
+   rates of 300 (issue 29's figure) and 1,000 transactions/s (open loop: each
+   transaction has a scheduled start and its latency is counted from it, so a writer
+   held up is charged for the transactions it could not start; its throughput is 1.0
+   unless it falls behind: these are the latency figures, which say whether writers are
+   ever held up). Per writer, four periods of ``--writer-seconds`` (after one second of
+   warm-up each): without a dump, with a dump, without again, and a control, with a
+   plain reader instead of the dump; "without" is the two periods without a dump pooled
+   (drift on a shared machine cancels out). During the "with" period a dump of
+   ``bench.items`` at ``--default-chunk`` runs all the time: started before the period
+   and, if it ends, started again at once (cancelled after it). The control is a second
+   process reading the table in keyset pages of the same size over and over
+   (``raw_pages``: a dump without watermarks and without a relay): what any reader of
+   the table costs the writer on this machine. The relay runs in every period, its
+   fetcher carrying the writer's changes. Printed per period: CPU of the relay, MariaDB,
+   the writer (and the reader) and everything else, in cores (this is a 2-core machine
+   that also runs the source, so a dump competes with the writer for CPU even though it
+   takes no lock); the increase of the server's lock wait counters
    (``Innodb_row_lock_waits``, ``Innodb_row_lock_time``, ``Table_locks_waited``): a
    writer that waited for a lock shows there; the fetcher's lag when the writer stopped
    and how long the relay took to hold everything the writer wrote.
@@ -71,14 +82,22 @@ Figures:
    query, state file and buffer flush) and a cost per row. Plot (matplotlib, optional:
    ``make bench-deps``): ``--plot``, default ``benchmarks/dump_chunk_rows.png``.
 
+5. **Time to dump ``--rows`` rows by parallelism** (issue 29; ``--parallelism``, e.g.
+   1,2,4; none by default): one dump each at ``--default-chunk`` on a fresh relay, with
+   ``"parallelism": P`` in the POST body. The field is sent only when this option is
+   given: a relay before issue 29 answers 400 to it, and the series is then reported as
+   "not supported" (the rest of the run goes on). Plot: ``--parallelism-plot``, default
+   ``benchmarks/dump_parallelism.png``, with the raw ``SELECT`` and mydumper as lines.
+
 Every dump is checked: state ``done``, rows dumped = rows in the table (no writer).
 
 ``--profile`` adds one more dump at ``--default-chunk`` with py-spy sampling the relay
 and prints its top frames per thread (dump worker, fetcher, HTTP).
 
-Time: about 5.5 minutes with the defaults (the 1M-row load ~2 s, a 1M-row dump 15-25 s,
-the writer phase ~2.5 minutes); ``--quick``: 50,000 rows, chunk sizes 500,2000,10000,
-5 s writer periods, one repeat, about a minute.
+Time: about 7 minutes with the defaults on the relay before issue 29 (the 1M-row load
+~2 s, a 1M-row dump 15-25 s, mydumper under a second, the writer phase ~3.5 minutes),
+plus one dump per ``--parallelism`` value; ``--quick``: 50,000 rows, chunk sizes
+500,2000,10000, 5 s writer periods, one repeat, about two minutes.
 """
 
 from __future__ import annotations
