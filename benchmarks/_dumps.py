@@ -136,11 +136,12 @@ def run_dump(relay: AdminRelay, source: str, chunk_rows: int, db_pid: int | None
     busy1, steal1, tot1 = machine_cpu()
     if doc["state"] != "done":
         raise RuntimeError(f"dump {doc['state']}: {doc.get('error')} {doc['tables']}")
-    table = doc["tables"][0]
+    tables = doc["tables"]  # one source; summed in case a relay lists a table's ranges
     wall = max(tot1 - tot0, 1e-9) / (os.cpu_count() or 1)
     return DumpRun(
-        chunk_rows=chunk_rows, rows=int(table["rows"]), chunks=int(table["chunks"]),
-        overtaken=int(table["overtaken"]), seconds=seconds,
+        chunk_rows=chunk_rows, rows=sum(int(t["rows"]) for t in tables),
+        chunks=sum(int(t.get("chunks") or 0) for t in tables),
+        overtaken=sum(int(t.get("overtaken") or 0) for t in tables), seconds=seconds,
         relay_seconds=float(doc["finished_at"]) - float(doc["created_at"]),
         relay_cpu=relay_cpu, db_cpu=db_cpu, machine_busy=(busy1 - busy0) / wall,
         steal=(steal1 - steal0) / wall, parallelism=parallelism)
