@@ -86,11 +86,14 @@ typecheck: venv
 	@for p in $(SUBPACKAGES); do ln -s "../../$$p" ".typecheck/databus/$$p"; done
 	$(BIN)/mypy -p databus
 
-# The benchmarks' optional extras (matplotlib for the plots).
+# The benchmarks' optional extras (matplotlib for the plots; redis-server for the Redis
+# peer; mydumper, the reference of benchmarks/dump.py).
+# The Debian packages are checked on every run (cheap), so that a venv installed before
+# one was added to the list still gets it.
 bench-deps: $(BIN)/.bench-installed
+	@$(MAKE) --no-print-directory apt PACKAGES="redis-server mydumper"
 
 $(BIN)/.bench-installed: $(BIN)/.installed
-	@$(MAKE) --no-print-directory apt PACKAGES="redis-server"
 	$(BIN)/pip install -q -e '.[dev,spark,fast,bench]'
 	touch $@
 
