@@ -83,8 +83,8 @@ class Gate:
     Off (the operator chose ``parallelism``): nothing. On (the default): while the log
     has carried a write within the last second, the dump gives way: one chunk of at
     most ``ROWS`` rows at a time, read and landed whole (no reader ahead), then a pause
-    as long as it took, so that the dump keeps the source and the relay busy at most
-    half the time, never two cores at once, in bursts of a few milliseconds; on a source
+    ``PAUSE`` times as long as it took, so that the dump keeps the source and the relay
+    busy a quarter of the time at most, in bursts of a few milliseconds; on a source
     without writes every reader goes, one chunk ahead.
     """
 
@@ -92,6 +92,8 @@ class Gate:
     # Rows of a chunk while giving way: short bursts (a writer's transaction that meets
     # one waits for a few milliseconds at most), each followed by its pause.
     ROWS = 1_000
+    # The pause after a turn, in turns' lengths: the dump works a quarter of the time.
+    PAUSE = 3.0
 
     def __init__(self, on: bool, log_events: Callable[[], int], stop: threading.Event
                  ) -> None:
@@ -121,7 +123,7 @@ class Gate:
             started = time.monotonic()
             yield True
             self.turns_given_way += 1
-            self._stop.wait(time.monotonic() - started)
+            self._stop.wait(self.PAUSE * (time.monotonic() - started))
 
 
 @dataclass
