@@ -247,7 +247,8 @@ def read_range(worker: _Worker, dump: Dump, table: TableProgress, key_range: Key
     limit = dump.chunk_rows
     after = key_range.after
     index = table.key_index  # listed keys: how many are read
-    pending: tuple[Chunk, DumpChunk, int] | None = None
+    # Chunks whose high watermark is written, oldest first (at most two: one chunk ahead).
+    inflight: list[tuple[Chunk, DumpChunk, int]] = []
     try:
         while True:
             with manager._lock:
@@ -265,28 +266,38 @@ def read_range(worker: _Worker, dump: Dump, table: TableProgress, key_range: Key
                                          "reading %d rows at a time", dump.id, table.source,
                                          worker.port.buffer, limit, kind=dump.id)
                     continue
-                if pending is not None:
-                    land(worker, dump, table, key_range, *pending)
                 index = min(len(dump.keys), index + size) if dump.keys is not None else 0
-                pending = (chunk, result, index)
+                inflight.append((chunk, result, index))
                 if result.cursor is not None:
                     after = result.cursor
-                if result.done or giving_way:
-                    landing, pending = pending, None
-                    land(worker, dump, table, key_range, *landing)
+                # Land the chunk before this one; this one too when the range is done
+                # or the dump gives way (no reader ahead).
+                keep = 0 if result.done or giving_way else 1
+                while len(inflight) > keep:
+                    land(worker, dump, table, key_range, *inflight[0])
+                    inflight.pop(0)
                 if result.done:
                     return
             if dump.delay_ms and manager._stop.wait(dump.delay_ms / 1000):
                 raise Stopped
     except BaseException:
-        if pending is not None:
-            chunk = pending[0]
-            worker.port.sink.withdraw(chunk)  # waits for rows being written
-            if chunk.phase == "emitted":
-                # Its rows landed as the reader gave up on it: they are in the buffer,
-                # so it counts (a resumed dump must not read it again).
-                record(worker, dump, table, key_range, *pending)
+        give_up(worker, dump, table, key_range, inflight)
         raise
+
+
+def give_up(worker: _Worker, dump: Dump, table: TableProgress, key_range: KeyRange,
+            inflight: list[tuple[Chunk, DumpChunk, int]]) -> None:
+    """Withdraw a reader's chunks in flight (waiting for rows being written), newest
+    first, then record those that landed meanwhile, in order. Chunks land in the order
+    of their high watermarks, so withdrawing the newest first leaves the landed ones a
+    prefix: a recorded cursor never passes rows that are not in the buffer."""
+    sink = worker.port.sink
+    for chunk, _, _ in reversed(inflight):
+        sink.withdraw(chunk)
+    for chunk, result, index in inflight:
+        if chunk.phase != "emitted":
+            break
+        record(worker, dump, table, key_range, chunk, result, index)
 
 
 def write_chunk(worker: _Worker, dump: Dump, source: DumpSource, run: TableRun,
