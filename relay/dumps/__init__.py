@@ -3,7 +3,9 @@ and interleaved with the change stream through watermarks.
 
 - ``_sink``: the watermark step between a fetcher and its buffer (pure, no I/O);
 - ``_engine``: the dump manager (requests, control, the state file's lock);
-- ``_worker``: one worker per buffer (its thread and source connection, the chunk loop);
+- ``_worker``: one worker per buffer (its thread, its dumps one after another);
+- ``_readers``: a dump's chunk readers over key ranges, each one chunk ahead, and the
+  gate that makes a default dump give way to the source's writers;
 - ``_state``: dump records and the ``dumps.json`` file that makes them resumable;
 - ``_admin_client``: ``RelayAdmin``, a blocking client of a relay's dump endpoints.
 """
