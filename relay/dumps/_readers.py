@@ -173,8 +173,8 @@ class DumpRun:
 def reader_loop(worker: _Worker, dump: Dump, run: DumpRun,
                 source: Callable[[], DumpSource], close: Callable[[], None]) -> None:
     """One reader: ranges from ``run`` until none is left or the run ends. Retriable
-    errors retry the range after a backoff (0.5 s doubling to 30 s, reset by a chunk
-    that landed), on a new connection."""
+    errors retry the range after a backoff (0.5 s doubling to 30 s, reset when a range
+    is read to its end), on a new connection."""
     manager = worker.manager
     backoff = 0.5
     while True:
@@ -406,7 +406,6 @@ class ReaderSlot:
 
     open_source: Callable[[], DumpSource]
     current: DumpSource | None = None
-    opened_at: float = field(default_factory=time.monotonic)
 
     def source(self) -> DumpSource:
         if self.current is None:

@@ -80,12 +80,11 @@ class _Worker:
     def __init__(self, manager: DumpManager, port: DumpPort) -> None:
         self.manager = manager
         self.port = port
-        self.source: DumpSource | None = None
         self._run_started: float | None = None
         self._current: Dump | None = None
         self._ends_retry_at = 0.0
         self._ends_backoff = 0.5
-        self._slots: dict[int, ReaderSlot] = {}  # readers 2..P: their connections
+        self._slots: dict[int, ReaderSlot] = {}  # each reader's connection (0: this thread)
         self.thread = threading.Thread(target=self.loop, name=f"databus-dump-{port.buffer}",
                                        daemon=True)
 
@@ -96,12 +95,8 @@ class _Worker:
         return 0.0
 
     def close_source(self) -> None:
-        source, self.source = self.source, None
-        if source is not None:
-            try:
-                source.close()
-            except Exception as exc:
-                log.debug("closing a dump source: %s", exc)
+        """Close this thread's own connection (reopened on next use)."""
+        self.reader_slot(0).close()
 
     def close_readers(self) -> None:
         for slot in self._slots.values():
@@ -109,7 +104,8 @@ class _Worker:
         self._slots.clear()
 
     def reader_slot(self, i: int) -> ReaderSlot:
-        """Reader ``i``'s (2..P) connection, kept for the next dumps."""
+        """Reader ``i``'s connection (0: this thread's own, for the first reader, the
+        watermarks of end markers and the checks), kept for the next dumps."""
         slot = self._slots.get(i)
         if slot is None:
             slot = self._slots[i] = ReaderSlot(self._open_source)
@@ -125,9 +121,7 @@ class _Worker:
         return source
 
     def _source(self) -> DumpSource:
-        if self.source is None:
-            self.source = self._open_source()
-        return self.source
+        return self.reader_slot(0).source()
 
     def loop(self) -> None:
         manager = self.manager
@@ -146,7 +140,6 @@ class _Worker:
                     continue
                 self.run(dump)
         finally:
-            self.close_source()
             self.close_readers()
 
     def _write_owed_ends(self, dumps: list[Dump]) -> None:
