@@ -567,6 +567,26 @@ cdef Py_ssize_t put_value(uint8_t *out, const uint8_t *s, Py_ssize_t n, uint8_t 
     return -1
 
 
+cdef inline Py_ssize_t put_field(uint8_t *at, const uint8_t *value, Py_ssize_t n,
+                                 uint8_t code, Prepared p, int column,
+                                 int64_t *as_int) except -2:
+    """One non-NULL column of a row: its union branch (a nullable column's 1, a union's
+    number branch 0) and its value: the bytes written, or -1 to decline. The pgoutput
+    and the COPY paths both write a column with it."""
+    cdef Py_ssize_t head = 0, written
+    if code & F_NULLABLE:
+        at[0] = 2
+        head = 1
+    elif code & F_UNION:
+        at[0] = 0
+        head = 1
+    as_int[0] = 0
+    written = put_value(at + head, value, n, code & CODE_MASK, p, column, as_int)
+    if written < 0:
+        return -1
+    return head + written
+
+
 def transcode_change(payload, plan):
     """``(key, avro body)`` of an Insert, or an Update without an old tuple, of the
     plan's table; None to leave the message to the general path."""
@@ -623,14 +643,7 @@ def transcode_change(payload, plan):
             if length < 0 or length > size - pos:
                 return None
             n = length
-            if code & F_NULLABLE:
-                at[0] = 2
-                at += 1
-            elif code & F_UNION:
-                at[0] = 0
-                at += 1
-            as_int = 0
-            written = put_value(at, data + pos, n, code & CODE_MASK, p, column, &as_int)
+            written = put_field(at, data + pos, n, code, p, column, &as_int)
             if written < 0:
                 return None
             at += written
@@ -804,14 +817,7 @@ cdef Py_ssize_t encode_line(Prepared p, const uint8_t *line, Py_ssize_t n,
             scratch += m
         else:
             value = line + i
-        if code & F_NULLABLE:
-            at[0] = 2
-            at += 1
-        elif code & F_UNION:
-            at[0] = 0
-            at += 1
-        as_int = 0
-        written = put_value(at, value, m, code & CODE_MASK, p, column, &as_int)
+        written = put_field(at, value, m, code, p, column, &as_int)
         if written < 0:
             return -1
         at += written
