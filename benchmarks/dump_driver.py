@@ -70,8 +70,7 @@ def read_all(select: Select, layout: TableLayout, limit: int,
         total += len(rows)
         if len(rows) < limit:
             return total
-        typers = typed.typers or _rows.typers_for([None] * (len(rows[-1])))
-        after = [typers[n + i](v) for i, v in enumerate(rows[-1][n:])]
+        after = typed.typed(rows[-1][n:], n)
 
 
 def pymysql_select(server: MariaDBServer) -> Select:

@@ -30,7 +30,7 @@ from databus.errors import DatabusError, DumpSetupError, SourceError
 from databus.fetchers._api import DumpChunk, FetcherContext
 from databus.fetchers._cursor import cursor_from_json, cursor_to_json
 from databus.fetchers.mysql import _dump_driver
-from databus.fetchers.mysql._rows import encode_rows, make_rows, row_plan, typers_for
+from databus.fetchers.mysql._rows import encode_rows, make_rows, row_plan
 from databus.fetchers.mysql._select import (
     TableLayout,
     UnmappableTableError,
@@ -236,11 +236,7 @@ class MysqlDumpSource:
         cursor = None
         if rows:
             n = len(layout.columns)
-            last = rows[-1]
-            typers = typers_for(types[n:]) if types is not None else None
-            cursor = cursor_to_json([
-                v if typers is None or v is None else typers[i](v)
-                for i, v in enumerate(last[n:])])
+            cursor = cursor_to_json(plan.typed(rows[-1][n:], n))
         return DumpChunk(source, source_id, out, cursor, done)
 
     def read_chunk(self, source: str, after: list[Any] | None, limit: int, *,

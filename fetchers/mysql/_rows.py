@@ -117,11 +117,16 @@ class RowPlan:
 
     def with_types(self, type_codes: Sequence[int | None]) -> RowPlan:
         """This plan for a result whose columns have these field types."""
-        typers = typers_for(type_codes)
-        if typers == self.typers:
-            return self
-        return RowPlan(self.layout, self.converts, self.writers, self.key_of, typers,
-                       self.native)
+        return RowPlan(self.layout, self.converts, self.writers, self.key_of,
+                       typers_for(type_codes), self.native)
+
+    def typed(self, values: Sequence[Any], start: int = 0) -> list[Any]:
+        """``values`` (the result's columns from ``start`` on) as pymysql would have
+        returned them: as they are when the rows were typed already (no field types)."""
+        typers = self.typers
+        if not typers:
+            return list(values)
+        return [None if v is None else typers[start + i](v) for i, v in enumerate(values)]
 
 
 def row_plan(layout: TableLayout) -> RowPlan:
@@ -191,12 +196,10 @@ def make_rows(keys: list[Any], values: list[bytes], fingerprint: int) -> list[Du
 def _key_reference(row: tuple[Any, ...], plan: RowPlan, value: bytes) -> Any:
     """The key of a row whose body the compiled twin wrote: the key columns' values
     converted by the reference (the others are not needed)."""
-    shape = plan.layout.shape
     native: list[Any] = [None] * len(plan.converts)
-    for i in shape.primary_key:
-        raw = row[i]
-        typed = plan.typers[i] if plan.typers else _same
-        native[i] = None if raw is None else plan.converts[i](typed(raw))
+    for i in plan.layout.shape.primary_key:
+        (typed,) = plan.typed(row[i:i + 1], i)
+        native[i] = None if typed is None else plan.converts[i](typed)
     return plan.key_of(native, value)
 
 

@@ -16,9 +16,6 @@ if TYPE_CHECKING:
 IMPLEMENTATION = "python"
 
 
-def _same(value: Any) -> Any:
-    return value
-
 
 def encode_rows(rows: list[tuple[Any, ...]], plan: RowPlan) -> tuple[list[Any], list[bytes]]:
     """(keys, values) of ``rows``, one each per row."""
@@ -34,9 +31,9 @@ def encode_rows(rows: list[tuple[Any, ...]], plan: RowPlan) -> tuple[list[Any], 
 def encode_row_reference(row: tuple[Any, ...], plan: RowPlan) -> tuple[Any, bytes]:
     """One row: its values typed as pymysql types them, converted to the fetcher's
     Avro-native values, encoded and keyed."""
-    typers = plan.typers or (_same,) * len(plan.converts)
-    native = [None if v is None else convert(typed(v))
-              for convert, typed, v in zip(plan.converts, typers, row, strict=False)]
+    converts = plan.converts
+    native = [None if v is None else convert(v)
+              for convert, v in zip(converts, plan.typed(row[:len(converts)]), strict=False)]
     value = encode_row(plan.writers, native)
     return plan.key_of(native, value), value
 
