@@ -174,8 +174,9 @@ class ApplyConsumer(Consumer):
     def on_data_event(self, event: DataEvent) -> CallbackResult:
         with self._lock:
             try:
-                self.folder.event(event.source, delete=event.is_delete, key=event.key,
-                                  value=event.value, scn=event.scn)
+                # The key alone now; the value of the events that survive the fold
+                # is decoded and converted when the batch is applied (_fold.py).
+                self.folder.add(event)
             except DatabusError as exc:
                 self.fatal = exc
                 return CallbackResult.ERROR_FATAL
@@ -215,9 +216,14 @@ class ApplyConsumer(Consumer):
         the replicator must stop (``fatal`` says why)."""
         if self.fatal is not None:
             return False
-        batch = self.folder.batch
-        if batch.windows == 0:
+        if self.folder.batch.windows == 0:
             return True
+        try:
+            batch = self.folder.materialize()
+        except DatabusError as exc:
+            self.fatal = exc
+            log.error("replication %s stopped: %s", self.config.name, exc)
+            return False
         batch.checkpoint = self._position(batch).dumps()
         delay = self.config.retry_initial_s
         while True:

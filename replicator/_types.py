@@ -54,6 +54,7 @@ __all__ = [
     "UnmappableTypeError",
     "column_type",
     "converter",
+    "is_identity",
     "nullable",
     "unmappable",
 ]
@@ -230,10 +231,19 @@ def _identity(value: Any) -> Any:
     return value
 
 
+def is_identity(conv: Converter) -> bool:
+    """Whether ``conv`` (from ``converter``) gives every value back as it is."""
+    return conv is _identity
+
+
 def _none_passes(convert: Converter) -> Converter:
+    if convert is _identity:
+        return _identity  # None passes through it already
     def conv(value: Any) -> Any:
         return None if value is None else convert(value)
 
+    # The fold calls ``convert`` itself after its own None test (one call, not two).
+    conv.__wrapped__ = convert  # type: ignore[attr-defined]
     return conv
 
 

@@ -7,7 +7,9 @@ a ``timestamp`` column never depends on the server's zone.
 
 Upserts of a table: a temporary staging table with the replicated columns of the
 target table (their exact types: ``CREATE TEMP TABLE ... AS SELECT ... WITH NO DATA``),
-loaded with text ``COPY``, then merged with ``INSERT ... SELECT ... ON CONFLICT (key)
+loaded with ``COPY`` (binary format, ``_pgcopy.py``: encoders chosen by the staging
+table's column types; text format when a column type or a value has no binary
+encoder), then merged with ``INSERT ... SELECT ... ON CONFLICT (key)
 DO UPDATE``. A staging table lives as long as the session (``ON COMMIT DELETE ROWS``
 empties it) rather than one per batch: creating and dropping tables at every batch
 churns the system catalogs. It is made again after a rollback (which may have undone
@@ -41,6 +43,7 @@ from databus._redact import split_password
 from databus.errors import ConfigError
 from databus.replicator._model import Dialect
 from databus.replicator.targets._base import SqlTarget, TableWork
+from databus.replicator.targets._pgcopy import Encoders, binary_encoders, copy_binary
 from databus.replicator.targets._sql import SqlDialect, dialect_sql
 
 __all__ = ["PostgresTarget", "copy_text"]
@@ -136,8 +139,9 @@ class PostgresTarget(SqlTarget):
         self.default_schema = query.pop("schema", "public") or "public"
         self._dsn = urlunsplit(parts._replace(query=urlencode(query)))
         self._connect_timeout = max(1, round(connect_timeout))
-        # source name -> (staging table, what it was made for: target and columns).
-        self._staging: dict[str, tuple[str, tuple[Any, ...]]] = {}
+        # source name -> (staging table, what it was made for: target and columns,
+        # the binary COPY encoders of its columns or None: text format).
+        self._staging: dict[str, tuple[str, tuple[Any, ...], Encoders | None]] = {}
         self._stage_ids: dict[str, int] = {}
 
     def _connect(self) -> Any:
@@ -216,14 +220,15 @@ class PostgresTarget(SqlTarget):
 
     # -- rows --------------------------------------------------------------------------------
 
-    def _stage(self, cur: Any, work: TableWork) -> str:
+    def _stage(self, cur: Any, work: TableWork) -> tuple[str, Encoders | None]:
         """The staging table of ``work``'s source (unquoted name, in pg_temp), made
-        now if there is none for this target table and these columns."""
+        now if there is none for this target table and these columns, and the binary
+        COPY encoders of its columns (None: a type without one, text format)."""
         t = work.table
         made_for = (work.qname, tuple((c.target, c.target_type) for c in t.columns))
         known = self._staging.get(work.source)
         if known is not None and known[1] == made_for:
-            return known[0]
+            return known[0], known[2]
         # One per source, not per target table: two sources into one table each stage
         # their own rows.
         name = f"databus_stage_{self._stage_ids.setdefault(work.source, len(self._stage_ids))}"
@@ -231,20 +236,39 @@ class PostgresTarget(SqlTarget):
         cur.execute(f"DROP TABLE IF EXISTS pg_temp.{name}", ())
         cur.execute(f"CREATE TEMP TABLE {name} ON COMMIT DELETE ROWS AS "
                     f"SELECT {cols} FROM {work.qname} WITH NO DATA", ())
-        self._staging[work.source] = (name, made_for)
-        return name
+        # Its columns' own types (those of the target table: binary input must match).
+        cur.execute("SELECT t.typname FROM pg_attribute a JOIN pg_type t"
+                    " ON t.oid = a.atttypid WHERE a.attrelid = %s::regclass"
+                    " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                    (f"pg_temp.{name}",))
+        encoders = binary_encoders([str(typname) for (typname,) in cur.fetchall()])
+        self._staging[work.source] = (name, made_for, encoders)
+        return name, encoders
+
+    def _copy_rows(self, cur: Any, table: str, names: list[str],
+                   rows: list[tuple[Any, ...]], encoders: Encoders | None) -> bool:
+        """COPY ``rows`` into ``table`` (quoted): binary when every value has an
+        encoder, else text; False when neither format can carry them (the caller
+        inserts them with the driver's adaptation)."""
+        columns = self.sql.columns(names, raw=True)
+        data = copy_binary(rows, encoders) if encoders is not None else None
+        if data is not None:
+            cur.copy_expert(f"COPY {table} ({columns}) FROM STDIN (FORMAT binary)",
+                            io.BytesIO(data), size=1 << 18)
+            return True
+        text = copy_text(rows)
+        if text is None:
+            return False
+        cur.copy_expert(f"COPY {table} ({columns}) FROM STDIN",
+                        io.BytesIO(text.encode("utf-8")), size=1 << 18)
+        return True
 
     def _upsert(self, cur: Any, work: TableWork) -> None:
         t = work.table
         names = [c.target for c in t.columns]
         rows = [c.row for c in work.upserts if c.row is not None]
-        stage = self._stage(cur, work)
-        text = copy_text(rows)
-        if text is not None:
-            cur.copy_expert(
-                f"COPY pg_temp.{stage} ({self.sql.columns(names, raw=True)}) FROM STDIN",
-                io.BytesIO(text.encode("utf-8")), size=1 << 18)
-        else:
+        stage, encoders = self._stage(cur, work)
+        if not self._copy_rows(cur, f"pg_temp.{stage}", names, rows, encoders):
             psycopg2.extras.execute_values(
                 cur, f"INSERT INTO pg_temp.{stage} ({self.sql.columns(names)}) VALUES %s",
                 rows, page_size=1000)

@@ -182,3 +182,137 @@ def test_relays_or_a_relay_cluster_not_both() -> None:
     with pytest.raises(ConfigError, match="host:port"):
         ReplicateConfig(name="r", target="sqlite:///x.db", tables=tables,
                         zookeeper="zk;2181", cluster="shop")
+
+
+# -- fold before decode (issue 30): values of superseded events are never read -------
+
+
+class LazyEvent:
+    """A data event whose value counts its reads (the client decodes on first access)."""
+
+    reads = 0
+
+    def __init__(self, source: str, key: Any, value: dict[str, Any] | None, scn: int,
+                 delete: bool = False) -> None:
+        self.source, self.key, self._value, self.scn = source, key, value, scn
+        self.is_delete = delete
+
+    @property
+    def value(self) -> dict[str, Any] | None:
+        LazyEvent.reads += 1
+        return self._value
+
+
+def window(f: Folder, scn: int, *events: LazyEvent) -> None:
+    f.start_window()
+    for e in events:
+        f.add(e)
+    f.end_window(scn)
+
+
+def test_only_the_latest_event_of_a_key_is_decoded_and_converted() -> None:
+    converted: list[Any] = []
+
+    def conv(v: Any) -> Any:
+        converted.append(v)
+        return v
+
+    f = Folder({"shop.orders": TableFold(ORDERS, [conv, conv, conv])})
+    LazyEvent.reads = 0
+    for scn in range(1, 101):  # key 1 updated 100 times, key 2 once, in 100 windows
+        window(f, scn, LazyEvent("shop.orders", 1, {"id": 1, "amount": scn}, scn),
+               *([LazyEvent("shop.orders", 2, {"id": 2, "note": "x"}, scn)]
+                 if scn == 50 else []))
+    assert LazyEvent.reads == 0 and sorted(converted) == [1] * 100 + [2]  # keys only
+    assert f.pending_rows == 2
+    converted.clear()
+    batch = f.take()
+    assert LazyEvent.reads == 2 and f.decoded == 2
+    assert sorted([c for c in converted if c is not None], key=str) == [1, 100, 2, "x"]
+    changes = batch.changes["shop.orders"]
+    assert changes[(1,)].row == (1, 100, None) and changes[(1,)].scn == 100
+    assert changes[(2,)].row == (2, None, "x")
+    assert (batch.scn, batch.windows, batch.events, batch.rows) == (100, 100, 101, 2)
+
+
+def test_a_superseded_row_the_target_cannot_hold_does_not_stop_the_batch() -> None:
+    def refuse_nul(v: Any) -> Any:
+        if isinstance(v, str) and "\x00" in v:
+            raise ValueError("NUL")
+        return v
+
+    f = Folder({"shop.orders": TableFold(ORDERS, [lambda v: v, lambda v: v, refuse_nul])})
+    window(f, 1, LazyEvent("shop.orders", 1, {"id": 1, "note": "a\x00"}, 1))
+    window(f, 2, LazyEvent("shop.orders", 1, {"id": 1, "note": "b"}, 2))
+    assert f.take().changes["shop.orders"][(1,)].row == (1, None, "b")
+    # The survivor itself is still refused, naming its key and SCN.
+    window(f, 3, LazyEvent("shop.orders", 1, {"id": 1, "note": "c\x00"}, 3))
+    with pytest.raises(UnusableEventError, match=r"key 1 \(SCN 3\).*NUL"):
+        f.materialize()
+
+
+def test_rollback_deletes_and_keys_folded_on_event_keys() -> None:
+    two = table([("a", "INT", False), ("b", "INT", False), ("v", "TEXT", True)],
+                key=("a", "b"))
+    f = Folder({"shop.orders": fold(two)})
+    window(f, 1, LazyEvent("shop.orders", (1, 2), {"a": 1, "b": 2, "v": "x"}, 1),
+           LazyEvent("shop.orders", (3, 4), {"a": 3, "b": 4, "v": "y"}, 1))
+    f.start_window()
+    f.add(LazyEvent("shop.orders", (1, 2), {"a": 1, "b": 2, "v": "rolled back"}, 2))
+    f.rollback()
+    # A delete without its old row (key from the event), one with it (key from the row).
+    window(f, 3, LazyEvent("shop.orders", (3, 4), None, 3, delete=True),
+           LazyEvent("shop.orders", (5, 6), {"a": 5, "b": 6}, 3, delete=True),
+           LazyEvent("other.table", 9, {"id": 9}, 3))
+    batch = f.take()
+    changes = batch.changes["shop.orders"]
+    assert changes[(1, 2)].row == (1, 2, "x")
+    assert changes[(3, 4)].row is None and changes[(5, 6)].row is None
+    assert (batch.scn, batch.windows, batch.events, f.skipped) == (3, 2, 4, 1)
+
+
+def old_way(t: TableMap, events: list[LazyEvent]) -> dict[tuple[Any, ...], Any]:
+    """What the fold gave before issue 30: every event converted, folded on its row."""
+    tf = fold(t)
+    out: dict[tuple[Any, ...], Any] = {}
+    for e in events:
+        c = tf.change(delete=e.is_delete, key=e.key, value=e._value, scn=e.scn)
+        out[c.key] = (c.row, c.scn)
+    return out
+
+
+def test_event_keys_that_are_not_the_row_keys_fold_the_old_way() -> None:
+    # The table's key (email) is not the source's (id, in the event key): the same
+    # event key stands for two target keys; every event must count, as before.
+    by_email = table([("id", "BIGINT", False), ("email", "TEXT", False)], key=("email",))
+    events = [LazyEvent("shop.orders", 1, {"id": 1, "email": "a"}, 1),
+              LazyEvent("shop.orders", 1, {"id": 1, "email": "b"}, 2),
+              LazyEvent("shop.orders", 2, {"id": 2, "email": "a"}, 3)]
+    f = Folder({"shop.orders": fold(by_email)})
+    window(f, 1, events[0])
+    window(f, 2, events[1], events[2])
+    got = {k: (c.row, c.scn) for k, c in f.take().changes["shop.orders"].items()}
+    assert got == old_way(by_email, events)
+    assert got == {("a",): ((2, "a"), 3), ("b",): ((1, "b"), 2)}
+    assert not f.folds["shop.orders"].by_event_key  # and so for the rest of the run
+    window(f, 4, LazyEvent("shop.orders", 1, {"id": 1, "email": "c"}, 4))
+    assert list(f.take().changes["shop.orders"]) == [("c",)]
+
+
+def test_an_event_key_the_key_converter_refuses_folds_the_old_way_mid_window() -> None:
+    def strict_int(v: Any) -> Any:
+        if not isinstance(v, int):
+            raise TypeError("not an int")
+        return v
+
+    tf = TableFold(ORDERS, [strict_int, lambda v: v, lambda v: v])
+    f = Folder({"shop.orders": tf})
+    events = [LazyEvent("shop.orders", 1, {"id": 1, "note": "a"}, 1),
+              LazyEvent("shop.orders", 2, {"id": 2, "note": "b"}, 2),
+              LazyEvent("shop.orders", "odd", {"id": 2, "note": "c"}, 2),
+              LazyEvent("shop.orders", 1, {"id": 1, "note": "d"}, 2)]
+    window(f, 1, events[0])
+    window(f, 2, *events[1:])
+    got = {k: c.row for k, c in f.take().changes["shop.orders"].items()}
+    assert got == {(1,): (1, None, "d"), (2,): (2, None, "c")}
+    assert not tf.by_event_key
