@@ -4,7 +4,7 @@ transactions/s (issue 19, "Benchmarks").
     .venv/bin/python benchmarks/replicate.py [--quick] [--rows 200000] [--keys 20000]
         [--events-per-window 10] [--event-bytes 500] [--batch-rows 1000,5000,20000]
         [--repeat 2] [--lag-seconds 20] [--lag-batch-ms 500,100] [--skip-lag]
-        [--skip-throughput]
+        [--skip-throughput] [--skip-copy] [--copy-rows 1000000] [--copy-batch-rows 20000]
 
 Setup: a throwaway PostgreSQL 15 started as the test fixture starts it (``_pg.py``:
 fsync, synchronous_commit and full_page_writes off) and a ``databus relay`` child
@@ -24,8 +24,9 @@ latest-per-key folding within a batch: fewer than N, more than K).
 
 Reference, in the same run, between the replicator runs: the same N rows (id, seq,
 op_note, payload: decoded once from the relay with ``DatabusClient``) with psycopg2's
-``copy_expert`` (text format written by the target's own ``copy_text``), one COPY and
-one transaction, timed from the encoding to the commit, into a fresh table of the
+``copy_expert``, once in text format (written by the target's own ``copy_text``) and
+once in binary format (the target's ``copy_binary``, issue 30), the faster of the two
+being the reference; one COPY and one transaction, timed from the encoding to the commit, into a fresh table of the
 same columns and types as the replicator's (``CREATE TABLE ... (LIKE ...)``) with a
 non-unique btree index on ``id`` in place of the primary key (N rows over K keys
 cannot go under a unique key). Second reference, for context: the K rows of the final
@@ -40,6 +41,22 @@ fetcher stamps it with ``time.time_ns()`` as it generates it, in the relay proce
 this machine: one clock). Windows whose source time is within ``--lag-warmup`` seconds
 of the replicator's start are left out (its catch-up), then ``--lag-seconds`` of
 windows are measured: p50, p90, p99, max. One run per ``--lag-batch-ms`` setting.
+
+**Initial copy** (issue 30). A source database (``dump_pg.prepare``: ``public.items``,
+``--copy-rows`` rows of 8 columns: bigint key, integer, varchar(16), numeric(12,2),
+smallint, double precision, a varchar(100) NULL every third row, timestamp(6)) captured
+by the PostgreSQL logical fetcher of a ``databus relay`` child process with an admin
+token; the relay dumps the table into its buffer first (timed on its own, for context:
+``POST /v1/admin/dumps`` until done). Then a replicator starts on an empty target
+schema with no position, so it reads the buffer from its start: the dump's start
+marker, its rows, its end marker. Timed from the replicator's start (connect, schemas,
+CREATE TABLE included) to the commit of the batch that records the buffer's max SCN;
+the target table is then checked against the source (count and an aggregate of every
+column). Reference, same run: the same rows, read once from the source (``COPY (SELECT
+...) TO STDOUT``, text and binary), each loaded with one ``COPY ... FROM STDIN`` into a
+fresh empty table exactly like the replicator's (``INCLUDING ALL``: its primary key),
+timed from the COPY to its commit; the faster of the two formats is the reference.
+Goal: replicator time <= 1.5 x the reference's.
 
 Each figure is printed with the machine's load average and the CPU (cores) of this
 process (the replicator), the relay, PostgreSQL (postmaster and backends) and the rest
@@ -75,6 +92,7 @@ import databus.replicator._replicator as replicator_module
 from databus.client import Consumer, DatabusClient, DataEvent, MemoryCheckpointStore
 from databus.config import ReplicateConfig, ReplicatedTableConfig
 from databus.replicator._replicator import Replicator
+from databus.replicator.targets._pgcopy import binary_encoders, copy_binary
 from databus.replicator.targets._postgres import copy_text
 
 SOURCE = "bench.rows"
@@ -300,7 +318,7 @@ def source_rows(relay: RelayProcess, end_scn: int) -> list[tuple[Any, ...]]:
 
 
 def raw_copy(server: PostgresServer, relay: RelayProcess, rows: list[tuple[Any, ...]], *,
-             keyed: bool) -> tuple[float, str, str]:
+             keyed: bool, fmt: str = "text") -> tuple[float, str, str]:
     """Seconds to COPY ``rows`` into a fresh table shaped like the replicator's (which
     must exist in ``bench_repl``): ``keyed``, exactly like it (primary key); else the
     same columns with a non-unique index on id. Returns (seconds, cpu, load)."""
@@ -320,10 +338,22 @@ def raw_copy(server: PostgresServer, relay: RelayProcess, rows: list[tuple[Any, 
         cpu.begin()
         began = time.perf_counter()
         with conn, conn.cursor() as cur:
-            text = copy_text(rows)
-            assert text is not None
-            cur.copy_expert(f"COPY {schema}.{TABLE} ({', '.join(COLUMNS)}) FROM STDIN",
-                            io.BytesIO(text.encode("utf-8")), size=1 << 18)
+            if fmt == "binary":  # the replicator's own binary rows (_pgcopy.py)
+                cur.execute("SELECT t.typname FROM pg_attribute a JOIN pg_type t ON t.oid ="
+                            " a.atttypid WHERE a.attrelid = %s::regclass AND a.attnum > 0"
+                            " AND NOT a.attisdropped ORDER BY a.attnum",
+                            (f"{schema}.{TABLE}",))
+                encoders = binary_encoders([r[0] for r in cur.fetchall()])
+                assert encoders is not None
+                data = copy_binary(rows, encoders)
+                assert data is not None
+                cur.copy_expert(f"COPY {schema}.{TABLE} ({', '.join(COLUMNS)}) FROM STDIN"
+                                " (FORMAT binary)", io.BytesIO(data), size=1 << 18)
+            else:
+                text = copy_text(rows)
+                assert text is not None
+                cur.copy_expert(f"COPY {schema}.{TABLE} ({', '.join(COLUMNS)}) FROM STDIN",
+                                io.BytesIO(text.encode("utf-8")), size=1 << 18)
         seconds = time.perf_counter() - began
         cpu.end()
         return seconds, str(cpu), loadavg()
@@ -387,10 +417,13 @@ def throughput(server: PostgresServer, args: argparse.Namespace) -> None:
                       f"{run.batches} batches, {run.apply_s / run.seconds:.0%} of the time in "
                       f"target.apply); {run.cpu}; {run.load}", flush=True)
             check_equal(server, rows)  # the last run's table, against the source
-            seconds, cpu, load = raw_copy(server, relay, rows, keyed=False)
-            copies.append(seconds)
-            print(f"  round {i + 1}: raw COPY of {events:,} rows: {seconds:.2f} s, "
-                  f"{events / seconds:,.0f} rows/s; {cpu}; {load}", flush=True)
+            best_copy = math.inf
+            for fmt in ("text", "binary"):
+                seconds, cpu, load = raw_copy(server, relay, rows, keyed=False, fmt=fmt)
+                best_copy = min(best_copy, seconds)
+                print(f"  round {i + 1}: raw COPY ({fmt}) of {events:,} rows: {seconds:.2f} "
+                      f"s, {events / seconds:,.0f} rows/s; {cpu}; {load}", flush=True)
+            copies.append(best_copy)  # the faster format is the reference
             latest = {r[0]: r for r in rows}
             seconds, cpu, load = raw_copy(server, relay, list(latest.values()), keyed=True)
             keyed_copies.append(seconds)
@@ -402,7 +435,8 @@ def throughput(server: PostgresServer, args: argparse.Namespace) -> None:
     print()
     print("| figure | events/s | rows applied/s | events/s ÷ COPY rows/s |")
     print("|---|---:|---:|---:|")
-    print(f"| raw COPY of the {events:,} rows, one statement (reference) | "
+    print(f"| raw COPY of the {events:,} rows, one statement, faster of text and binary "
+          "(reference) | "
           f"{copy_rate:,.0f} | - | 1.00 |")
     print(f"| raw COPY of the {args.keys:,} final rows into the keyed table (context) | "
           f"{keyed_rate:,.0f} | - | {keyed_rate / copy_rate:.2f} |")
@@ -415,6 +449,131 @@ def throughput(server: PostgresServer, args: argparse.Namespace) -> None:
         print(f"| replicator, batch_rows={batch_rows} | {events / best.seconds:,.0f} | "
               f"{best.rows / best.seconds:,.0f} | **{events / best.seconds / copy_rate:.2f}**"
               f"{spread} (goal >= 0.5) |")
+    print()
+
+
+# -- initial copy (issue 30) ------------------------------------------------------------
+
+
+def copy_reference(server: PostgresServer, relay_pid: int, source_db: Any, columns: str,
+                   rows: int, fmt: str) -> tuple[float, str, str]:
+    """Seconds to COPY the source table's rows (read into memory first, in ``fmt``)
+    into a fresh table exactly like the replicator's ``bench_copy.items``."""
+    conn = source_db.connect()
+    buf = io.BytesIO()
+    try:
+        with conn.cursor() as cur:
+            option = " (FORMAT binary)" if fmt == "binary" else ""
+            cur.copy_expert(f"COPY (SELECT {columns} FROM public.items) TO STDOUT{option}",
+                            buf)
+    finally:
+        conn.close()
+    schema = "bench_copy_ref"
+    fresh_schema(server, schema)
+    conn = psycopg2.connect(**server.connect_kwargs(), options="-c TimeZone=UTC")
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(f"CREATE SCHEMA {schema}")
+            cur.execute(f"CREATE TABLE {schema}.items (LIKE bench_copy.items INCLUDING ALL)")
+        cpu = Cpu(relay_pid, postmaster_pid(server))
+        cpu.begin()
+        began = time.perf_counter()
+        buf.seek(0)
+        with conn, conn.cursor() as cur:
+            option = " (FORMAT binary)" if fmt == "binary" else ""
+            cur.copy_expert(f"COPY {schema}.items ({columns}) FROM STDIN{option}", buf,
+                            size=1 << 18)
+            cur.execute(f"SELECT count(*) FROM {schema}.items")
+            assert cur.fetchone()[0] == rows
+        seconds = time.perf_counter() - began
+        cpu.end()
+        return seconds, str(cpu), loadavg()
+    finally:
+        conn.close()
+
+
+def table_digest(conn: Any, table: str, columns: str) -> tuple[Any, ...]:
+    """Count and an aggregate of every column: equal tables give equal digests."""
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT count(*), md5(string_agg(t::text, '|' ORDER BY id)) FROM "
+                    f"(SELECT {columns} FROM {table}) t")
+        return tuple(cur.fetchone())
+
+
+def initial_copy(server: PostgresServer, args: argparse.Namespace) -> None:
+    global PROBE
+    from _dumps import AdminRelay, relay_capacity_mb, run_dump
+    from dump_pg import COLUMN_NAMES, prepare
+    from dump_pg import SOURCE as ITEMS
+
+    rows = args.copy_rows
+    print(f"## Initial copy: {rows:,} rows of {ITEMS} dumped by the relay, then "
+          f"replicated into an empty table; batch_rows {args.copy_batch_rows}; "
+          f"best of {args.repeat}")
+    db, load_s = prepare(server, "logical", rows, "off", None)
+    print(f"source loaded in {load_s:.1f} s; {loadavg()}", flush=True)
+    with AdminRelay(db.relay_uri(), relay_capacity_mb(rows)) as relay:
+        dump = run_dump(relay, ITEMS, 20_000, postmaster_pid(server), db_tree=True)
+        end_scn = int(relay.buffer_status()["max_scn"])
+        print(f"relay dump of {dump.rows:,} rows: {dump.seconds:.1f} s "
+              f"({dump.rate:,.0f} rows/s; not part of the figure); buffer max SCN "
+              f"{end_scn}; {loadavg()}", flush=True)
+        source = db.connect()
+        try:
+            want = table_digest(source, ITEMS, COLUMN_NAMES)
+        finally:
+            source.close()
+        runs: list[float] = []
+        refs: dict[str, list[float]] = {"text": [], "binary": []}
+        for i in range(args.repeat):
+            schema = "bench_copy"
+            fresh_schema(server, schema)
+            config = ReplicateConfig(
+                name="bench", relays=(relay.url,), target=f"{server.url()}?schema={schema}",
+                target_schema=schema, batch_rows=args.copy_batch_rows,
+                batch_ms=args.batch_ms,
+                tables=(ReplicatedTableConfig(source=ITEMS, target="items", key=("id",)),))
+            PROBE = _Probe(end_scn=end_scn)
+            cpu = Cpu(relay.pid, postmaster_pid(server))
+            cpu.begin()
+            began = time.perf_counter()
+            run_replicator(config, PROBE.done, args.timeout, on_done=cpu.end)
+            if PROBE.done_at is None:
+                raise RuntimeError("the replicator stopped before the dump's end")
+            seconds = PROBE.done_at - began
+            runs.append(seconds)
+            conn = psycopg2.connect(**server.connect_kwargs())
+            try:
+                got = table_digest(conn, f"{schema}.items", COLUMN_NAMES)
+            finally:
+                conn.close()
+            if got != want:
+                raise AssertionError(f"the replicated table differs from the source: "
+                                     f"{got} != {want}")
+            print(f"  round {i + 1}: replicator: {seconds:.2f} s, {rows / seconds:,.0f} "
+                  f"rows/s ({PROBE.batches} batches, {PROBE.apply_s / seconds:.0%} of the "
+                  f"time in target.apply); {cpu}; {loadavg()}", flush=True)
+            for fmt in ("text", "binary"):
+                ref, ref_cpu, load = copy_reference(server, relay.pid, db, COLUMN_NAMES,
+                                                    rows, fmt)
+                refs[fmt].append(ref)
+                print(f"  round {i + 1}: raw COPY ({fmt}) of the {rows:,} rows into the "
+                      f"keyed table: {ref:.2f} s, {rows / ref:,.0f} rows/s; {ref_cpu}; "
+                      f"{load}", flush=True)
+    best = min(runs)
+    ref = min(min(refs["text"]), min(refs["binary"]))
+    print()
+    print("| figure | seconds | rows/s | ÷ raw COPY time |")
+    print("|---|---:|---:|---:|")
+    for fmt in ("text", "binary"):
+        r = min(refs[fmt])
+        print(f"| raw COPY ({fmt}) of the {rows:,} rows, keyed table | {r:.2f} | "
+              f"{rows / r:,.0f} | {r / ref:.2f} |")
+    ratios = sorted(r / min(a, b) for r, a, b in zip(runs, refs["text"], refs["binary"],
+                                                     strict=True))
+    spread = f" (per round {ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+    print(f"| replicator, initial copy by dump | {best:.2f} | {rows / best:,.0f} | "
+          f"**{best / ref:.2f}**{spread} (goal <= 1.5) |")
     print()
 
 
@@ -508,15 +667,21 @@ def main() -> None:
     parser.add_argument("--lag-batch-rows", type=int, default=5000)
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-lag", action="store_true")
+    parser.add_argument("--skip-copy", action="store_true")
+    parser.add_argument("--copy-rows", type=int, default=1_000_000)
+    parser.add_argument("--copy-batch-rows", type=int, default=20_000)
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     if args.quick:
         args.rows, args.keys, args.repeat, args.lag_seconds = 50_000, 5_000, 1, 8
+        args.copy_rows = 200_000
     print(f"Python {platform.python_version()}; {code_version(CODE)}; {os.cpu_count()} "
           f"cores; {loadavg()}")
     with postgres() as server:
         if not args.skip_throughput:
             throughput(server, args)
+        if not args.skip_copy:
+            initial_copy(server, args)
         if not args.skip_lag:
             apply_lag(server, args)
 

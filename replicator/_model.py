@@ -87,6 +87,10 @@ class Batch:
     # ``{"window_scn": scn}`` online; during a bootstrap, the bootstrap's own checkpoint
     # (a snapshot's position is not an SCN). The target keeps it beside ``scn``.
     checkpoint: str | None = None
+    # Sources whose upserts may go straight into their tables (COPY, no merge): an
+    # initial copy into a table that was empty when it began (``Target.apply``; a
+    # target takes a source out of the set when its table refuses a row's key).
+    straight: set[str] = field(default_factory=set)
 
     @property
     def rows(self) -> int:

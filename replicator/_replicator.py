@@ -102,6 +102,11 @@ class ApplyConsumer(Consumer):
         self._lock = threading.Lock()
         self._batch_since: float | None = None
         self._bootstrapping = False
+        # Initial copies under way: source -> whether its rows go straight into its
+        # table (None: not asked yet; docs/decisions.md, issue 30), and the copies that
+        # ended in the batch in progress.
+        self._straight: dict[str, bool | None] = {}
+        self._straight_ended: set[str] = set()
         self.fatal: BaseException | None = None
         self.stats = stats if stats is not None else ReplicationStats(config.name)
         self._stop = threading.Event()
@@ -128,6 +133,10 @@ class ApplyConsumer(Consumer):
 
     def on_start_bootstrap(self) -> CallbackResult:
         self._bootstrapping = True
+        if self.position.loaded is None:  # a copy from nothing, not a resumed one
+            with self._lock:
+                for source in self.maps:
+                    self._straight.setdefault(source, None)
         # The copy's progress (replicator/_progress.py) says how it began: from nothing,
         # resumed, or a delta since the last checkpoint.
         self.stats.copy_started(list(self.maps), self.position.latest or self.position.loaded)
@@ -140,7 +149,27 @@ class ApplyConsumer(Consumer):
             # line, /v1/status) counts them all.
             if not self.folder.in_window and not self._flush_locked():
                 return CallbackResult.ERROR_FATAL
+            if self.folder.in_window:
+                self._straight_ended.update(self._straight)  # after the batch in progress
+            else:
+                self._straight.clear()
+                self._straight_ended.clear()
         self.stats.copy_done()
+        return CallbackResult.SUCCESS
+
+    def on_dump_start(self, source: str) -> CallbackResult:
+        # A relay dump of the table begins (its start marker): its rows may go straight
+        # into the table if the table is empty now (asked at the next flush).
+        with self._lock:
+            if source in self.maps:
+                self._straight[source] = None
+                self._straight_ended.discard(source)
+        return CallbackResult.SUCCESS
+
+    def on_dump_end(self, source: str, outcome: str = "done") -> CallbackResult:
+        with self._lock:
+            if source in self._straight:
+                self._straight_ended.add(source)  # after the batch in progress
         return CallbackResult.SUCCESS
 
     def on_start_data_event_sequence(self, scn: int) -> CallbackResult:
@@ -225,6 +254,8 @@ class ApplyConsumer(Consumer):
             log.error("replication %s stopped: %s", self.config.name, exc)
             return False
         batch.checkpoint = self._position(batch).dumps()
+        batch.straight = self._straight_sources(batch)
+        straight = set(batch.straight)
         delay = self.config.retry_initial_s
         while True:
             try:
@@ -246,9 +277,34 @@ class ApplyConsumer(Consumer):
                 delay = min(delay * 2, self.config.retry_max_s)
         self.folder.take()
         self._batch_since = None
+        for source in straight - batch.straight:  # its table held a key: merge from now on
+            self._straight[source] = False
+        for source in self._straight_ended:
+            self._straight.pop(source, None)
+        self._straight_ended.clear()
         self.stats.applied({source: len(changes) for source, changes in batch.changes.items()},
                            batch.scn)
         return True
+
+    def _straight_sources(self, batch: Batch) -> set[str]:
+        """The sources of ``batch`` under an initial copy whose rows go straight into
+        their tables: the table was empty when the copy began (asked at the first batch
+        of the copy, before its rows are written) and no key of it was met since."""
+        out = set()
+        for source, ok in list(self._straight.items()):
+            if ok is None and source in batch.changes and source in self.maps:
+                try:
+                    ok = self.target.accepts_straight_copy(self.maps[source])
+                except DatabusError as exc:  # the merge, then; apply says the rest
+                    log.debug("straight copy of %s not asked: %s", source, exc)
+                    ok = False
+                self._straight[source] = ok
+                log.info("initial copy of %s: %s", source,
+                         "straight into its empty table (COPY)" if ok else
+                         "merged (the table is not empty, or not keyed by the map's key)")
+            if ok:
+                out.add(source)
+        return out
 
     def _position(self, batch: Batch) -> Checkpoint:
         """Where a restart resumes after ``batch``: its last window online; during a

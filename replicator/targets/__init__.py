@@ -106,6 +106,12 @@ class Target(Protocol):
 
     def widen_column(self, t: TableMap, column: ColumnMap) -> None: ...
 
+    def accepts_straight_copy(self, t: TableMap) -> bool:
+        """Whether an initial copy's rows may go straight into ``t``'s table (COPY, no
+        merge; ``Batch.straight``): a target that can (PostgreSQL), the table empty
+        and its primary key ``t.key``."""
+        ...
+
     def apply(self, replication: str, tables: Mapping[str, TableMap], batch: Batch) -> None:
         """Every change of ``batch`` (``tables`` maps its sources) and ``batch.scn`` as
         ``replication``'s state, in one transaction."""

@@ -42,7 +42,7 @@ from databus.replicator.targets._errors import (
 )
 from databus.replicator.targets._sql import SCHEMA_TABLE, STATE_TABLE, SqlDialect
 
-__all__ = ["Refused", "SqlTarget", "TableWork", "first_line"]
+__all__ = ["Refused", "SqlTarget", "StraightRefused", "TableWork", "first_line"]
 
 log = logging.getLogger("databus.replicator.targets")
 
@@ -68,6 +68,7 @@ class TableWork:
     shown: str  # the target table for a message: schema.table
     deletes: list[Change]
     upserts: list[Change]
+    straight: bool = False  # upserts straight into the table (Batch.straight)
 
     def scn_range(self) -> tuple[int, int]:
         scns = [c.scn for c in self.deletes] + [c.scn for c in self.upserts]
@@ -83,6 +84,15 @@ class Refused(Exception):
         self.work = work
         self.change = change
         self.reason = reason
+
+
+class StraightRefused(Exception):
+    """A straight copy into a table met a key the table holds already (the batch is
+    rolled back and applied again with the merge)."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self.source = source
 
 
 class _TableFailed(Exception):
@@ -502,7 +512,7 @@ class SqlTarget(ABC):
             for change in changes.values():
                 (deletes if change.row is None else upserts).append(change)
             work.append(TableWork(source, t, self.qualified_name(t), self._shown(t),
-                                  deletes, upserts))
+                                  deletes, upserts, straight=source in batch.straight))
         return work
 
     def _apply_table(self, cur: Any, work: TableWork) -> None:
@@ -518,7 +528,36 @@ class SqlTarget(ABC):
         ``ReplicationApplyError`` when the target refuses a change (naming the table,
         and the key and SCN of the change when one alone is refused);
         ``TargetUnavailableError`` when the target went away (the batch may have been
-        committed if the answer to COMMIT was lost: applying it again is harmless)."""
+        committed if the answer to COMMIT was lost: applying it again is harmless).
+
+        The upserts of a source in ``batch.straight`` go straight into its table; when
+        the table holds one of their keys already, the batch is rolled back, the source
+        leaves ``batch.straight`` and the batch is applied again with the merge."""
+        while True:
+            try:
+                self._apply(replication, tables, batch)
+                return
+            except StraightRefused as refused:
+                batch.straight.discard(refused.source)
+                log.info("target %s: the straight copy of %s met a key the table holds; "
+                         "merging from now on", self.where, refused.source)
+
+    def accepts_straight_copy(self, t: TableMap) -> bool:
+        """Whether an initial copy's rows may go straight into ``t``'s table: a dialect
+        that can (``_straight``), the table empty, its primary key ``t.key``."""
+        if not self.straight_copy:
+            return False
+        with self._lock, self._tx(f"looking at table {self._shown(t)}") as cur:
+            schema = self._schema_of(t)
+            if tuple(self._table_key(cur, schema, t.table)) != tuple(t.key):
+                return False
+            cur.execute(f"SELECT 1 FROM {self.qualified_name(t)} LIMIT 1", ())
+            return cur.fetchone() is None
+
+    # Whether the dialect writes Batch.straight upserts straight into the table.
+    straight_copy: ClassVar[bool] = False
+
+    def _apply(self, replication: str, tables: Mapping[str, TableMap], batch: Batch) -> None:
         work = self._plan(tables, batch)
         with self._lock:
             try:

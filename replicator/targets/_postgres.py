@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 
@@ -42,7 +43,7 @@ from databus._ddl import ddl_lock_key
 from databus._redact import split_password
 from databus.errors import ConfigError
 from databus.replicator._model import Dialect
-from databus.replicator.targets._base import SqlTarget, TableWork
+from databus.replicator.targets._base import SqlTarget, StraightRefused, TableWork
 from databus.replicator.targets._pgcopy import Encoders, binary_encoders, copy_binary
 from databus.replicator.targets._sql import SqlDialect, dialect_sql
 
@@ -125,6 +126,7 @@ class PostgresTarget(SqlTarget):
     sql: ClassVar[SqlDialect] = dialect_sql("postgresql")
     driver_errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg2.Error,)
     delete_chunk: ClassVar[int] = 1000
+    straight_copy: ClassVar[bool] = True
 
     def __init__(self, url: str, *, connect_timeout: float = 10.0) -> None:
         super().__init__(url)
@@ -143,6 +145,9 @@ class PostgresTarget(SqlTarget):
         # the binary COPY encoders of its columns or None: text format).
         self._staging: dict[str, tuple[str, tuple[Any, ...], Encoders | None]] = {}
         self._stage_ids: dict[str, int] = {}
+        # source name -> (what it was made for, the binary COPY encoders of the target
+        # table's columns): for straight copies (Batch.straight).
+        self._direct: dict[str, tuple[tuple[Any, ...], Encoders | None]] = {}
 
     def _connect(self) -> Any:
         kwargs: dict[str, Any] = {} if self._password is None else {"password": self._password}
@@ -179,6 +184,7 @@ class PostgresTarget(SqlTarget):
 
     def _after_ddl(self) -> None:
         self._staging.clear()
+        self._direct.clear()
 
     # -- catalog ---------------------------------------------------------------------------
 
@@ -263,10 +269,37 @@ class PostgresTarget(SqlTarget):
                         io.BytesIO(text.encode("utf-8")), size=1 << 18)
         return True
 
+    def _table_encoders(self, cur: Any, work: TableWork) -> Encoders | None:
+        """The binary COPY encoders of the target table's columns of ``work``."""
+        t = work.table
+        made_for = (work.qname, tuple((c.target, c.target_type) for c in t.columns))
+        known = self._direct.get(work.source)
+        if known is not None and known[0] == made_for:
+            return known[1]
+        cur.execute("SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t"
+                    " ON t.oid = a.atttypid WHERE a.attrelid = %s::regclass"
+                    " AND a.attnum > 0 AND NOT a.attisdropped",
+                    (self.sql.qualified(self._schema_of(t), t.table, raw=True),))
+        types = {str(name): str(typname) for name, typname in cur.fetchall()}
+        encoders = (binary_encoders([types[c.target] for c in t.columns])
+                    if all(c.target in types for c in t.columns) else None)
+        self._direct[work.source] = (made_for, encoders)
+        return encoders
+
     def _upsert(self, cur: Any, work: TableWork) -> None:
         t = work.table
         names = [c.target for c in t.columns]
         rows = [c.row for c in work.upserts if c.row is not None]
+        if work.straight:
+            # An initial copy into a table that was empty when it began: straight in.
+            # A key the table holds already fails the COPY (its primary key), and the
+            # batch is applied again with the merge (SqlTarget.apply).
+            table = self.sql.qualified(self._schema_of(t), t.table, raw=True)
+            try:
+                if self._copy_rows(cur, table, names, rows, self._table_encoders(cur, work)):
+                    return
+            except psycopg2.errors.UniqueViolation:
+                raise StraightRefused(work.source) from None
         stage, encoders = self._stage(cur, work)
         if not self._copy_rows(cur, f"pg_temp.{stage}", names, rows, encoders):
             psycopg2.extras.execute_values(

@@ -674,3 +674,76 @@ def test_one_process_holds_a_replication_on_a_target(env: Env) -> None:
     finally:
         first.release()
         other.close()
+
+
+# -- straight copies (issue 30): an initial copy into an empty table, no merge ---------
+
+
+class _SqlCursor:
+    """A driver cursor that notes the SQL of each statement sent through it."""
+
+    def __init__(self, cur: Any, sent: list[str]) -> None:
+        self._cur, self._sent = cur, sent
+
+    def execute(self, sql: Any, *args: Any) -> Any:
+        self._sent.append(str(sql))
+        return self._cur.execute(sql, *args)
+
+    def copy_expert(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        self._sent.append(sql)
+        return self._cur.copy_expert(sql, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+
+class _SqlConnection(_CountingConnection):
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        return _SqlCursor(self._conn.cursor(*args, **kwargs), self._sent)
+
+
+def test_a_straight_copy_goes_into_the_table_and_merges_when_a_key_is_there(
+        postgresql_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = postgresql_env
+    t = people(env)
+    ready(env, t)
+    target = env.target
+    assert target.accepts_straight_copy(t)  # empty, keyed by id
+    sent: list[str] = []
+    connection = target._connection  # type: ignore[attr-defined]
+    monkeypatch.setattr(target, "_connection", lambda: _SqlConnection(connection(), sent))
+    first = batch(1, {t.source: [((i,), (i, f"n{i}", None)) for i in range(100)]})
+    first.straight = {t.source}
+    target.apply("r", {t.source: t}, first)
+    assert env.rows(t) == [(i, f"n{i}", None) for i in range(100)]
+    assert first.straight == {t.source}
+    assert not any("databus_stage" in s or (s.startswith("INSERT") and "people" in s)
+                   for s in sent), sent
+    assert any("FORMAT binary" in s for s in sent)
+    assert not target.accepts_straight_copy(t)  # not empty any more
+    # A key the table holds: the COPY fails on the primary key, the batch is rolled
+    # back whole (its delete too) and applied again with the merge.
+    second = batch(2, {t.source: [((5,), (5, "changed", "x")), ((1000,), (1000, "new", None)),
+                                  ((7,), None)]})
+    second.straight = {t.source}
+    target.apply("r", {t.source: t}, second)
+    assert second.straight == set()
+    want = [(i, f"n{i}", None) for i in range(100) if i != 7]
+    want[5] = (5, "changed", "x")
+    assert env.rows(t) == [*want, (1000, "new", None)]
+    assert target.load_state("r") == 2
+
+
+def test_no_straight_copy_into_a_table_keyed_otherwise(postgresql_env: Env) -> None:
+    env = postgresql_env
+    t = people(env)
+    ready(env, t)
+    other_key = TableMap(t.source, t.schema, t.table, ("name",), t.columns, t.fingerprint)
+    assert env.target.accepts_straight_copy(t)
+    assert not env.target.accepts_straight_copy(other_key)
+
+
+def test_other_targets_never_copy_straight(sqlite_env: Env) -> None:
+    t = people(sqlite_env)
+    ready(sqlite_env, t)
+    assert not sqlite_env.target.accepts_straight_copy(t)
