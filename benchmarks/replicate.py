@@ -459,12 +459,24 @@ def copy_reference(server: PostgresServer, relay_pid: int, source_db: Any, colum
                    rows: int, fmt: str) -> tuple[float, str, str]:
     """Seconds to COPY the source table's rows (read into memory first, in ``fmt``)
     into a fresh table exactly like the replicator's ``bench_copy.items``."""
+    # The source's columns cast to the replicator's column types (a smallint source
+    # column is an integer there: binary input must match the type).
+    conn = psycopg2.connect(**server.connect_kwargs())
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM"
+                        " pg_attribute a WHERE a.attrelid = 'bench_copy.items'::regclass"
+                        " AND a.attnum > 0 AND NOT a.attisdropped")
+            types = dict(cur.fetchall())
+    finally:
+        conn.close()
+    select = ", ".join(f"{c}::{types[c]}" for c in columns.split(", "))
     conn = source_db.connect()
     buf = io.BytesIO()
     try:
         with conn.cursor() as cur:
             option = " (FORMAT binary)" if fmt == "binary" else ""
-            cur.copy_expert(f"COPY (SELECT {columns} FROM public.items) TO STDOUT{option}",
+            cur.copy_expert(f"COPY (SELECT {select} FROM public.items) TO STDOUT{option}",
                             buf)
     finally:
         conn.close()

@@ -28,6 +28,7 @@ writes them (``N days S.U seconds``).
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import struct
 import uuid
 from collections.abc import Callable, Sequence
@@ -127,6 +128,7 @@ def _uuid(v: uuid.UUID) -> bytes:
 
 
 _NUMERIC_HEAD = struct.Struct(">ihhHh")
+_EXACT = decimal.Context(prec=decimal.MAX_PREC)  # scaleb without rounding
 _NUMERIC_SPECIAL = {"n": 0xC000, "N": 0xC000, "F": 0xD000}
 
 
@@ -137,28 +139,28 @@ def _numeric(v: Decimal) -> bytes:
             raise ValueError("sNaN")
         code = _NUMERIC_SPECIAL[exp] if exp != "F" or not sign else 0xF000
         return _NUMERIC_HEAD.pack(8, 0, 0, code, 0)
-    dscale = max(0, -exp)
-    text = "".join(map(str, digits))
-    if exp > 0:
-        text += "0" * exp
-        exp = 0
-    frac_len = -exp
-    if len(text) < frac_len:
-        text = "0" * (frac_len - len(text)) + text
-    int_part, frac_part = text[:len(text) - frac_len], text[len(text) - frac_len:]
-    int_part = int_part.lstrip("0")
-    int_part = "0" * (-len(int_part) % 4) + int_part
-    frac_part = frac_part + "0" * (-len(frac_part) % 4)
-    groups = [int(int_part[i:i + 4]) for i in range(0, len(int_part), 4)]
-    weight = len(groups) - 1
-    groups += [int(frac_part[i:i + 4]) for i in range(0, len(frac_part), 4)]
-    while groups and groups[0] == 0:
-        groups.pop(0)
-        weight -= 1
-    while groups and groups[-1] == 0:
-        groups.pop()
-    if not groups:
+    # The coefficient as an int, its fraction padded to whole base-10000 digits.
+    coef = int(v.scaleb(-exp, _EXACT)) if digits else 0
+    if sign:
+        coef = -coef
+    if exp >= 0:
+        coef *= 10 ** exp
+        dscale = frac_groups = 0
+    else:
+        dscale = -exp
+        pad = -dscale % 4
+        coef *= 10 ** pad
+        frac_groups = (dscale + pad) // 4
+    if not coef:
         return _NUMERIC_HEAD.pack(8, 0, 0, 0, dscale)
+    groups = []
+    while coef:
+        coef, r = divmod(coef, 10000)
+        groups.append(r)
+    weight = len(groups) - frac_groups - 1
+    groups.reverse()
+    while groups[-1] == 0:
+        groups.pop()
     n = len(groups)
     return (_NUMERIC_HEAD.pack(8 + 2 * n, n, weight, 0x4000 if sign else 0, dscale)
             + struct.pack(f">{n}H", *groups))
