@@ -51,6 +51,12 @@ def _extensions() -> list[Extension]:
             ["fetchers/mysql/_rows_native.pyx"],
             extra_compile_args=["-O3"],
         ),
+        # The replicator's binary COPY rows for PostgreSQL (its twin: _pgcopy_python).
+        Extension(
+            "databus.replicator.targets._pgcopy_native",
+            ["replicator/targets/_pgcopy_native.pyx"],
+            extra_compile_args=["-O3"],
+        ),
         # The PostgreSQL logical fetcher's fast path (its twin: _transcode_python).
         Extension(
             "databus.fetchers.postgres._transcode_native",

@@ -26,11 +26,12 @@ Reference, in the same run, between the replicator runs: the same N rows (id, se
 op_note, payload: decoded once from the relay with ``DatabusClient``) with psycopg2's
 ``copy_expert``, once in text format (written by the target's own ``copy_text``) and
 once in binary format (the target's ``copy_binary``, issue 30), the faster of the two
-being the reference; one COPY and one transaction, timed from the encoding to the commit, into a fresh table of the
-same columns and types as the replicator's (``CREATE TABLE ... (LIKE ...)``) with a
-non-unique btree index on ``id`` in place of the primary key (N rows over K keys
-cannot go under a unique key). Second reference, for context: the K rows of the final
-state into a table exactly like the replicator's (``INCLUDING ALL``: the primary key).
+being the reference; one COPY and one transaction, timed from the encoding to the
+commit, into a fresh table of the same columns and types as the replicator's (``CREATE
+TABLE ... (LIKE ...)``) with a non-unique btree index on ``id`` in place of the primary
+key (N rows over K keys cannot go under a unique key). Second reference, for context:
+the K rows of the final state into a table exactly like the replicator's (``INCLUDING
+ALL``: the primary key).
 The ratio reported against the goal (>= 0.5) is replicator events/s / COPY rows/s.
 
 **Apply lag.** A relay fed at ``rate=1000`` one-event windows per second (1,000 source

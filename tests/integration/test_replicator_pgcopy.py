@@ -3,7 +3,8 @@ its text COPY rows (``copy_text``, the format used before issue 30): for every c
 type the type mapping produces, as a value column and as a key column, the converted
 edge values of ``test_replicator_types.CASES`` are loaded both ways, in a session in
 UTC as the target's; the two tables read back identical (the server's own text of each
-value, and the value's bytes for ``bytea``)."""
+value, and the value's bytes for ``bytea``). Both twins of ``copy_binary`` (the compiled
+one when it is built) write the same bytes for every row."""
 
 from __future__ import annotations
 
@@ -15,12 +16,23 @@ import psycopg2
 import pytest
 
 from databus.replicator import column_type, converter
-from databus.replicator.targets._pgcopy import binary_encoders, copy_binary
+from databus.replicator.targets import _pgcopy
+from databus.replicator.targets._pgcopy import Encoders, binary_encoders, twin
 from databus.replicator.targets._postgres import copy_text
 from tests.fixtures.servers import PostgresServer
 from tests.integration.test_replicator_types import CASES, KEY_CASES, Case, _nullable_type
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.twin("databus.replicator.targets._pgcopy")]
+
+TWINS = ["python"] + (["native"] if _pgcopy.IMPLEMENTATION == "native" else [])
+
+
+def copy_binary(rows: list[tuple[Any, ...]], encoders: Encoders) -> bytes | None:
+    """What every twin writes: the same bytes (or None) from each."""
+    out = [twin(name).copy_binary(rows, encoders) for name in TWINS]
+    assert all(o == out[0] for o in out), f"the twins differ on {rows!r}"
+    result: bytes | None = out[0]
+    return result
 
 SCHEMA = "repl_pgcopy"
 # Values the binary format leaves to the text format (copy_binary answers None): a str
