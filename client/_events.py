@@ -196,17 +196,35 @@ class BootstrapMark:
 
 @dataclass(slots=True)
 class Window:
-    """A whole window, for ``async for window in client.windows()``."""
+    """A whole window (one source transaction): what ``Consumer.on_window`` and
+    ``async for window in client.windows()`` receive.
+
+    ``scn`` is the window's SCN (for a bootstrap snapshot batch, the snapshot's: its
+    events keep their own SCNs); ``timestamp_ns`` the source commit time of the window;
+    ``events`` its data events in commit order; ``markers`` its dump start/end markers
+    in stream order (docs/dumps.md). A window may be kept after the callback that got
+    it returns: it and its events own their data.
+    """
 
     scn: int
     timestamp_ns: int
     events: list[DataEvent] = field(default_factory=list)
     # Dump start/end markers of this window, in stream order (docs/dumps.md).
     markers: list[DumpMarker] = field(default_factory=list)
+    from_bootstrap: bool = False  # served by the bootstrap service
 
     @property
     def sources(self) -> list[str]:
+        """The logical sources of the window's events, in the order they first appear."""
         return list(dict.fromkeys(e.source for e in self.events))
+
+    @property
+    def timestamp(self) -> datetime:
+        """The source commit time."""
+        return datetime.fromtimestamp(self.timestamp_ns / 1e9, tz=UTC)
+
+    def __len__(self) -> int:
+        return len(self.events)
 
 
 # What the decoder and the pull loop hand to the dispatcher.
