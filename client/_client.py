@@ -38,16 +38,16 @@ from databus._http import MAX_CLIENT_ID
 from databus._limited_log import limited
 from databus._redact import register_uri
 from databus.checkpoint import FLEXIBLE_SCN, Checkpoint, Mode
+from databus.client._batches import WindowCollector
 from databus.client._bootstrap_puller import BootstrapError, BootstrapPuller
 from databus.client._checkpoint_store import CheckpointStore
-from databus.client._consumer import CallbackResult, Consumer
+from databus.client._consumer import Consumer
 from databus.client._decode import WINDOW_FAILURES, Framing, ResponseDecoder
 from databus.client._discovery import RelayDiscovery, validate_discovery
 from databus.client._dispatcher import Dispatcher, checkpoint_scn
 from databus.client._events import (
     BootstrapMark,
     DataEvent,
-    DumpMarker,
     EndOfWindow,
     Item,
     Window,
@@ -326,7 +326,7 @@ class DatabusClient:
             # crosses threads (a wake-up per window would cost more than the window).
             kind = outcome.kind
             if kind == "window":
-                metrics.windows += 1
+                metrics.windows += outcome.windows
                 metrics.consumer_scn = outcome.scn
             elif kind == "commit":
                 assert outcome.scn is not None and outcome.checkpoint is not None
@@ -335,7 +335,10 @@ class DatabusClient:
                 # Straight to the writer: a commit must not wait in the loop's queue.
                 writer.submit(outcome.checkpoint)
             else:
-                loop.call_soon_threadsafe(self._on_outcome, outcome, outcomes, budget)
+                # A runner thread may outlive the client's loop by one report (the loop
+                # closed while its last batch ran): nothing is waiting for it then.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._on_outcome, outcome, outcomes, budget)
 
         runner = Runner(self._consumers, dispatcher, report,
                         callback_timeout=self.callback_timeout, parallelism=self.parallelism,
@@ -720,28 +723,34 @@ class DatabusClient:
 
     async def windows(self) -> AsyncIterator[Window]:
         """Yield whole windows; a window's checkpoint is committed once the loop body
-        that received it has finished (when the next window is asked for).
+        that received it has finished (windows are handed over a response's worth at a
+        time, and committed when the bodies of that batch have finished).
 
         Leave the loop early only inside ``contextlib.aclosing(client.windows())``: an
         abandoned async generator is closed (and the client stopped, its checkpoint
         flushed) only when it is garbage collected."""
-        handoff: asyncio.Queue[Window | None] = asyncio.Queue(maxsize=1)
+        handoff: asyncio.Queue[list[Window] | None] = asyncio.Queue(maxsize=1)
         loop = asyncio.get_running_loop()
-        collector = _WindowCollector(loop, handoff)
+        collector = WindowCollector(loop, handoff)
         self.register(collector)
         task = asyncio.create_task(self.run_async())
         task.add_done_callback(lambda _: handoff.put_nowait(None)
                                if handoff.empty() else None)
+        finished = 0
         try:
             while True:
-                window = await handoff.get()
-                if window is None:
+                windows = await handoff.get()
+                if windows is None:
                     break
-                yield window
-                collector.release()
+                finished = 0
+                for window in windows:
+                    yield window
+                    finished += 1
+                collector.release(finished)
+                finished = 0
         finally:
             self.stop()
-            collector.release()
+            collector.release(finished)
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             self._consumers.remove(collector)
@@ -755,54 +764,3 @@ def _only_catchup(sent: Checkpoint, got: Checkpoint) -> bool:
     return (sent.mode is Mode.BOOTSTRAP_CATCHUP and got.mode is Mode.BOOTSTRAP_CATCHUP
             and sent.bootstrap_source_index == got.bootstrap_source_index
             and sent.bootstrap_start_scn == got.bootstrap_start_scn)
-
-
-class _WindowCollector(Consumer):
-    """Turns callbacks into whole windows for ``DatabusClient.windows``."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, handoff: asyncio.Queue[Window | None]
-                 ) -> None:
-        self._loop = loop
-        self._handoff = handoff
-        self._window: Window | None = None
-        self._done = threading.Event()
-
-    def on_start_data_event_sequence(self, scn: int) -> CallbackResult:
-        self._window = Window(scn, 0)
-        return CallbackResult.SUCCESS
-
-    def on_data_event(self, event: DataEvent) -> CallbackResult:
-        assert self._window is not None
-        self._window.events.append(event)
-        self._window.timestamp_ns = event.timestamp_ns
-        return CallbackResult.SUCCESS
-
-    def on_dump_start(self, source: str) -> CallbackResult:
-        return self._marker(source, start=True)
-
-    def on_dump_end(self, source: str, outcome: str = "done") -> CallbackResult:
-        return self._marker(source, start=False, outcome=outcome)
-
-    def _marker(self, source: str, *, start: bool, outcome: str | None = None
-                ) -> CallbackResult:
-        assert self._window is not None
-        self._window.markers.append(DumpMarker(self._window.scn, source, None, start,
-                                               outcome=outcome))
-        return CallbackResult.SUCCESS
-
-    def on_end_data_event_sequence(self, scn: int) -> CallbackResult:
-        window, self._window = self._window, None
-        if window is None:
-            return CallbackResult.SUCCESS
-        self._done.clear()
-        asyncio.run_coroutine_threadsafe(self._handoff.put(window), self._loop).result()
-        self._done.wait()
-        return CallbackResult.SUCCESS
-
-    def on_rollback(self, scn: int) -> CallbackResult:
-        self._window = None
-        return CallbackResult.SUCCESS
-
-    def release(self) -> None:
-        self._done.set()
-

@@ -12,7 +12,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from databus.client._events import DataEvent
+    from databus.client._events import DataEvent, Window
     from databus.schemas import Schema
 
 
@@ -31,7 +31,31 @@ class CallbackResult(IntEnum):
 
 
 class Consumer:
-    """Base class of consumers; override the callbacks you need."""
+    """Base class of consumers; override the callbacks you need.
+
+    Two styles (docs/client.md, "Batch API"): the paper's callbacks, one call per window
+    boundary, source run and event; or the batch callbacks ``on_window`` (one call per
+    whole window) and ``on_events`` (one call per batch of whole windows, with their
+    events in one list). A consumer that overrides a batch callback gets its data through
+    it only: ``on_start_data_event_sequence``, ``on_start_source``, ``on_data_event``,
+    ``on_end_source``, ``on_end_data_event_sequence`` and ``on_dump_start`` /
+    ``on_dump_end`` are not called for it (dump markers are in ``Window.markers``);
+    ``on_checkpoint``, ``on_rollback``, ``on_error`` and the bootstrap and partition
+    callbacks are, as for any consumer.
+    """
+
+    def on_window(self, window: Window) -> CallbackResult | None:
+        """Batch API: one whole window, its events in ``window.events``. The answer is
+        the window's, as ``on_end_data_event_sequence``'s is: ERROR rolls back to the
+        last committed window and replays from there."""
+        return CallbackResult.SUCCESS
+
+    def on_events(self, events: list[DataEvent]) -> CallbackResult | None:
+        """Batch API: the events of one or more whole windows (all the windows of a
+        relay response the client has received), in commit order, in one call. The
+        answer is every one of those windows': ERROR replays them all from the last
+        committed window; SUCCESS commits them (one checkpoint, after the last)."""
+        return CallbackResult.SUCCESS
 
     def on_start_data_event_sequence(self, scn: int) -> CallbackResult | None:
         """A window (one source transaction) with SCN ``scn`` begins."""

@@ -28,7 +28,14 @@ from typing import Any
 
 from databus import batch
 from databus.batch import Scan
-from databus.client._events import DataEvent, DumpMarker, EndOfWindow, Item, StartOfWindow
+from databus.client._events import (
+    DataEvent,
+    DumpMarker,
+    EndOfWindow,
+    Item,
+    StartOfWindow,
+    lazy_event,
+)
 from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
 from databus.event import (
     DUMP_END_SOURCE_ID,
@@ -43,6 +50,7 @@ from databus.event import (
     decode_dump_marker,
 )
 from databus.schemas import AvroCodec, Schema
+from databus.schemas._program import compile_program
 
 _EOW = struct.Struct(">II")
 # The ``reason`` of failures that condemn a whole window, not just one response: the
@@ -75,6 +83,7 @@ class ResponseDecoder:
         *,
         reader_schemas: Mapping[str, Schema] | None = None,
         verify_windows: bool = True,
+        lazy: bool = True,
     ) -> None:
         self.codec = codec
         self.reader_schemas = dict(reader_schemas or {})
@@ -91,7 +100,11 @@ class ResponseDecoder:
         self._last_scan: tuple[bytes, Scan] | None = None
         # (source, writer fingerprint) -> (decode, schema, the reader schema it is for).
         self._value_decoders: dict[tuple[str, int], tuple[Callable[[bytes], Any],
-                                                          Schema | None, Schema | None]] = {}
+                                                          Schema | None, Schema | None,
+                                                          Any]] = {}
+        # Values checked at receive time and decoded on first access (docs/client.md,
+        # "Lazy values"); False decodes every value at once, as before.
+        self.lazy = lazy
 
     def reset(self, *, at_window_start: bool = True, framing: Framing = Framing.RELAY) -> None:
         """A new pull position: a window in progress is abandoned. ``at_window_start``
@@ -282,28 +295,35 @@ class ResponseDecoder:
         that does not decode is found again event by event for its exact error."""
         codec, readers = self.codec, self.reader_schemas
         cache = self._value_decoders
+        lazy = self.lazy
 
         def value_decoder(source_id: int, fingerprint: int
-                          ) -> tuple[Callable[[bytes], Any], Schema | None]:
+                          ) -> tuple[Callable[[bytes], Any], Schema | None, Any]:
             # Cached by source name and fingerprint: a run of one-event windows asks
-            # once per window.
+            # once per window. Values are checked now and decoded on first access
+            # (``lazy_event``) when the writer's own schema reads them; a value resolved
+            # to another reader schema is decoded now (resolution itself may fail).
             name = source_names[source_id]
             reader = readers.get(name)
             found = cache.get((name, fingerprint))
             if found is None or found[2] is not reader:
+                program = None
                 if not fingerprint:
                     found = (functools.partial(codec.decode, writer=0, reader=reader),
-                             reader, reader)
+                             reader, reader, None)
                 else:
+                    writer = codec.schema(fingerprint)
+                    if lazy and (reader is None or reader.fingerprint == fingerprint):
+                        program = compile_program(reader or writer)
                     found = (codec.decoder(fingerprint, reader),
-                             reader if reader is not None else codec.schema(fingerprint),
-                             reader)
+                             reader if reader is not None else writer, reader, program)
                 cache[(name, fingerprint)] = found
-            return found[0], found[1]
+            return found[0], found[1], found[3]
 
         try:
             events: list[DataEvent] = batch.decode_events(
-                body, s, first, stop, source_names, value_decoder, DataEvent, bootstrap)
+                body, s, first, stop, source_names, value_decoder, DataEvent, bootstrap,
+                lazy_event)
         except (SchemaError, UnknownSchemaError):
             for i in range(first, stop):  # raises the first event's error, with its offset
                 source = source_names[s.source_id[i]]

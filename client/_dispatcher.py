@@ -22,6 +22,8 @@ it may span several relay responses). Rules:
 - A dump marker (``DumpMarker``, inside a window) makes ``on_dump_start`` /
   ``on_dump_end`` in stream order; like an event, it opens the window if it is the
   first item of it, and it leaves the current source run alone.
+- The batch API hands whole windows over in one call each (``end_window``): the same
+  end-of-window rules apply to that call's answer.
 - Bootstrap (``BootstrapMark`` items, between windows only) makes ``on_start_bootstrap``
   and ``on_end_bootstrap``. A snapshot window is opened by ``StartOfWindow`` and its
   events keep their own SCNs. While bootstrapping, only a window whose EOW carries a
@@ -213,6 +215,26 @@ class Dispatcher:
             self._finish_window(call.scn)
             return Step.CONTINUE, self._due_checkpoint(call.scn, call.checkpoint, offer=True)
         return Step.CONTINUE, []
+
+    def end_window(self, eow: EndOfWindow, result: CallbackResult, *, delivered: bool = True
+                   ) -> tuple[Step, list[Call]]:
+        """The batch API (``Consumer.on_window`` / ``on_events``): window ``eow.scn`` was
+        delivered whole in one call that answered ``result`` (``delivered`` False: the
+        window held nothing for the consumer, as ``feed`` of a lone EOW). Same rules as
+        the END_WINDOW of a window delivered call by call: a step, and the CHECKPOINT
+        call when one is due."""
+        if self._window is not None:
+            raise ValueError(f"a whole window {eow.scn} inside window {self._window}")
+        if result is CallbackResult.ERROR_FATAL:
+            return Step.FATAL, []
+        if result is CallbackResult.ERROR:
+            return Step.ROLLBACK, []
+        if result is CallbackResult.CHECKPOINT:
+            self._force = True
+        elif result is CallbackResult.SKIP_CHECKPOINT:
+            self._skip = True
+        self._finish_window(eow.scn)
+        return Step.CONTINUE, self._due_checkpoint(eow.scn, eow.checkpoint, offer=delivered)
 
     def rollback(self) -> int | None:
         """Forget the window in progress; replay starts after ``committed_scn`` (from

@@ -61,6 +61,7 @@ class Outcome:
     nbytes: int = 0
     timestamp_ns: int = 0
     events: int = 0
+    windows: int = 1  # a "window" report of the batch API counts several
 
 
 # (generation, items, bytes they came in); None tells the thread to stop.
@@ -148,7 +149,15 @@ class Runner:
         parallelism: int = 1,
         fence: Callable[[], bool] | None = None,
     ) -> None:
-        self.consumers = list(consumers)
+        from databus.client._batches import WindowAdapter, is_batch_consumer
+
+        batch = [is_batch_consumer(c) for c in consumers]
+        # Every consumer takes whole windows: the batch delivery (``_batches.py``).
+        # Mixed with consumers of the paper's callbacks: per-event delivery for all,
+        # the batch consumers served through an adapter.
+        self.batch_mode = bool(batch) and all(batch)
+        self.consumers = [WindowAdapter(c) if b and not self.batch_mode else c
+                          for c, b in zip(consumers, batch, strict=True)]
         self.dispatcher = dispatcher
         self._report = report
         # A group member's lease (``client.group``): checked before each window starts
@@ -254,6 +263,9 @@ class Runner:
     def _main(
         self, gen: int, q: queue.Queue[_Batch | None], rollback_to: int | None, announce: bool
     ) -> None:
+        from databus.client._batches import BatchDelivery
+
+        delivery = BatchDelivery(self, gen) if self.batch_mode else None
         if announce:
             result = self._invoke_all("on_rollback", (rollback_to if rollback_to is not None
                                                       else -1,), gen)
@@ -267,7 +279,8 @@ class Runner:
             if batch is None or gen != self.generation:
                 return
             _, items, nbytes = batch
-            ok = self._dispatch(items, gen)
+            ok = (self._dispatch(items, gen) if delivery is None
+                  else delivery.dispatch(items, gen))
             self._report(Outcome("batch_done", generation=gen, nbytes=nbytes))
             if not ok:
                 return
@@ -376,10 +389,11 @@ class Runner:
         # the watchdog copies the values before it reads them.
         targets = self._targets.get(method)
         if targets is None:
+            base = getattr(Consumer, method, None)
             targets = self._targets[method] = [
                 _with_outcome(getattr(c, method)) if method == "on_dump_end"
                 else getattr(c, method) for c in self.consumers
-                if getattr(type(c), method) is not getattr(Consumer, method)
+                if getattr(type(c), method, base) is not base
             ]
         if gen != self.generation:
             return None

@@ -53,6 +53,7 @@ IMPLEMENTATION: str = _impl.IMPLEMENTATION
 if TYPE_CHECKING:  # both twins have the reference's signatures
     from databus.batch._python import (
         CompiledFilter,
+        check_value,
         compile_filter,
         copy_rows,
         decode_events,
@@ -74,6 +75,7 @@ else:
     frame_windows = _impl.frame_windows
     window_checksum = _impl.window_checksum
     decode_events = _impl.decode_events
+    check_value = _impl.check_value
     encode_event = _impl.encode_event
     encode_events = _impl.encode_events
     key_hashes = _impl.key_hashes
@@ -109,8 +111,9 @@ def native_available() -> bool:
 
 __all__ = [
     "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "FilterPlan", "Predicate",
-    "ReadState", "Scan", "WindowFrames", "compile_filter", "copy_rows", "decode_events",
-    "encode_event", "encode_events", "encode_flat_record", "frame_windows", "gather",
+    "ReadState", "Scan", "WindowFrames", "check_value", "compile_filter", "copy_rows",
+    "decode_events", "encode_event", "encode_events", "encode_flat_record", "frame_windows",
+    "gather",
     "group_rows", "key_hashes", "load_compiled", "native_available", "restamp", "scan",
     "select_events", "stable_key_hash", "twin", "window_checksum",
 ]

@@ -246,7 +246,7 @@ def window_checksum(s, Py_ssize_t first=0, stop=None, int64_t count=0, uint32_t 
 
 
 def decode_events(bytes buf, s, Py_ssize_t first, Py_ssize_t stop, names, value_decoder,
-                  make_event, bint from_bootstrap):
+                  make_event, bint from_bootstrap, make_lazy=None):
     """See ``databus.batch._python.decode_events``."""
     cdef list out = []
     if stop <= first:
@@ -259,12 +259,14 @@ def decode_events(bytes buf, s, Py_ssize_t first, Py_ssize_t stop, names, value_
     cdef const short[::1] sids = s.source_id
     cdef const unsigned long long[::1] fps = s.fingerprint
     cdef Py_ssize_t i
-    cdef int64_t off, klen, total, pkey, ikey
-    cdef int kind
+    cdef int64_t off, klen, total, pkey, ikey, vstart
+    cdef int kind, verdict
     cdef int last_sid = -1
     cdef uint64_t last_fp = 0
     cdef const unsigned char *kp
-    cdef object source = None, decode = None, schema = None, key, value
+    cdef object source = None, decode = None, schema = None, key, value, raw, program
+    cdef const int[::1] prog
+    cdef bint lazy = False
     cdef int sid
     for i in range(first, stop):
         sid = sids[i]
@@ -298,14 +300,33 @@ def decode_events(bytes buf, s, Py_ssize_t first, Py_ssize_t stop, names, value_
             key = _python.data_key(buf, s, i)  # composite keys; raises bad ones
         if decode is None or fps[i] != last_fp:
             last_fp = fps[i]
-            decode, schema = value_decoder(sid, last_fp)
+            decode, schema, program = value_decoder(sid, last_fp)
+            lazy = program is not None and make_lazy is not None
+            if lazy:
+                prog = program
+                lazy = prog.shape[0] > 0
+        vstart = off + HEADER_SIZE + klen
         if total > HEADER_SIZE + klen:
-            value = decode(buf[off + HEADER_SIZE + klen:off + total])
+            raw = PyBytes_FromStringAndSize(<const char *>base + vstart,
+                                            off + total - vstart)
+            if lazy:
+                verdict = _ck_value(&prog[0], prog.shape[0], base, vstart, off + total)
+                if verdict == 0:
+                    out.append(make_lazy(scns[i], source, _OPS[ops[i]], key, raw, decode,
+                                         tss[i], schema, pkey, from_bootstrap,
+                                         bool(flags[i] & 4)))
+                    continue
+                if verdict == 1:
+                    raise _python.bad_value(off)
+            value = decode(raw)
         else:
             value = None
         out.append(make_event(scns[i], source, _OPS[ops[i]], key, value, tss[i], schema,
                               pkey, from_bootstrap, bool(flags[i] & 4)))
     return out
+
+
+include "_check.pxi"
 
 
 def stable_key_hash(key):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from databus._hashing import stable_key_hash
+from databus.batch._check_python import check_value
 from databus.batch._scan import Scan, WindowFrames
 from databus.batch._select import FilterPlan, ReadState
 from databus.errors import EventFormatError
@@ -32,6 +33,7 @@ from databus.event import (
     encode_key,
     restamp_source_id,
 )
+from databus.schemas._program import BAD, GOOD
 
 IMPLEMENTATION = "python"
 
@@ -155,23 +157,30 @@ def window_checksum(s: Scan, first: int = 0, stop: int | None = None, count: int
 
 def decode_events(
     buf: bytes, s: Scan, first: int, stop: int, names: Mapping[int, str],
-    value_decoder: Callable[[int, int], tuple[Callable[[bytes], Any], Any]],
+    value_decoder: Callable[[int, int], tuple[Callable[[bytes], Any], Any, Any]],
     make_event: Callable[..., Any], from_bootstrap: bool,
+    make_lazy: Callable[..., Any] | None = None,
 ) -> list[Any]:
     """The data events ``first..stop`` of a scan of ``buf`` (control events are
     skipped), each as ``make_event(scn, source, op, key, value, timestamp_ns, schema,
     partition_key, from_bootstrap, from_dump)``.
 
     Keys are decoded and checked against the partition key (``decode_data_key``).
-    ``value_decoder(source_id, fingerprint)`` gives ``(decode, schema)`` and is asked
-    again only when the source or fingerprint changes from the previous event;
-    ``decode(value_bytes)`` is called once per event with a non-empty value (else the
-    value is None). An unknown source id is an ``EventFormatError``."""
+    ``value_decoder(source_id, fingerprint)`` gives ``(decode, schema, program)`` and is
+    asked again only when the source or fingerprint changes from the previous event.
+    With a check ``program`` (``databus.schemas._program``) and ``make_lazy``, a value is
+    only checked (``check_value``): GOOD bytes make ``make_lazy(scn, source, op, key,
+    value_bytes, decode, timestamp_ns, schema, partition_key, from_bootstrap,
+    from_dump)``, BAD ones an ``EventFormatError`` (reason "bad value"), and UNSURE ones
+    are decoded at once. Without, ``decode(value_bytes)`` is called once per event with
+    a non-empty value (else the value is None). An unknown source id is an
+    ``EventFormatError``."""
     out: list[Any] = []
     append = out.append
     last: tuple[int, int] | None = None
     decode: Callable[[bytes], Any] | None = None
     schema: Any = None
+    program: Any = None
     for i in range(first, stop):
         sid = s.source_id[i]
         if sid < 0:
@@ -185,14 +194,33 @@ def decode_events(
         fp = s.fingerprint[i]
         if last != (sid, fp):
             last = (sid, fp)
-            decode, schema = value_decoder(sid, fp)
+            decode, schema, program = value_decoder(sid, fp)
         assert decode is not None
         value_start, end = s.value_span(i)
-        value = decode(buf[value_start:end]) if end > value_start else None
+        value: Any = None
+        if end > value_start:
+            raw = buf[value_start:end]
+            if program is not None and make_lazy is not None:
+                verdict = check_value(program, raw)
+                if verdict == GOOD:
+                    append(make_lazy(s.scn[i], source, _OPS[s.op[i]], key, raw, decode,
+                                     s.timestamp[i], schema, s.partition_key[i],
+                                     from_bootstrap, bool(s.flags[i] & FLAG_FROM_SNAPSHOT)))
+                    continue
+                if verdict == BAD:
+                    raise bad_value(offset)
+            value = decode(raw)
         append(make_event(s.scn[i], source, _OPS[s.op[i]], key, value, s.timestamp[i],
                           schema, s.partition_key[i], from_bootstrap,
                           bool(s.flags[i] & FLAG_FROM_SNAPSHOT)))
     return out
+
+
+def bad_value(offset: int) -> EventFormatError:
+    """The error of a value whose bytes its schema's check refused."""
+    return EventFormatError("event value: its bytes do not fit its writer schema "
+                            "(truncated, an index out of range, bad UTF-8 or trailing "
+                            "bytes)", offset=offset, reason="bad value")
 
 
 def encode_events(
@@ -511,6 +539,8 @@ def encode_flat_record(values: Sequence[Any], codes: Sequence[int]) -> bytes | N
 __all__ = [
     "IMPLEMENTATION",
     "CompiledFilter",
+    "bad_value",
+    "check_value",
     "compile_filter",
     "copy_rows",
     "data_key",

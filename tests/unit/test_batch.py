@@ -281,8 +281,8 @@ def test_key_hashes(core: ModuleType) -> None:
         assert hashes[i] == want
 
 
-def _decoder(sid: int, fp: int) -> tuple[Any, Any]:
-    return (lambda data: ("decoded", sid, fp, data)), ("schema", fp)
+def _decoder(sid: int, fp: int) -> tuple[Any, Any, Any]:
+    return (lambda data: ("decoded", sid, fp, data)), ("schema", fp), None
 
 
 def test_decode_events_gives_checked_keys_and_values(core: ModuleType) -> None:

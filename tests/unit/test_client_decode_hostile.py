@@ -205,3 +205,50 @@ def test_forgeries_really_are_crc_valid() -> None:
 
     for event in [*FORGERIES.values(), *CONTROL_FORGERIES.values()]:
         verify_event(event)
+
+
+# -- lazy values (issue 30): checked when the body arrives, decoded on first access ------
+
+
+def _valued(i: int, value: bytes) -> bytes:
+    return encode_event(scn=10, source_id=3, op=Op.UPSERT, key=i, value=value,
+                        timestamp_ns=1000 + i, schema_fingerprint=SCHEMA.fingerprint)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("truncated", CODEC.encode(row(1), SCHEMA)[:-3]),
+    ("trailing byte", CODEC.encode(row(1), SCHEMA) + b"\x00"),
+    ("bad utf-8", b"\x02\x04\xc3\x28\x02\x00"),
+    ("enum index out of range", b"\x02\x02x\x04\x00"),
+    ("union index out of range", b"\x02\x02x\x02\x04"),
+])
+def test_a_bad_value_is_refused_when_the_body_arrives(name: str, value: bytes) -> None:
+    d = decoder()
+    body = window([data_event(1), _valued(2, value)])
+    with pytest.raises(EventFormatError) as err:
+        d.decode(body, NAMES)
+    assert err.value.reason == "bad value", name
+    # Nothing of the body was accepted: the good body after it decodes from scratch.
+    items = d.decode(window([data_event(1), data_event(2)]), NAMES)
+    assert [i.value for i in items if isinstance(i, DataEvent)] == [row(1), row(2)]
+
+
+def test_values_are_decoded_on_first_access_and_stay_whole() -> None:
+    body = window([data_event(i) for i in range(5)])
+    events = [i for i in decoder().decode(body, NAMES) if isinstance(i, DataEvent)]
+    assert not any(e.decoded for e in events)
+    assert events[2].value == row(2) and events[2].decoded and not events[3].decoded
+    assert events[2].value is events[2].value  # decoded once
+    assert events[4].value_bytes == CODEC.encode(row(4), SCHEMA)
+    del body  # the events own their bytes: nothing points into a buffer that goes away
+    assert [e.value for e in events] == [row(i) for i in range(5)]
+
+
+def test_lazy_and_eager_decoding_give_equal_events() -> None:
+    body = window([data_event(1), data_event(2, key="k"), data_event(3, key=(1, "a"))])
+    eager = ResponseDecoder(CODEC, lazy=False)
+    eager.reset()
+    got_eager = eager.decode(body, NAMES)
+    got_lazy = decoder().decode(body, NAMES)
+    assert all(e.decoded for e in got_eager if isinstance(e, DataEvent))
+    assert got_lazy == got_eager
