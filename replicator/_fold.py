@@ -85,6 +85,11 @@ class TableFold:
         self._key_sources = [table.columns[i].source for i in self.key_indexes]
         self._key_converters = [converters[i] for i in self.key_indexes]
         self._single_key = len(self.key_indexes) == 1
+        from databus.replicator._types import is_identity
+
+        # A one-column key whose converter gives values back as they are (ints): the
+        # event key is the fold key as it is.
+        self._key_as_is = self._single_key and is_identity(self._key_converters[0])
         # Whether event keys are folded on before the values are decoded (module
         # docstring); False once an event key did not match its row's key.
         self.by_event_key = True
@@ -136,6 +141,8 @@ class TableFold:
     def event_key(self, key: Any) -> tuple[Any, ...] | None:
         """The target key an event key stands for (converted), or None when it cannot
         say (a tuple of another length, a value the key converters refuse)."""
+        if self._key_as_is and type(key) is not tuple:
+            return (key,)
         if self._single_key:
             if isinstance(key, tuple):
                 if len(key) != 1:
