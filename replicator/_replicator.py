@@ -295,9 +295,9 @@ class ApplyConsumer(Consumer):
             if ok is None and source in batch.changes and source in self.maps:
                 try:
                     ok = self.target.accepts_straight_copy(self.maps[source])
-                except DatabusError as exc:  # the merge, then; apply says the rest
+                except DatabusError as exc:  # merged this time; asked again next batch
                     log.debug("straight copy of %s not asked: %s", source, exc)
-                    ok = False
+                    continue
                 self._straight[source] = ok
                 log.info("initial copy of %s: %s", source,
                          "straight into its empty table (COPY)" if ok else
