@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from databus.checkpoint import Checkpoint
 from databus.config import ReplicatedTableConfig
 from databus.replicator._ddl import plan_ddl, widens
 from databus.replicator._fold import Folder, TableFold, UnusableEventError
@@ -316,3 +317,100 @@ def test_an_event_key_the_key_converter_refuses_folds_the_old_way_mid_window() -
     got = {k: c.row for k, c in f.take().changes["shop.orders"].items()}
     assert got == {(1,): (1, None, "d"), (2,): (2, None, "c")}
     assert not tf.by_event_key
+
+
+# -- the consumer's straight copies (issue 30) ------------------------------------------
+
+
+class StraightTarget:
+    """A target that records what each batch may copy straight, and whose table holds
+    a key (refusing the straight copy, as PostgreSQL's primary key does) from ``held``."""
+
+    def __init__(self, empty: bool = True) -> None:
+        self.empty = empty
+        self.asked = 0
+        self.applied: list[tuple[int, set[str]]] = []
+        self.held: set[Any] = set()
+
+    def accepts_straight_copy(self, t: TableMap) -> bool:
+        self.asked += 1
+        return self.empty
+
+    def apply(self, replication: str, tables: Any, batch: Any) -> None:
+        for source in list(batch.straight):
+            if any(k in self.held for k in batch.changes.get(source, {})):
+                batch.straight.discard(source)  # rolled back, merged
+        self.applied.append((batch.scn, set(batch.straight)))
+        for changes in batch.changes.values():
+            self.held.update(changes)
+
+
+def consumer(target: StraightTarget) -> Any:
+    from databus.config import ReplicateConfig, ReplicatedTableConfig
+    from databus.replicator._replicator import ApplyConsumer, TargetPosition
+
+    config = ReplicateConfig(name="r", target="sqlite:///x.db", relays=("http://x:1",),
+                             tables=(ReplicatedTableConfig(source="shop.orders"),),
+                             batch_rows=2)
+    return ApplyConsumer(config, target, {"shop.orders": ORDERS},  # type: ignore[arg-type]
+                         TargetPosition(lambda: None), lambda s, schema: None,
+                         lambda t: fold(t))
+
+
+def feed(c: Any, scn: int, *keys: int) -> None:
+    c.on_start_data_event_sequence(scn)
+    for k in keys:
+        c.on_data_event(LazyEvent("shop.orders", k, {"id": k}, scn))
+    c.on_end_data_event_sequence(scn)
+
+
+def test_a_dump_into_an_empty_table_is_copied_straight_until_a_key_is_met() -> None:
+    target = StraightTarget()
+    c = consumer(target)
+    feed(c, 1, 1, 2)  # before the dump: merged
+    c.on_dump_start("shop.orders")
+    c.on_dump_start("other.table")  # not replicated: nothing
+    feed(c, 2, 3, 4)
+    feed(c, 3, 5, 6)
+    feed(c, 4, 1, 7)  # key 1 is in the table: that batch merges, and the rest of the copy
+    feed(c, 5, 8, 9)
+    c.on_start_data_event_sequence(6)
+    c.on_data_event(LazyEvent("shop.orders", 10, {"id": 10}, 6))
+    c.on_dump_end("shop.orders")
+    c.on_end_data_event_sequence(6)
+    c.on_dump_start("shop.orders")  # a new dump asks again (and the table is not empty)
+    target.empty = False
+    feed(c, 7, 11, 12)
+    # (windows 6 and 7 are one batch: one row each, batch_rows 2)
+    assert target.applied == [(1, set()), (2, {"shop.orders"}), (3, {"shop.orders"}),
+                              (4, set()), (5, set()), (7, set())]
+    assert target.asked == 2
+
+
+def test_the_dump_end_lets_its_last_batch_go_straight_then_merges() -> None:
+    target = StraightTarget()
+    c = consumer(target)
+    c.on_dump_start("shop.orders")
+    c.on_start_data_event_sequence(1)
+    c.on_data_event(LazyEvent("shop.orders", 1, {"id": 1}, 1))
+    c.on_dump_end("shop.orders")
+    c.on_end_data_event_sequence(1)  # one row: not due yet
+    feed(c, 2, 2)  # the batch holding the dump's end: straight
+    feed(c, 3, 3, 4)  # after it: merged
+    assert target.applied == [(2, {"shop.orders"}), (3, set())]
+
+
+def test_a_bootstrap_from_nothing_copies_straight_a_resumed_one_merges() -> None:
+    target = StraightTarget()
+    c = consumer(target)
+    c.position.loaded = None
+    c.on_start_bootstrap()
+    feed(c, 1, 1, 2)
+    c.on_end_bootstrap()
+    feed(c, 2, 3, 4)
+    resumed = consumer(StraightTarget())
+    resumed.position.loaded = Checkpoint(5)
+    resumed.on_start_bootstrap()
+    feed(resumed, 6, 1, 2)
+    assert target.applied == [(1, {"shop.orders"}), (2, set())]
+    assert resumed.target.applied == [(6, set())]
