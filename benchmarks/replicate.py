@@ -5,6 +5,7 @@ transactions/s (issue 19, "Benchmarks").
         [--events-per-window 10] [--event-bytes 500] [--batch-rows 1000,5000,20000]
         [--repeat 2] [--lag-seconds 20] [--lag-batch-ms 500,100] [--skip-lag]
         [--skip-throughput] [--skip-copy] [--copy-rows 1000000] [--copy-batch-rows 20000]
+        [--copy-merge-too]
 
 Setup: a throwaway PostgreSQL 15 started as the test fixture starts it (``_pg.py``:
 fsync, synchronous_commit and full_page_writes off) and a ``databus relay`` child
@@ -57,7 +58,9 @@ column). Reference, same run: the same rows, read once from the source (``COPY (
 ...) TO STDOUT``, text and binary), each loaded with one ``COPY ... FROM STDIN`` into a
 fresh empty table exactly like the replicator's (``INCLUDING ALL``: its primary key),
 timed from the COPY to its commit; the faster of the two formats is the reference.
-Goal: replicator time <= 1.5 x the reference's.
+Goal: replicator time <= 1.5 x the reference's. ``--copy-merge-too`` also times each
+round with the straight copy turned off (staging table and ``INSERT ... ON CONFLICT``
+for every batch, as before issue 30), for comparison.
 
 Each figure is printed with the machine's load average and the CPU (cores) of this
 process (the replicator), the relay, PostgreSQL (postmaster and backends) and the rest
@@ -94,7 +97,7 @@ from databus.client import Consumer, DatabusClient, DataEvent, MemoryCheckpointS
 from databus.config import ReplicateConfig, ReplicatedTableConfig
 from databus.replicator._replicator import Replicator
 from databus.replicator.targets._pgcopy import binary_encoders, copy_binary
-from databus.replicator.targets._postgres import copy_text
+from databus.replicator.targets._postgres import PostgresTarget, copy_text
 
 SOURCE = "bench.rows"
 TABLE = "rows"
@@ -396,6 +399,7 @@ def throughput(server: PostgresServer, args: argparse.Namespace) -> None:
           f"{args.event_bytes} bytes ({events:,} events over {args.keys:,} keys, update "
           f"ratio {update_ratio:.3f}); batch_ms {args.batch_ms}; best of {args.repeat}")
     copies: list[float] = []
+    by_format: dict[str, list[float]] = {"text": [], "binary": []}
     keyed_copies: list[float] = []
     runs: dict[int, list[ThroughputRun]] = {b: [] for b in args.batch_rows}
     with RelayProcess(uri, capacity_mb) as relay:
@@ -422,6 +426,7 @@ def throughput(server: PostgresServer, args: argparse.Namespace) -> None:
             for fmt in ("text", "binary"):
                 seconds, cpu, load = raw_copy(server, relay, rows, keyed=False, fmt=fmt)
                 best_copy = min(best_copy, seconds)
+                by_format[fmt].append(seconds)
                 print(f"  round {i + 1}: raw COPY ({fmt}) of {events:,} rows: {seconds:.2f} "
                       f"s, {events / seconds:,.0f} rows/s; {cpu}; {load}", flush=True)
             copies.append(best_copy)  # the faster format is the reference
@@ -434,13 +439,18 @@ def throughput(server: PostgresServer, args: argparse.Namespace) -> None:
     copy_rate = events / min(copies)
     keyed_rate = args.keys / min(keyed_copies)
     print()
-    print("| figure | events/s | rows applied/s | events/s ÷ COPY rows/s |")
-    print("|---|---:|---:|---:|")
+    text_rate = events / min(by_format["text"])
+    print("| figure | events/s | rows applied/s | events/s ÷ COPY rows/s | ÷ text COPY "
+          "(issue 19's reference) |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| raw COPY, text format | {text_rate:,.0f} | - | {text_rate / copy_rate:.2f} | "
+          "1.00 |")
     print(f"| raw COPY of the {events:,} rows, one statement, faster of text and binary "
           "(reference) | "
-          f"{copy_rate:,.0f} | - | 1.00 |")
+          f"{copy_rate:,.0f} | - | 1.00 | {copy_rate / text_rate:.2f} |")
     print(f"| raw COPY of the {args.keys:,} final rows into the keyed table (context) | "
-          f"{keyed_rate:,.0f} | - | {keyed_rate / copy_rate:.2f} |")
+          f"{keyed_rate:,.0f} | - | {keyed_rate / copy_rate:.2f} | "
+          f"{keyed_rate / text_rate:.2f} |")
     for batch_rows, rs in runs.items():
         best = min(rs, key=lambda r: r.seconds)
         ratios = sorted(events / r.seconds / (events / c) for r, c in zip(rs, copies,
@@ -449,7 +459,7 @@ def throughput(server: PostgresServer, args: argparse.Namespace) -> None:
                   else "")
         print(f"| replicator, batch_rows={batch_rows} | {events / best.seconds:,.0f} | "
               f"{best.rows / best.seconds:,.0f} | **{events / best.seconds / copy_rate:.2f}**"
-              f"{spread} (goal >= 0.5) |")
+              f"{spread} (goal >= 0.5) | {events / best.seconds / text_rate:.2f} |")
     print()
 
 
@@ -537,8 +547,13 @@ def initial_copy(server: PostgresServer, args: argparse.Namespace) -> None:
         finally:
             source.close()
         runs: list[float] = []
+        merged: list[float] = []
         refs: dict[str, list[float]] = {"text": [], "binary": []}
-        for i in range(args.repeat):
+        modes = ["straight", "merge"] if args.copy_merge_too else ["straight"]
+        for i, mode in ((i, m) for i in range(args.repeat) for m in modes):
+            # "merge": the straight copy turned off (staging table + INSERT ... ON
+            # CONFLICT for every batch, as before issue 30), for comparison.
+            PostgresTarget.straight_copy = mode == "straight"
             schema = "bench_copy"
             fresh_schema(server, schema)
             config = ReplicateConfig(
@@ -554,7 +569,7 @@ def initial_copy(server: PostgresServer, args: argparse.Namespace) -> None:
             if PROBE.done_at is None:
                 raise RuntimeError("the replicator stopped before the dump's end")
             seconds = PROBE.done_at - began
-            runs.append(seconds)
+            (runs if mode == "straight" else merged).append(seconds)
             conn = psycopg2.connect(**server.connect_kwargs())
             try:
                 got = table_digest(conn, f"{schema}.items", COLUMN_NAMES)
@@ -563,9 +578,11 @@ def initial_copy(server: PostgresServer, args: argparse.Namespace) -> None:
             if got != want:
                 raise AssertionError(f"the replicated table differs from the source: "
                                      f"{got} != {want}")
-            print(f"  round {i + 1}: replicator: {seconds:.2f} s, {rows / seconds:,.0f} "
+            print(f"  round {i + 1}: replicator ({mode}): {seconds:.2f} s, {rows / seconds:,.0f} "
                   f"rows/s ({PROBE.batches} batches, {PROBE.apply_s / seconds:.0%} of the "
                   f"time in target.apply); {cpu}; {loadavg()}", flush=True)
+            if mode != "straight":
+                continue
             for fmt in ("text", "binary"):
                 ref, ref_cpu, load = copy_reference(server, relay.pid, db, COLUMN_NAMES,
                                                     rows, fmt)
@@ -587,6 +604,11 @@ def initial_copy(server: PostgresServer, args: argparse.Namespace) -> None:
     spread = f" (per round {ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
     print(f"| replicator, initial copy by dump | {best:.2f} | {rows / best:,.0f} | "
           f"**{best / ref:.2f}**{spread} (goal <= 1.5) |")
+    if merged:
+        m = min(merged)
+        print(f"| replicator, the straight copy off (staging + merge) | {m:.2f} | "
+              f"{rows / m:,.0f} | {m / ref:.2f} |")
+    PostgresTarget.straight_copy = True
     print()
 
 
@@ -683,6 +705,8 @@ def main() -> None:
     parser.add_argument("--skip-copy", action="store_true")
     parser.add_argument("--copy-rows", type=int, default=1_000_000)
     parser.add_argument("--copy-batch-rows", type=int, default=20_000)
+    parser.add_argument("--copy-merge-too", action="store_true",
+                        help="also time the initial copy with the straight copy off")
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     if args.quick:
