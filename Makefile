@@ -64,7 +64,7 @@ apt:
 venv: $(BIN)/.installed
 
 # The compiled event core is built by the install (setup.py); its sources rebuild it.
-$(BIN)/.installed: pyproject.toml setup.py databus/batch/_native.pyx databus/batch/_check.pxi databus/batch/_wire.h \
+$(BIN)/.installed: pyproject.toml setup.py databus/batch/_native.pyx databus/batch/_check.pxi databus/batch/_windows.pxi databus/batch/_wire.h \
 		fetchers/postgres/_transcode_native.pyx fetchers/mysql/_rows_native.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

@@ -105,6 +105,9 @@ class ResponseDecoder:
         # Values checked at receive time and decoded on first access (docs/client.md,
         # "Lazy values"); False decodes every value at once, as before.
         self.lazy = lazy
+        # Relay bodies in one call of the event core (``_decode_fast``); False: the
+        # reference path for every body (the tests hold the two equal).
+        self.fast = True
 
     def reset(self, *, at_window_start: bool = True, framing: Framing = Framing.RELAY) -> None:
         """A new pull position: a window in progress is abandoned. ``at_window_start``
@@ -196,6 +199,10 @@ class ResponseDecoder:
         relay's checkpoint stands where the body ends)."""
         if found is not None:
             self._last_scan = (body, found)
+        if self.fast and self.framing is Framing.RELAY and not self._spilled and self.lazy:
+            fast = self._decode_fast(body, source_names)
+            if fast is not None:
+                return fast
         # Events are only appended to the held list until an EOW replaces it, so its
         # length is enough to restore it.
         pending = self._pending
@@ -208,6 +215,35 @@ class ResponseDecoder:
              self._pending, size, self._held_bytes, self._spilled) = saved
             del pending[size:]
             raise
+
+    def _decode_fast(self, body: bytes, source_names: Mapping[int, str]) -> list[Item] | None:
+        """The items of a relay body by the event core's one-call fast path
+        (``batch.decode_relay_body``), or None when the body needs the reference path
+        below (a dump marker, anything wrong): that path then gives the same items or
+        the exact error. Nothing changes here unless the fast path succeeds."""
+        s = self._scan(body)
+        if s.error is not None:
+            return None
+        check = self._check
+        try:
+            found = batch.decode_relay_body(
+                body, s, source_names, self._value_decoder(source_names), DataEvent,
+                lazy_event, EndOfWindow, self._window, check.count, check.crc, self._whole,
+                self.verify_windows)
+        except (SchemaError, UnknownSchemaError):
+            return None  # the reference path says which event and why
+        if found is None:
+            return None
+        self._last_scan = None
+        items, held_from, eows, self._window, check.count, check.crc, self._whole, held = found
+        if not eows:  # the open window goes on: all of it is held
+            self._pending.extend(items)
+            self._held_bytes += held
+            return []
+        out: list[Item] = [*self._pending, *items[:held_from]]
+        self._pending = items[held_from:]
+        self._held_bytes = held
+        return out
 
     def _decode(self, body: bytes, source_names: Mapping[int, str]) -> Iterable[Item]:
         # Hot path: one scan checks every CRC and gives the header fields as arrays;
@@ -289,10 +325,10 @@ class ResponseDecoder:
                 yield from held
             yield EndOfWindow(scn, header.timestamp_ns, count)
 
-    def _data_events(self, body: bytes, s: Scan, first: int, stop: int,
-                     source_names: Mapping[int, str], bootstrap: bool) -> list[DataEvent]:
-        """The data events ``first..stop`` of a scan, decoded in one batch call; a value
-        that does not decode is found again event by event for its exact error."""
+    def _value_decoder(self, source_names: Mapping[int, str]
+                       ) -> Callable[[int, int], tuple[Callable[[bytes], Any], Schema | None,
+                                                       Any]]:
+        """``value_decoder(source_id, fingerprint)`` as the event core asks for it."""
         codec, readers = self.codec, self.reader_schemas
         cache = self._value_decoders
         lazy = self.lazy
@@ -320,6 +356,13 @@ class ResponseDecoder:
                 cache[(name, fingerprint)] = found
             return found[0], found[1], found[3]
 
+        return value_decoder
+
+    def _data_events(self, body: bytes, s: Scan, first: int, stop: int,
+                     source_names: Mapping[int, str], bootstrap: bool) -> list[DataEvent]:
+        """The data events ``first..stop`` of a scan, decoded in one batch call; a value
+        that does not decode is found again event by event for its exact error."""
+        value_decoder = self._value_decoder(source_names)
         try:
             events: list[DataEvent] = batch.decode_events(
                 body, s, first, stop, source_names, value_decoder, DataEvent, bootstrap,
@@ -327,7 +370,8 @@ class ResponseDecoder:
         except (SchemaError, UnknownSchemaError):
             for i in range(first, stop):  # raises the first event's error, with its offset
                 source = source_names[s.source_id[i]]
-                self._data_event(body, s.offset[i], s.header(i), source, readers.get(source),
+                self._data_event(body, s.offset[i], s.header(i), source,
+                                 self.reader_schemas.get(source),
                                  bootstrap)
             raise
         return events

@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # both twins have the reference's signatures
         compile_filter,
         copy_rows,
         decode_events,
+        decode_relay_body,
         encode_event,
         encode_events,
         encode_flat_record,
@@ -76,6 +77,7 @@ else:
     window_checksum = _impl.window_checksum
     decode_events = _impl.decode_events
     check_value = _impl.check_value
+    decode_relay_body = _impl.decode_relay_body
     encode_event = _impl.encode_event
     encode_events = _impl.encode_events
     key_hashes = _impl.key_hashes
@@ -112,8 +114,8 @@ def native_available() -> bool:
 __all__ = [
     "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "FilterPlan", "Predicate",
     "ReadState", "Scan", "WindowFrames", "check_value", "compile_filter", "copy_rows",
-    "decode_events", "encode_event", "encode_events", "encode_flat_record", "frame_windows",
-    "gather",
+    "decode_events", "decode_relay_body", "encode_event", "encode_events",
+    "encode_flat_record", "frame_windows", "gather",
     "group_rows", "key_hashes", "load_compiled", "native_available", "restamp", "scan",
     "select_events", "stable_key_hash", "twin", "window_checksum",
 ]

@@ -327,6 +327,7 @@ def decode_events(bytes buf, s, Py_ssize_t first, Py_ssize_t stop, names, value_
 
 
 include "_check.pxi"
+include "_windows.pxi"
 
 
 def stable_key_hash(key):

@@ -16,6 +16,7 @@ from databus._hashing import stable_key_hash
 from databus.batch._check_python import check_value
 from databus.batch._scan import Scan, WindowFrames
 from databus.batch._select import FilterPlan, ReadState
+from databus.batch._windows_python import decode_relay_body
 from databus.errors import EventFormatError
 from databus.event import (
     _OPS,
@@ -545,6 +546,7 @@ __all__ = [
     "copy_rows",
     "data_key",
     "decode_events",
+    "decode_relay_body",
     "encode_event",
     "encode_events",
     "encode_flat_record",

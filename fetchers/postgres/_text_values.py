@@ -148,7 +148,10 @@ def decimal_parser(sql_type: str, precision: int, scale: int) -> Callable[[str],
         # Digits of the unscaled value: the integer part's (no leading zeros) + scale.
         if len(m[2] or "") > scale or len(m[1]) + scale > precision:
             raise ValueError(f"does not fit decimal({precision},{scale})")
-        return Decimal(text)
+        value = Decimal(text)
+        # A negative zero ("-0", "-0.00"; PostgreSQL itself prints none) is zero: the
+        # Avro writer would encode its sign as a unit of the last place (-0.01).
+        return value if value else value.copy_abs()
 
     return parse
 

@@ -705,3 +705,13 @@ def test_load_types_follows_elements_and_bases() -> None:
     mapping = column_mapping(PRICE_ARR, -1, types)
     assert mapping.sql_type == "numeric(10,2)[]"
     assert mapping.convert("{1.50}") == [Decimal("1.50")]
+
+
+def test_a_negative_zero_decimal_is_zero() -> None:
+    # Found by the property test above: fastavro writes Decimal("-0") with scale 2 as
+    # -0.02. The parser hands over zero instead.
+    mapping = m(1700, 655366)  # numeric(10, 2)
+    for text in ("-0", "-0.0", "-0.00"):
+        value = mapping.convert(text)
+        assert value == 0 and not value.is_signed()
+        _encodes(mapping, value)

@@ -1,0 +1,113 @@
+# Included by _native.pyx: the compiled twin of databus.batch._windows_python (the
+# client's fast path over a relay body; see there). Same answers, None included.
+
+
+def decode_relay_body(bytes buf, s, names, value_decoder, make_event, make_lazy, make_eow,
+                      window, int64_t count, uint32_t crc, bint whole, bint verify):
+    """See ``databus.batch._windows_python.decode_relay_body``."""
+    cdef Py_ssize_t n = s.count, i
+    cdef list items = []
+    if n == 0:
+        return items, 0, 0, window, count, crc, whole, 0
+    cdef const unsigned char *base = <const unsigned char *>PyBytes_AS_STRING(buf)
+    cdef Py_ssize_t nbuf = len(buf)
+    cdef const long long[::1] offs = s.offset, lens = s.length, scns = s.scn
+    cdef const long long[::1] tss = s.timestamp, pkeys = s.partition_key, klens = s.key_length
+    cdef const unsigned char[::1] ops = s.op, flags = s.flags
+    cdef const short[::1] sids = s.source_id
+    cdef const unsigned long long[::1] fps = s.fingerprint
+    cdef const unsigned int[::1] hcrcs = s.header_crc
+    cdef bint open_ = window is not None
+    cdef int64_t win = window if open_ else 0
+    cdef int64_t scn, off, total, klen, pkey, vstart
+    cdef Py_ssize_t held_from = 0, eows = 0
+    cdef int64_t held_bytes = 0
+    cdef int kind, sid
+    cdef int last_sid = -1
+    cdef uint64_t last_fp = 0
+    cdef bint have_decoder = False, lazy = False
+    cdef const unsigned char *kp
+    cdef const int[::1] prog
+    cdef object source = None, decode = None, schema = None, program, key, raw, op
+    cdef uint32_t said_count, said_crc
+    for i in range(n):
+        scn = scns[i]
+        sid = sids[i]
+        off = offs[i]
+        total = lens[i]
+        if off < 0 or off + total > nbuf:
+            raise ValueError("decode_relay_body: the scan is not of this buffer")
+        if not open_ or scn != win:
+            if open_ and count:
+                return None
+            open_, win, count, crc = True, scn, 0, 0
+        if sid >= 0:
+            if sid != last_sid:
+                source = names.get(sid)
+                if source is None:
+                    return None
+                last_sid = sid
+                have_decoder = False
+            klen = klens[i]
+            pkey = pkeys[i]
+            kind = flags[i] & 3
+            kp = base + off + HEADER_SIZE
+            if kind == 1:
+                if klen != 8 or <int64_t>db_be64(kp) != pkey:
+                    return None
+                key = pkey
+            elif kind == 2 or kind == 0:
+                if db_stable_key_hash(kp, klen) != pkey:
+                    return None
+                if kind == 2:
+                    try:
+                        key = kp[:klen].decode("utf-8")
+                    except UnicodeDecodeError:
+                        return None
+                else:
+                    key = kp[:klen]
+            else:
+                return None  # composite: the reference path reads it
+            count += 1
+            crc = _crc_u32(crc, hcrcs[i])
+            if not have_decoder or fps[i] != last_fp:
+                last_fp = fps[i]
+                decode, schema, program = value_decoder(sid, last_fp)
+                have_decoder = True
+                lazy = program is not None
+                if lazy:
+                    prog = program
+                    lazy = prog.shape[0] > 0
+            op = _OPS[ops[i]]
+            vstart = off + HEADER_SIZE + klen
+            if total > HEADER_SIZE + klen:
+                if not lazy or _ck_value(&prog[0], prog.shape[0], base, vstart,
+                                         off + total) != 0:
+                    return None
+                raw = PyBytes_FromStringAndSize(<const char *>base + vstart,
+                                                off + total - vstart)
+                items.append(make_lazy(scn, source, op, key, raw, decode, tss[i], schema,
+                                       pkey, False, bool(flags[i] & 4)))
+            else:
+                items.append(make_event(scn, source, op, key, None, tss[i], schema, pkey,
+                                        False, bool(flags[i] & 4)))
+            held_bytes += total
+            continue
+        if flags[i] or klens[i] or pkeys[i] or fps[i]:
+            return None
+        if sid != EOW:
+            if sid == -5:  # a heartbeat
+                continue
+            return None
+        if total - HEADER_SIZE != 8:
+            return None
+        said_count = db_be32(base + off + HEADER_SIZE)
+        said_crc = db_be32(base + off + HEADER_SIZE + 4)
+        if verify and whole and (said_count != count or said_crc != crc):
+            return None
+        items.append(make_eow(scn, tss[i], said_count))
+        eows += 1
+        held_from = len(items)
+        held_bytes = 0
+        open_, count, crc, whole = False, 0, 0, True
+    return (items, held_from, eows, win if open_ else None, count, crc, whole, held_bytes)

@@ -1,0 +1,152 @@
+"""The client's one-call fast path over relay bodies (``batch.decode_relay_body``,
+issue 30) against the reference path of ``ResponseDecoder``, on valid, split and
+mutated bodies (CRCs recomputed, as a hostile relay would):
+
+- the two paths deliver equal items, hold the same bytes, and refuse the same bodies;
+- the twins of ``decode_relay_body`` give the same answer, None included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from databus import batch
+from databus.client._decode import ResponseDecoder
+from databus.client._events import DataEvent, EndOfWindow, lazy_event
+from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
+from databus.event import Op, encode_control, encode_dump_marker, encode_eow, encode_event
+from tests.event_forging import fix_windows, reseal
+from tests.unit.test_client_decode_fuzz import CODEC, NAMES, SCHEMA, row
+
+pytestmark = pytest.mark.twin("databus.batch")
+
+EXAMPLES = int(os.environ.get("DATABUS_FUZZ_EXAMPLES", "300"))
+FUZZ = settings(deadline=None, max_examples=EXAMPLES, derandomize=True, database=None,
+                suppress_health_check=list(HealthCheck))
+KEYS: list[object] = [7, -(1 << 63), "clé", "", b"\x00\xff", 12]
+
+
+def build_events(scns: range = range(100, 104)) -> list[bytes]:
+    events: list[bytes] = []
+    for scn in scns:
+        for i, key in enumerate(KEYS):
+            n = scn * 10 + i
+            op = Op.DELETE if i == 3 else Op.UPSERT
+            value = b"" if op is Op.DELETE else CODEC.encode(row(n), SCHEMA)
+            events.append(encode_event(
+                scn=scn, source_id=3 + i % 2, op=op, key=key,  # type: ignore[arg-type]
+                value=value, timestamp_ns=n, partition_id=i,
+                schema_fingerprint=SCHEMA.fingerprint if value else 0,
+                from_snapshot=i == 5))
+        if scn % 2:
+            events.append(encode_control(scn=scn, source_id=-5))
+        events.append(encode_eow(scn=scn, event_count=0, checksum=0))
+    return fix_windows(events)
+
+
+EVENTS = build_events()
+
+
+def _decoders() -> tuple[ResponseDecoder, ResponseDecoder]:
+    fast, slow = ResponseDecoder(CODEC), ResponseDecoder(CODEC)
+    slow.fast = False
+    fast.reset()
+    slow.reset()
+    return fast, slow
+
+
+def _run(decoder: ResponseDecoder, bodies: list[bytes]) -> list[Any]:
+    """What each body gives (items, or the error's reason), and the held bytes."""
+    out: list[Any] = []
+    for body in bodies:
+        try:
+            out.append(decoder.decode(body, NAMES))
+        except EventFormatError as exc:
+            out.append(("refused", exc.reason))
+        out.append((decoder.held_bytes, decoder.in_window, decoder.window_scn))
+    return out
+
+
+def test_a_valid_body_takes_the_fast_path_and_equals_the_reference() -> None:
+    body = b"".join(EVENTS)
+    fast, slow = _decoders()
+    s = batch.scan(body)
+    found = batch.decode_relay_body(body, s, NAMES, fast._value_decoder(NAMES), DataEvent,
+                                    lazy_event, EndOfWindow, None, 0, 0, True, True)
+    assert found is not None and found[2] == 4  # the fast path took it: four EOWs
+    got, want = _run(fast, [body]), _run(slow, [body])
+    events = [i for i in got[0] if isinstance(i, DataEvent)]
+    assert len(events) == 4 * len(KEYS)
+    assert not any(e.decoded for e in events if e.value_bytes is not None)
+    assert [e.value for e in events[:2]] == [row(1000), row(1001)]
+    assert got == want
+
+
+@pytest.mark.parametrize("cut", [1, 3, 7, 8, 13, 20])
+def test_bodies_split_between_events_hold_the_open_window_alike(cut: int) -> None:
+    bodies = [b"".join(EVENTS[:cut]), b"".join(EVENTS[cut:cut + 5]),
+              b"".join(EVENTS[cut + 5:])]
+    fast, slow = _decoders()
+    assert _run(fast, bodies) == _run(slow, bodies)
+
+
+def test_a_dump_marker_goes_by_the_reference_path_with_the_same_result() -> None:
+    marker = encode_dump_marker(scn=101, kind="start", source="shop.orders", dump_id="d1")
+    events = list(EVENTS)
+    events.insert(len(KEYS) + 2, marker)
+    body = b"".join(fix_windows(events))
+    fast, slow = _decoders()
+    assert _run(fast, [body]) == _run(slow, [body])
+
+
+@FUZZ
+@given(which=st.integers(0, len(EVENTS) - 1), start=st.integers(0, 400),
+       patch=st.binary(min_size=1, max_size=8),
+       mode=st.sampled_from(["overwrite", "insert", "delete"]), fix_eow=st.booleans(),
+       cut=st.integers(0, len(EVENTS)))
+def test_mutated_bodies_agree(which: int, start: int, patch: bytes, mode: str,
+                              fix_eow: bool, cut: int) -> None:
+    events = list(EVENTS)
+    event = bytearray(events[which])
+    pos = 12 + start % max(1, len(event) - 12)
+    if mode == "overwrite":
+        event[pos:pos + len(patch)] = patch
+    elif mode == "insert":
+        event[pos:pos] = patch
+    else:
+        del event[pos:pos + len(patch)]
+    if mode != "overwrite" and pos >= 16 and len(event) >= 56:
+        event[12:16] = len(event).to_bytes(4, "big")
+    events[which] = reseal(event)
+    if fix_eow:
+        with contextlib.suppress(struct.error):
+            events = fix_windows(events)
+    bodies = [b"".join(events[:cut]), b"".join(events[cut:])]
+    fast, slow = _decoders()
+    assert _run(fast, bodies) == _run(slow, bodies)
+    # The twins answer alike on the whole body.
+    body = b"".join(events)
+    s = batch.scan(body)
+    if s.error is None:
+        answers = []
+        for name in ("python", "native"):
+            try:
+                core = batch.twin(name)
+            except ImportError:
+                if os.environ.get("CI"):
+                    raise
+                continue
+            try:
+                answers.append(core.decode_relay_body(
+                    body, s, NAMES, fast._value_decoder(NAMES), DataEvent, lazy_event,
+                    EndOfWindow, None, 0, 0, True, True))
+            except (SchemaError, UnknownSchemaError) as exc:  # from value_decoder
+                answers.append(type(exc))
+        assert all(a == answers[0] for a in answers)
