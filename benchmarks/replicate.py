@@ -118,7 +118,9 @@ class _Probe:
         self.done = threading.Event()
         self.done_at: float | None = None  # perf_counter at the commit reaching end_scn
         self.batches = 0
-        self.apply_s = 0.0  # time inside _flush_locked (target.apply: COPY, merge, COMMIT)
+        # Time inside _flush_locked: since issue 30 the survivors' values are decoded and
+        # converted there (Folder.materialize), then target.apply (COPY, merge, COMMIT).
+        self.apply_s = 0.0
         self.rows = 0
         self.events = 0
         self.window_ts: dict[int, int] = {}  # scn -> source timestamp_ns
@@ -420,7 +422,8 @@ def throughput(server: PostgresServer, args: argparse.Namespace) -> None:
                       f"{run.seconds:.2f} s, {events / run.seconds:,.0f} events/s, "
                       f"{run.rows / run.seconds:,.0f} rows applied/s ({run.rows:,} rows in "
                       f"{run.batches} batches, {run.apply_s / run.seconds:.0%} of the time in "
-                      f"target.apply); {run.cpu}; {run.load}", flush=True)
+                      f"the flush: decode of survivors + target.apply); {run.cpu}; "
+                      f"{run.load}", flush=True)
             check_equal(server, rows)  # the last run's table, against the source
             best_copy = math.inf
             for fmt in ("text", "binary"):
@@ -580,7 +583,7 @@ def initial_copy(server: PostgresServer, args: argparse.Namespace) -> None:
                                      f"{got} != {want}")
             print(f"  round {i + 1}: replicator ({mode}): {seconds:.2f} s, {rows / seconds:,.0f} "
                   f"rows/s ({PROBE.batches} batches, {PROBE.apply_s / seconds:.0%} of the "
-                  f"time in target.apply); {cpu}; {loadavg()}", flush=True)
+                  f"time in the flush: decode + apply); {cpu}; {loadavg()}", flush=True)
             if mode != "straight":
                 continue
             for fmt in ("text", "binary"):
