@@ -51,6 +51,12 @@ def _extensions() -> list[Extension]:
             ["fetchers/mysql/_rows_native.pyx"],
             extra_compile_args=["-O3"],
         ),
+        # The replicator's rows straight from Avro bytes (its twin: _avrorow_python).
+        Extension(
+            "databus.replicator._avrorow_native",
+            ["replicator/_avrorow_native.pyx"],
+            extra_compile_args=["-O3"],
+        ),
         # The replicator's binary COPY rows for PostgreSQL (its twin: _pgcopy_python).
         Extension(
             "databus.replicator.targets._pgcopy_native",

@@ -14,17 +14,18 @@ two source keys the target cannot tell apart (e.g. case in a case-insensitive
 collation) fold together, as the target would store them.
 
 Fold before decode (issue 30). An event's key is in its header (``event.key``: the
-source's key columns, in key order, the form a delete without its old row carries);
-only the key is converted as the event arrives (the table's key converters, cheap),
-and the *event* is kept per converted key until the batch is applied. ``materialize``
-reads ``event.value`` (a lazy decode in the client) and converts the row of the
-survivors only: a key updated a hundred times in a batch costs one decode and one row
-conversion, not a hundred. The events of the batch are kept in order beside it, so that
-when an event key turns out not to be the row's key (a table map whose ``key`` is not
-the source's primary key, or key columns in another order, or an event key the key
-converters refuse) the table's batch is folded again the old way (every event decoded,
-folded on the key its row holds) and that table stays on the old way for the rest of
-the run: the result never depends on which way was taken.
+source's key columns, in key order, the form a delete without its old row carries); only
+the key is converted as the event arrives (the table's key converters, cheap), and the
+*event* is kept per converted key until the batch is applied. ``materialize`` reads
+``event.value`` (a lazy decode in the client) and converts the row of the survivors only
+(or, when the compiled reader has a plan for the table, reads the row straight from the
+event's Avro bytes: ``_avrorow.py``): a key updated a hundred times in a batch costs one
+decode and one row conversion, not a hundred. The events of the batch are kept in order
+beside it, so that when an event key turns out not to be the row's key (a table map
+whose ``key`` is not the source's primary key, or key columns in another order, or an
+event key the key converters refuse) the table's batch is folded again the old way
+(every event decoded, folded on the key its row holds) and that table stays on the old
+way for the rest of the run: the result never depends on which way was taken.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from databus.errors import DatabusError
+from databus.replicator import _avrorow
 from databus.replicator._model import Batch, Change, TableMap
 
 __all__ = ["Folder", "TableFold", "UnusableEventError"]
@@ -49,6 +51,7 @@ class UnusableEventError(DatabusError):
 
 
 _CONVERT_ERRORS = (TypeError, ValueError, ArithmeticError)
+_NO_PLAN_YET: Any = object()
 
 
 def _plain(conv: Converter) -> tuple[Converter | None, bool]:
@@ -74,6 +77,9 @@ class TableFold:
         self.table = table
         self._columns = [(c.source, conv) for c, conv in zip(table.columns, converters,
                                                             strict=True)]
+        self._converters = list(converters)
+        # Writer schema fingerprint -> its plan for rows straight from Avro bytes.
+        self._plans: dict[int, Any] = {}
         self._names = [c.source for c in table.columns]
         # (index, function, whether None skips it) of every column that is not identity.
         self._convert: list[tuple[int, Converter, bool]] = []
@@ -108,6 +114,28 @@ class TableFold:
                 f"{self.table.source}: the row of key {key!r} (SCN {scn}) does not fit "
                 f"the target table {self.table.table}: {exc}") from None
         return tuple(row)
+
+    def row_of(self, event: Any) -> tuple[Any, ...]:
+        """The converted row of an upsert event: straight from its Avro bytes when the
+        compiled reader has a plan for its writer schema (``_avrorow.py``), else from
+        ``event.value`` (decoded by the client) through ``row``. Both give the same."""
+        if _avrorow.native is not None:
+            data = getattr(event, "value_bytes", None)
+            schema = getattr(event, "schema", None)
+            if data is not None and schema is not None:
+                plan = self._plans.get(schema.fingerprint, _NO_PLAN_YET)
+                if plan is _NO_PLAN_YET:
+                    plan = self._plans[schema.fingerprint] = _avrorow.plan_for(
+                        schema.schema, self._names, self._converters)
+                if plan is not None:
+                    row: tuple[Any, ...] | None = _avrorow.native.row(data, plan)
+                    if row is not None:
+                        return row
+        value = event.value
+        if value is None:
+            raise UnusableEventError(f"{self.table.source}: an upsert without a row "
+                                     f"(key {event.key!r}, SCN {event.scn})")
+        return self.row(value, event.key, event.scn)
 
     def change(self, *, delete: bool, key: Any, value: Mapping[str, Any] | None,
                scn: int) -> Change:
@@ -307,11 +335,7 @@ class Folder:
                 change = fold.change(delete=True, key=event.key, value=event.value,
                                      scn=event.scn)
             else:
-                value = event.value
-                if value is None:
-                    raise UnusableEventError(f"{fold.table.source}: an upsert without a "
-                                             f"row (key {event.key!r}, SCN {event.scn})")
-                row = fold.row(value, event.key, event.scn)
+                row = fold.row_of(event)
                 change = Change(tuple([row[i] for i in key_indexes]), row, event.scn)
             if change.key != fkey:
                 return False
