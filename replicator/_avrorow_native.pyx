@@ -33,6 +33,7 @@ cdef enum:
     K_TS = 11
     K_LOCAL_TS = 12
     K_TIME = 13
+    K_ZERO_TEXT = 14
 
 
 cdef class _Reader:
@@ -115,7 +116,7 @@ def row(data, plan):
     cdef _Reader r = _Reader.__new__(_Reader)
     cdef list out = [None] * width
     cdef tuple step
-    cdef int nullpos, kind, col, size, scale, precision
+    cdef int kind, col, size, scale, precision
     cdef bint nul_check
     cdef int64_t v, branch
     cdef const unsigned char* at
@@ -127,15 +128,23 @@ def row(data, plan):
     r.i = 0
     r.bad = False
     for step in steps:
-        nullpos = step[0]
         kind = step[1]
         col = step[2]
-        if nullpos >= 0:
+        branches = step[6]
+        if branches is not None:
             branch = r.varint()
-            if r.bad or branch < 0 or branch > 1:
+            if r.bad or branch < 0 or branch >= len(<tuple>branches):
                 return None
-            if branch == nullpos:
+            kind = (<tuple>branches)[branch]
+            if kind == 0:
                 continue  # NULL (the slot holds None already)
+            if kind == K_ZERO_TEXT:  # a text the converter makes NULL: read past it
+                v = r.varint()
+                if not r.bad:
+                    r.take(<Py_ssize_t>v)
+                if r.bad:
+                    return None
+                continue
         value = None
         if kind == K_LONG:
             v = r.varint()

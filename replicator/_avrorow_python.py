@@ -18,7 +18,7 @@ def row(data: bytes, plan: Any) -> tuple[Any, ...] | None:
     """The row of ``data`` by ``plan`` (``_avrorow.Plan``), or None where the compiled
     twin declines (a value the plan's checks refuse: the caller decodes the value the
     general way then, which says what is wrong with it)."""
-    schema, names, nul_checks = plan.reference
+    schema, names, nul_checks, zero_texts = plan.reference
     parsed = _PARSED.get(id(schema))
     if parsed is None:
         parsed = _PARSED[id(schema)] = parse_schema(schema)
@@ -33,4 +33,7 @@ def row(data: bytes, plan: Any) -> tuple[Any, ...] | None:
     for i in nul_checks:
         if isinstance(out[i], str) and "\x00" in out[i]:
             return None
+    for i in zero_texts:  # MySQL's zero dates, as text: NULL (the converter's rule)
+        if isinstance(out[i], str):
+            out[i] = None
     return tuple(out)

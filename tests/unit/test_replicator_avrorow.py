@@ -42,6 +42,8 @@ FIELDS: list[tuple[str, Any]] = [
     ("at", {"type": "long", "logicalType": "timestamp-micros"}),
     ("local", ["null", {"type": "long", "logicalType": "local-timestamp-micros"}]),
     ("tod", {"type": "long", "logicalType": "time-micros"}),
+    ("created", [{"type": "long", "logicalType": "local-timestamp-micros"}, "string"]),
+    ("born", ["null", {"type": "int", "logicalType": "date"}, "string"]),
     ("skipped", "string"),  # in the schema, not replicated
 ]
 SCHEMA = {"type": "record", "name": "r", "fields": [{"name": n, "type": t} for n, t in FIELDS]}
@@ -82,6 +84,10 @@ def rand_value(rng: random.Random) -> dict[str, Any]:
             microseconds=rng.randint(0, 315537897599 * 10**6))),
         "tod": dt.time(rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59),
                        rng.randint(0, 999_999)),
+        "created": rng.choice([dt.datetime(2024, 5, 6, 7, 8, 9, rng.randint(0, 999_999)),
+                               "0000-00-00 00:00:00"]),
+        # (a tuple names the union branch: fastavro would read the text as a date)
+        "born": rng.choice([None, dt.date(1999, 12, 31), ("string", "2021-02-31")]),
         "skipped": "x",
     }
 
