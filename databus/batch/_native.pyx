@@ -18,7 +18,7 @@ from array import array as _pyarray
 from io import BytesIO
 
 from databus._hashing import stable_key_hash as _py_stable_key_hash
-from databus.batch import _python
+from databus.batch import _python, _windows_python
 from databus.batch._scan import Scan, WindowFrames
 from databus.errors import EventFormatError
 from databus.event import _OPS, _pack, encode_key
