@@ -112,39 +112,53 @@ class BatchDelivery:
         if not pending:
             return True
         runner = self.runner
-        success = CallbackResult.SUCCESS
+        success, error = CallbackResult.SUCCESS, CallbackResult.ERROR
         results = [success] * len(pending)
         fenced = False
         if self.per_window:
             fence = runner._fence
-            for index, (_eow, window) in enumerate(pending):
-                if window is None:
-                    continue
-                if fence is not None and not fence():
-                    del pending[index:]  # nothing more is delivered or ended
-                    fenced = True
-                    break
-                answer = runner._invoke_all("on_window", (window,), gen)
-                if answer is None:
+            if fence is None:
+                delivered = [(i, w) for i, (_, w) in enumerate(pending) if w is not None]
+                answers = runner._invoke_each("on_window", [w for _, w in delivered], gen)
+                if answers is None:
                     return False  # abandoned by the watchdog
-                results[index] = answer
-                if answer >= CallbackResult.ERROR:
-                    del pending[index + 1:]  # replayed after the rollback
-                    break
+                for (index, _), answer in zip(delivered, answers, strict=False):
+                    results[index] = answer
+                if answers and answers[-1] >= error:  # answers stop at the first error
+                    del pending[delivered[len(answers) - 1][0] + 1:]  # replayed later
+            else:
+                for index, (_eow, window) in enumerate(pending):
+                    if window is None:
+                        continue
+                    if not fence():
+                        del pending[index:]  # nothing more is delivered or ended
+                        fenced = True
+                        break
+                    said = runner._invoke_all("on_window", (window,), gen)
+                    if said is None:
+                        return False  # abandoned by the watchdog
+                    results[index] = said
+                    if said >= error:
+                        del pending[index + 1:]  # replayed after the rollback
+                        break
         batch_result = success
         windows = [w for _, w in pending if w is not None]
         taken = len(windows)
         if self.per_batch and windows:
             events = [e for w in windows for e in w.events]
             if events:
-                answer = runner._invoke_all("on_events", (events,), gen)
-                if answer is None:
+                said_all = runner._invoke_all("on_events", (events,), gen)
+                if said_all is None:
                     return False
-                batch_result = answer
+                batch_result = said_all
             for collector in self.collectors:
                 # ``DatabusClient.windows``: the windows its loop bodies have finished
                 # (fewer when the loop was left): only those may be committed.
                 taken = min(taken, collector.on_windows(windows))
+        if (batch_result is success and taken == len(windows) and self.quiet_commits
+                and runner.dispatcher.plain and all(r is success for r in results)):
+            # The common case: every window answered SUCCESS; they end in one step.
+            return self._end_run([eow for eow, _ in pending], gen)
         seen = 0
         run: list[EndOfWindow] = []
         for index, (eow, window) in enumerate(pending):

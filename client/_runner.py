@@ -381,6 +381,56 @@ class Runner:
             return CallbackResult.SUCCESS if gen == self.generation else None
         return self._invoke_all(method, _args(call), gen)
 
+    def _invoke_each(self, method: str, arguments: list[Any], gen: int
+                     ) -> list[CallbackResult] | None:
+        """``method(argument)`` of every consumer for each argument in turn (the batch
+        API's ``on_window`` over a response's windows): the answers, cut after the first
+        ERROR or worse; None when abandoned. The same rules as ``_invoke_all`` (time
+        budget, exceptions, the watchdog) with the lookups done once."""
+        targets = self._targets.get(method)
+        if targets is None or len(targets) != 1:
+            answers: list[CallbackResult] = []
+            for argument in arguments:
+                answer = self._invoke_all(method, (argument,), gen)
+                if answer is None:
+                    return None
+                answers.append(answer)
+                if answer >= CallbackResult.ERROR:
+                    break
+            return answers
+        fn = targets[0]
+        running = self._running
+        ident = threading.get_ident()
+        timeout = self.callback_timeout
+        monotonic = time.monotonic
+        success = CallbackResult.SUCCESS
+        answers = []
+        for argument in arguments:
+            if gen != self.generation:
+                return None
+            start = running[ident] = monotonic()
+            try:
+                got = fn(argument)
+                result = (success if got is None
+                          else got if type(got) is CallbackResult
+                          else normalize(got, method))
+                if result >= CallbackResult.ERROR:
+                    self.last_error = ConsumerError(f"{method} answered {result.name}")
+            except Exception as exc:  # a consumer bug: roll back and replay
+                limited(log).warning("%s raised %s: %s", method, type(exc).__name__, exc,
+                                     kind=method)
+                self.last_error = exc
+                result = CallbackResult.ERROR
+            finally:
+                running.pop(ident, None)
+            if monotonic() - start > timeout:
+                self.last_error = CallbackTimeout(f"{method} took longer than {timeout:.3g} s")
+                result = max(result, CallbackResult.ERROR)
+            answers.append(result)
+            if result >= CallbackResult.ERROR:
+                break
+        return answers
+
     def _invoke_all(self, method: str, args: tuple[object, ...], gen: int
                     ) -> CallbackResult | None:
         # The hot path: a direct call per consumer that overrides ``method`` (a method
