@@ -167,9 +167,11 @@ class StartOfWindow:
 class DumpMarker:
     """A table's dump starts (``start`` True) or ends in window ``scn`` (docs/dumps.md);
     an end marker says how many rows the dump emitted for the table and how it ended
-    (``outcome``: ``done``, ``failed`` or ``cancelled``). In ``Window.markers``
-    (``DatabusClient.windows``) the dump id and row count are None: they reach
-    consumers only as ``on_dump_start(source)`` / ``on_dump_end(source, outcome)``."""
+    (``outcome``: ``done``, ``failed`` or ``cancelled``). ``Window.markers`` of the
+    batch API and ``DatabusClient.windows`` hold them as they came; a batch consumer
+    served per event (beside a consumer of the per-event callbacks) gets them without
+    the dump id and row count, which ``on_dump_start(source)`` /
+    ``on_dump_end(source, outcome)`` do not carry."""
 
     scn: int
     source: str
