@@ -99,6 +99,7 @@ class BatchDelivery:
             else:  # BootstrapMark: between windows, after every window before it
                 if not self._flush(gen):
                     return self._done(False)
+                pending = self.pending  # the flush started a new list
                 for call in runner.dispatcher.feed(item):
                     if not runner._run(call, gen):
                         return self._done(False)
