@@ -11,6 +11,10 @@ error, never a read outside the buffer.
 
 from cpython.array cimport array, clone, resize, resize_smart
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.object cimport PyObject
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(object op)
 from libc.stdint cimport int16_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 

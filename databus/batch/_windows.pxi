@@ -34,6 +34,12 @@ cdef inline object _lazy(type cls, object scn, object source, object op, object 
     ev.partition_key = pkey
     ev.from_bootstrap = False
     ev.from_dump = from_dump
+    # Not tracked by the cycle collector: an event refers to no container that could
+    # lead back to it (its value is decoded on access into a fresh dict), and tracking
+    # tens of thousands per response made the collector two thirds of the client's
+    # cost per window (measured: 2.8 -> 0.9 us of batch delivery per one-event window
+    # with collection off).
+    PyObject_GC_UnTrack(ev)
     return ev
 
 
