@@ -16,7 +16,12 @@ from databus._hashing import stable_key_hash
 from databus.batch._check_python import check_value
 from databus.batch._scan import Scan, WindowFrames
 from databus.batch._select import FilterPlan, ReadState
-from databus.batch._windows_python import EventBase, decode_relay_body, set_undecoded
+from databus.batch._windows_python import (
+    EventBase,
+    decode_relay_body,
+    eow_order,
+    set_undecoded,
+)
 from databus.errors import EventFormatError
 from databus.event import (
     _OPS,
@@ -551,6 +556,7 @@ __all__ = [
     "encode_event",
     "encode_events",
     "encode_flat_record",
+    "eow_order",
     "event_error",
     "frame_windows",
     "gather",

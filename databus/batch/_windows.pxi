@@ -165,3 +165,22 @@ def decode_relay_body(bytes buf, s, names, value_decoder, make_event, make_lazy,
         held_bytes = 0
         open_, count, crc, whole = False, 0, 0, True
     return (items, held_from, eows, win if open_ else None, count, crc, whole, held_bytes)
+
+
+def eow_order(s, eows):
+    """See ``databus.batch._windows_python.eow_order``."""
+    cdef Py_ssize_t n = len(eows), k
+    if n == 0:
+        return -1, None, 0
+    cdef const long long[::1] scns = s.scn
+    cdef const long long[::1] at = eows
+    cdef int64_t previous = 0, scn, start = 0
+    cdef bint seen = False
+    for k in range(n):
+        scn = scns[at[k]]
+        if (seen and scn <= previous) or scns[start] != scn:
+            return k, (previous if seen else None), start
+        previous = scn
+        seen = True
+        start = at[k] + 1
+    return -1, previous, start

@@ -198,3 +198,20 @@ def _plain_key(buf: bytes, s: Scan, i: int) -> Any:
     if kind == KeyKind.BYTES:
         return buf[start:end]
     return None
+
+
+def eow_order(s: Scan, eows: Any) -> tuple[int, int | None, int]:
+    """Check that a body's windows run in order (``databus.client._answers``): each
+    EOW's SCN above the previous one's, and each window's first event of the EOW's SCN.
+    Returns (the position in ``eows`` of the first EOW that breaks a rule, or -1; the
+    SCN of the last EOW before it, or None; the index of the first event after it)."""
+    scns = s.scn
+    previous: int | None = None
+    start = 0
+    for k, eow in enumerate(eows):
+        scn = scns[eow]
+        if (previous is not None and scn <= previous) or scns[start] != scn:
+            return k, previous, start
+        previous = scn
+        start = eow + 1
+    return -1, previous, start

@@ -150,3 +150,30 @@ def test_mutated_bodies_agree(which: int, start: int, patch: bytes, mode: str,
             except (SchemaError, UnknownSchemaError) as exc:  # from value_decoder
                 answers.append(type(exc))
         assert all(a == answers[0] for a in answers)
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=30))
+def test_eow_order_twins_agree(spec: list[tuple[int, bool]]) -> None:
+    """Windows given as (SCN step, end here): any order, torn or not, both twins point
+    at the same first EOW out of order."""
+    events: list[bytes] = []
+    scn = 10
+    for step, end in spec:
+        scn += step - 1  # steps of -1..4: SCNs may go back or repeat
+        events.append(encode_event(scn=scn, source_id=3, op=Op.UPSERT, key=1,
+                                   value=CODEC.encode(row(1), SCHEMA),
+                                   schema_fingerprint=SCHEMA.fingerprint))
+        if end:
+            events.append(encode_eow(scn=scn + (step == 5), event_count=1, checksum=0))
+    body = b"".join(events)
+    s = batch.scan(body)
+    frames = batch.frame_windows(s)
+    answers = []
+    for name in ("python", "native"):
+        try:
+            answers.append(batch.twin(name).eow_order(s, frames.eows))
+        except ImportError:
+            if os.environ.get("CI"):
+                raise
+    assert all(a == answers[0] for a in answers)
