@@ -22,12 +22,15 @@ already off the buffer) gets the usual JSON error with its HTTP status; errors m
 the response has started travel in-band.
 
 Flow control is TCP's: a write's events are read in slices (``FIRST_SLICE``, then
-``BULK_SLICE`` ones in the server's bulk lane), each written as it is read, in
-``WRITE_PIECE`` pieces, each awaiting the transport (whose buffer ``databus._serving``
-keeps at 64 KiB); a consumer that stops reading stops being read for, and one that reads
-nothing for ``write_timeout_s`` is cut. What a stream holds is bounded: one slice (at
-most ``STREAM_FLOOR`` unless the server-wide stream budget grants more, given back once
-the slice is written) plus its transport's buffer.
+``BULK_SLICE`` ones in the server's bulk lane), each written as it is read as one HTTP
+chunk, in sends of up to ``STREAM_PIECE`` (the chunk's framing and the checkpoint event
+in the sends beside the events: ``chunk_sends``), awaiting the transport whenever its
+buffer is over its limit (64 KiB, ``databus._serving``); a consumer that stops reading
+stops being read for, and one that reads nothing for ``write_timeout_s`` is cut. What a
+stream holds is bounded: one slice (at most ``STREAM_FLOOR`` unless the server-wide
+stream budget grants more, given back once the slice is written) plus its transport's
+buffer (views of that slice on uvloop; on asyncio's loop before Python 3.12, a copy of
+at most one ``STREAM_PIECE_COPYING`` send beyond its limit).
 
 What a stream with nothing to read costs (issue 27: 2,000 of them beside 50 normal
 streams made a normal one's p99 13 times longer): a timer and a heartbeat per interval.
@@ -133,6 +136,10 @@ STREAM_PIECE = 1 << 20
 STREAM_PIECE_COPYING = 256 * 1024
 # Parts at most this long (a checkpoint event) join a neighbouring send whole.
 SMALL_PART = 4096
+# A write at most this long is joined with its framing into one ``bytes`` where the
+# transport could send the buffers as they are (``_vectored``); ``WRITE_PIECE`` where it
+# would join them anyway.
+SMALL_JOIN = 16 * 1024
 
 # What a stream's write did (Follow._write_new).
 _NOTHING, _WROTE, _MORE, _ENDED = "nothing", "wrote", "more", "ended"
@@ -551,9 +558,10 @@ class Follow:
 
     async def _write(self, parts: list[bytes], timeout: float) -> None:
         """``parts`` as one HTTP chunk, handed to the transport in sends of at most
-        about ``STREAM_PIECE`` bytes (``WRITE_PIECE`` where a send of several buffers
-        would join them), waiting for the transport to drain whenever its buffer is over
-        its limit, each wait within ``timeout``.
+        about ``STREAM_PIECE`` bytes (``STREAM_PIECE_COPYING`` where the transport
+        copies what the kernel does not take), waiting for the transport to drain
+        whenever its buffer is over its limit (``_drain``: the consumer must take
+        something every ``timeout`` seconds).
 
         The chunk framing is written here rather than by aiohttp's writer, which joins
         each piece with its framing into a new ``bytes`` on Python < 3.12.9: so the
@@ -575,14 +583,15 @@ class Follow:
         for part in parts:
             size += len(part)
         try:
-            if size <= WRITE_PIECE:
+            vectored = _vectored(transport)
+            if size <= (SMALL_JOIN if vectored else WRITE_PIECE):
                 # A small write (a stream keeping up: a window or a few) goes out in one
-                # send; the join is cheaper than more system calls.
+                # send; the join is cheaper than more system calls (and, for a few KiB,
+                # than a send of several buffers).
                 transport.write(b"".join((b"%x\r\n" % size, *parts, b"\r\n")))
                 if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
                     await _drain(writer, transport, timeout)
                 return
-            vectored = _vectored(transport)
             piece = STREAM_PIECE if vectored else STREAM_PIECE_COPYING
             for send in chunk_sends(parts, size, piece):
                 if len(send) == 1:

@@ -111,6 +111,7 @@ def test_a_reader_behind_a_wrapping_ring_gets_whole_windows_in_order_once(
     and none twice, each window's data events byte for byte as written, its EOW's
     count right."""
     monkeypatch.setattr(_streaming, "STREAM_PIECE", piece)
+    monkeypatch.setattr(_streaming, "STREAM_PIECE_COPYING", piece)
     monkeypatch.setattr(_streaming, "_vectored", lambda transport: vectored)
     sends_seen: list[int] = []
     real_chunk_sends = _streaming.chunk_sends
