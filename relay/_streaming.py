@@ -30,7 +30,7 @@ stops being read for, and one that reads nothing for ``write_timeout_s`` is cut.
 stream holds is bounded: one slice (at most ``STREAM_FLOOR`` unless the server-wide
 stream budget grants more, given back once the slice is written) plus its transport's
 buffer (views of that slice on uvloop; on asyncio's loop before Python 3.12, a copy of
-at most one ``STREAM_PIECE_COPYING`` send beyond its limit).
+at most one ``WRITE_PIECE`` send beyond its limit).
 
 What a stream with nothing to read costs (issue 27: 2,000 of them beside 50 normal
 streams made a normal one's p99 13 times longer): a timer and a heartbeat per interval.
@@ -131,9 +131,10 @@ HEARTBEAT_REUSE_S = 0.05
 # time per byte beside the kernel's copy (benchmarks/README.md, "After issue 30").
 # The transport keeps what the kernel does not take: uvloop's keeps the buffers
 # themselves (views of the slice the stream holds anyway), asyncio's copies the rest
-# into its own buffer before Python 3.12, hence the smaller sends there.
+# into its own buffer before Python 3.12: there sends stay ``WRITE_PIECE``, which keeps
+# a connection's write buffer within the 128 KiB of docs/relay.md's memory bound.
 STREAM_PIECE = 1 << 20
-STREAM_PIECE_COPYING = 256 * 1024
+STREAM_PIECE_COPYING = WRITE_PIECE
 # Parts at most this long (a checkpoint event) join a neighbouring send whole.
 SMALL_PART = 4096
 # A write at most this long is joined with its framing into one ``bytes`` where the

@@ -220,3 +220,61 @@ def check_windows(body: bytes, written: dict[int, list[bytes]], *, after: int) -
     if events:  # a small-write stream cut off inside a window: a prefix of the next one
         assert scn == expect
         assert events == written[expect][:len(events)]
+
+
+# -- waiting on a full transport ----------------------------------------------------------
+
+
+class FakeTransport:
+    """A transport whose buffer holds ``size`` bytes, ``step`` fewer at each look (the
+    consumer taking some), never below ``floor``."""
+
+    def __init__(self, size: int, step: int, floor: int) -> None:
+        self.size, self.step, self.floor = size, step, floor
+
+    def get_write_buffer_size(self) -> int:
+        size = self.size
+        self.size = max(self.floor, size - self.step)
+        return size
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class StuckWriter:
+    """A writer whose drain waits until ``release`` is set (never, unless told)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.waits = 0
+
+    async def drain(self) -> None:
+        self.waits += 1
+        await self.release.wait()
+
+
+def test_a_consumer_that_takes_bytes_slowly_is_not_cut_one_that_takes_none_is() -> None:
+    async def main() -> None:
+        # The buffer shrinks between the waits (the consumer takes some bytes each
+        # timeout), then the drain completes: no cut, however many timeouts it took.
+        writer = StuckWriter()
+        shrinking = FakeTransport(900_000, 1_000, 0)
+
+        async def release_later() -> None:
+            await asyncio.sleep(0.25)
+            writer.release.set()
+
+        task = asyncio.create_task(release_later())
+        await _streaming._drain(writer, shrinking, 0.05)  # type: ignore[arg-type]
+        await task
+        assert writer.waits >= 3  # timed out several times, each time after progress
+        # A buffer that stops shrinking: cut one timeout after its last progress.
+        stuck = FakeTransport(900_000, 100_000, 800_000)
+        writer = StuckWriter()
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await _streaming._drain(writer, stuck, 0.05)  # type: ignore[arg-type]
+        assert writer.waits == 2  # one timeout with progress, then one without
+        assert time.monotonic() - t0 < 5
+
+    asyncio.run(main())
