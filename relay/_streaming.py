@@ -504,7 +504,12 @@ class Follow:
                     if last is None:
                         return await self._concrete(result.checkpoint, timeout)
                     break
-                final = got.reached_tail or len(result.data) >= room
+                # The last slice of this write, known before it is sent: its chunk
+                # carries the checkpoint event (no chunk and send of its own after it).
+                # A slice that brings the write to SHORT_BODY while another big body
+                # is being built ends it, as the check at the top would.
+                final = (got.reached_tail or len(result.data) >= room
+                         or (written + len(result.data) >= SHORT_BODY and lane.locked()))
                 await self._write([result.data, got.checkpoint_event(partition)] if final
                                   else [result.data], timeout)
             finally:

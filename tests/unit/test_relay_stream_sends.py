@@ -278,3 +278,76 @@ def test_a_consumer_that_takes_bytes_slowly_is_not_cut_one_that_takes_none_is() 
         assert time.monotonic() - t0 < 5
 
     asyncio.run(main())
+
+
+# -- catch-up writes beside each other ---------------------------------------------------
+
+BACKLOG = 6000  # windows of one 2.5 KB event: about 15 MiB
+BIG = (f"synthetic://?rate=0&keys=100000&event_bytes=2500&events_per_window=1"
+       f"&limit={BACKLOG}&seed=3")
+
+
+@pytest.mark.parametrize("lane_held", [False, True], ids=["free-lane", "busy-lane"])
+def test_catching_up_streams_end_each_write_with_its_checkpoint_in_the_same_chunk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lane_held: bool) -> None:
+    """Four streams catch up on a 15 MiB backlog at once, 8 MiB per write. With the
+    server's bulk lane taken (``busy-lane``: another big body being built, all along)
+    and ``SHORT_BODY`` below the first slice, every write ends after its first slice.
+    Either way the checkpoint event goes in a write's last chunk, never in a chunk of
+    its own after events, and each stream's events are exactly what polls serve, in
+    order, once."""
+    from databus.relay._streaming import Follow
+    from tests.relay_harness import stream_body
+
+    lone_checkpoints: list[int] = []
+    writes: list[int] = []
+    real_write = Follow._write
+
+    async def spy(self: Follow, parts: list[bytes], timeout: float) -> None:
+        writes.append(len(parts))
+        if len(parts) == 1 and len(parts[0]) <= SMALL_PART and self.position.window_scn > 0:
+            lone_checkpoints.append(len(parts[0]))
+        await real_write(self, parts, timeout)
+
+    monkeypatch.setattr(Follow, "_write", spy)
+
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": BIG}, capacity_mb=32)) as r:
+            await r.wait_for_scn("load", BACKLOG)
+            polled = await stream_body(r)
+
+            async def catch_up() -> bytes:
+                resp = await r.session.get(r.url + "/v1/stream", params={
+                    "follow": "true", "checkpoint": json.dumps({"window_scn": -1}),
+                    "max_bytes": str(8 << 20)})
+                assert resp.status == 200
+                framer = StreamFramer()
+                body = bytearray()
+                done = False
+                while not done:
+                    chunk = await asyncio.wait_for(resp.content.readany(), 60)
+                    assert chunk
+                    for f in framer.feed(chunk):
+                        assert f.kind != "error", f.error
+                        if f.kind == "write":
+                            body += f.body
+                            assert f.checkpoint is not None
+                            done = f.checkpoint.window_scn >= BACKLOG
+                resp.close()
+                return bytes(body)
+
+            if lane_held:
+                from databus._serving import SERVING
+
+                monkeypatch.setattr(_streaming, "SHORT_BODY", 16 * 1024)
+                await r.app[SERVING].bulk.acquire()  # type: ignore[index]
+            bodies = await asyncio.gather(*(catch_up() for _ in range(4)))
+            if lane_held:
+                r.app[SERVING].bulk.release()  # type: ignore[index]
+            for body in bodies:
+                assert body == polled
+
+    asyncio.run(main())
+    assert not lone_checkpoints, lone_checkpoints
+    if lane_held:  # one chunk per write: the first slice and the checkpoint event
+        assert len(writes) >= 4 * 200 and set(writes) == {2}, writes[:20]
