@@ -630,16 +630,24 @@ async def _drain(writer: AbstractStreamWriter, transport: asyncio.Transport,
     """Until the transport's buffer is back under its limit (the protocol resumed).
     ``TimeoutError`` once the consumer took nothing for ``timeout`` seconds: a send can
     be a whole slice, which a slow consumer that does read may take longer than that to
-    take, and is not cut for."""
-    while True:
-        before = transport.get_write_buffer_size()
-        try:
-            async with asyncio.timeout(timeout):
-                await writer.drain()
-            return
-        except TimeoutError:
+    take, and is not cut for.
+
+    The drain runs as a task of its own that a timeout does not cancel: aiohttp's
+    protocol keeps one waiter for all drains, and a drain cancelled by a timeout leaves
+    it cancelled (the next drain of the connection would raise ``CancelledError``)."""
+    drained = asyncio.ensure_future(writer.drain())
+    try:
+        while True:
+            before = transport.get_write_buffer_size()
+            done, _ = await asyncio.wait((drained,), timeout=timeout)
+            if done:
+                drained.result()  # ConnectionError: the consumer went away
+                return
             if transport.is_closing() or transport.get_write_buffer_size() >= before:
-                raise
+                raise TimeoutError
+    finally:
+        if not drained.done():
+            drained.cancel()
 
 
 def chunk_sends(parts: list[bytes], size: int, piece: int) -> list[list[bytes | memoryview]]:

@@ -231,14 +231,19 @@ class FakeTransport:
 
     def __init__(self, size: int, step: int, floor: int) -> None:
         self.size, self.step, self.floor = size, step, floor
+        self.looks = 0
 
     def get_write_buffer_size(self) -> int:
+        self.looks += 1
         size = self.size
         self.size = max(self.floor, size - self.step)
         return size
 
     def is_closing(self) -> bool:
         return False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
 
 
 class StuckWriter:
@@ -267,14 +272,16 @@ def test_a_consumer_that_takes_bytes_slowly_is_not_cut_one_that_takes_none_is() 
         task = asyncio.create_task(release_later())
         await _streaming._drain(writer, shrinking, 0.05)  # type: ignore[arg-type]
         await task
-        assert writer.waits >= 3  # timed out several times, each time after progress
+        # Timed out several times (two looks at the buffer each), each time after
+        # progress, on one drain.
+        assert shrinking.looks >= 6 and writer.waits == 1
         # A buffer that stops shrinking: cut one timeout after its last progress.
         stuck = FakeTransport(900_000, 100_000, 800_000)
         writer = StuckWriter()
         t0 = time.monotonic()
         with pytest.raises(TimeoutError):
             await _streaming._drain(writer, stuck, 0.05)  # type: ignore[arg-type]
-        assert writer.waits == 2  # one timeout with progress, then one without
+        assert stuck.looks == 4  # one timeout with progress, then one without
         assert time.monotonic() - t0 < 5
 
     asyncio.run(main())
@@ -351,3 +358,34 @@ def test_catching_up_streams_end_each_write_with_its_checkpoint_in_the_same_chun
     assert not lone_checkpoints, lone_checkpoints
     if lane_held:  # one chunk per write: the first slice and the checkpoint event
         assert len(writes) >= 4 * 200 and set(writes) == {2}, writes[:20]
+
+
+def test_a_slow_consumer_survives_several_timeouts_of_aiohttps_own_drain() -> None:
+    """The real aiohttp writer and protocol: a drain that outlives one timeout (the
+    consumer taking bytes slowly) goes on and returns once the protocol resumes; one
+    timeout must not leave the protocol's drain waiter cancelled."""
+    from aiohttp.base_protocol import BaseProtocol
+    from aiohttp.http_writer import StreamWriter
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        protocol = BaseProtocol(loop)
+        transport = FakeTransport(900_000, 1_000, 0)
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        writer = StreamWriter(protocol, loop)
+        protocol.pause_writing()
+
+        async def resume_later() -> None:
+            await asyncio.sleep(0.3)
+            protocol.resume_writing()
+
+        task = asyncio.create_task(resume_later())
+        await _streaming._drain(writer, transport, 0.05)  # type: ignore[arg-type]
+        await task
+        # And the connection's next wait works too.
+        protocol.pause_writing()
+        task = asyncio.create_task(resume_later())
+        await _streaming._drain(writer, transport, 0.05)  # type: ignore[arg-type]
+        await task
+
+    asyncio.run(main())
