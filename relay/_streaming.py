@@ -137,6 +137,9 @@ STREAM_PIECE = 1 << 20
 STREAM_PIECE_COPYING = WRITE_PIECE
 # Parts at most this long (a checkpoint event) join a neighbouring send whole.
 SMALL_PART = 4096
+# What a stream's consumer must take per ``write_timeout_s`` while the relay waits on
+# it, or be cut (``_drain``): from the transport's limit down to its low-water mark.
+MIN_TAKEN = WRITE_BUFFER_HIGH - WRITE_BUFFER_HIGH // 4
 # A write at most this long is joined with its framing into one ``bytes`` where the
 # transport could send the buffers as they are (``_vectored``); ``WRITE_PIECE`` where it
 # would join them anyway.
@@ -567,7 +570,7 @@ class Follow:
         about ``STREAM_PIECE`` bytes (``STREAM_PIECE_COPYING`` where the transport
         copies what the kernel does not take), waiting for the transport to drain
         whenever its buffer is over its limit (``_drain``: the consumer must take
-        something every ``timeout`` seconds).
+        ``MIN_TAKEN`` bytes every ``timeout`` seconds).
 
         The chunk framing is written here rather than by aiohttp's writer, which joins
         each piece with its framing into a new ``bytes`` on Python < 3.12.9: so the
@@ -628,9 +631,11 @@ class Follow:
 async def _drain(writer: AbstractStreamWriter, transport: asyncio.Transport,
                  timeout: float) -> None:
     """Until the transport's buffer is back under its limit (the protocol resumed).
-    ``TimeoutError`` once the consumer took nothing for ``timeout`` seconds: a send can
-    be a whole slice, which a slow consumer that does read may take longer than that to
-    take, and is not cut for.
+    ``TimeoutError`` once the consumer took less than ``MIN_TAKEN`` bytes in ``timeout``
+    seconds: what a wait on one 64 KiB piece asked of it (from over the transport's
+    limit to under its low-water mark, a quarter of it), whatever the size of the sends
+    now. A send can be a whole slice, which a slow consumer that does read may take
+    longer than ``timeout`` to take, and is not cut for; a trickle is, as before.
 
     The drain runs as a task of its own that a timeout does not cancel: aiohttp's
     protocol keeps one waiter for all drains, and a drain cancelled by a timeout leaves
@@ -643,7 +648,8 @@ async def _drain(writer: AbstractStreamWriter, transport: asyncio.Transport,
             if done:
                 drained.result()  # ConnectionError: the consumer went away
                 return
-            if transport.is_closing() or transport.get_write_buffer_size() >= before:
+            if transport.is_closing() or \
+                    before - transport.get_write_buffer_size() < MIN_TAKEN:
                 raise TimeoutError
     finally:
         if not drained.done():

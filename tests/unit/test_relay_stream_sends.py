@@ -18,7 +18,7 @@ import pytest
 from databus.client._relay_stream import StreamFramer
 from databus.event import Op, decode_eow, decode_event, encode_event, iter_events
 from databus.relay import _streaming
-from databus.relay._streaming import SMALL_PART, chunk_sends
+from databus.relay._streaming import MIN_TAKEN, SMALL_PART, chunk_sends
 from tests.relay_harness import relay_config, running_relay
 
 pytestmark = pytest.mark.twin("databus.batch")
@@ -259,11 +259,14 @@ class StuckWriter:
 
 
 def test_a_consumer_that_takes_bytes_slowly_is_not_cut_one_that_takes_none_is() -> None:
+    """Waiting on a transport over its limit: a consumer that takes ``MIN_TAKEN`` bytes
+    per timeout goes on however long the send takes it; one that takes nothing, or a
+    trickle, is cut after one timeout without progress."""
     async def main() -> None:
         # The buffer shrinks between the waits (the consumer takes some bytes each
         # timeout), then the drain completes: no cut, however many timeouts it took.
         writer = StuckWriter()
-        shrinking = FakeTransport(900_000, 1_000, 0)
+        shrinking = FakeTransport(10_000_000, MIN_TAKEN, 0)
 
         async def release_later() -> None:
             await asyncio.sleep(0.25)
@@ -283,6 +286,12 @@ def test_a_consumer_that_takes_bytes_slowly_is_not_cut_one_that_takes_none_is() 
             await _streaming._drain(writer, stuck, 0.05)  # type: ignore[arg-type]
         assert stuck.looks == 4  # one timeout with progress, then one without
         assert time.monotonic() - t0 < 5
+        # A trickle (less than MIN_TAKEN per timeout) is cut as if it took nothing, as
+        # a wait on one 64 KiB piece cut it.
+        trickle = FakeTransport(900_000, MIN_TAKEN // 4, 0)
+        with pytest.raises(TimeoutError):
+            await _streaming._drain(StuckWriter(), trickle, 0.05)  # type: ignore[arg-type]
+        assert trickle.looks == 2
 
     asyncio.run(main())
 
@@ -370,7 +379,7 @@ def test_a_slow_consumer_survives_several_timeouts_of_aiohttps_own_drain() -> No
     async def main() -> None:
         loop = asyncio.get_running_loop()
         protocol = BaseProtocol(loop)
-        transport = FakeTransport(900_000, 1_000, 0)
+        transport = FakeTransport(10_000_000, MIN_TAKEN, 0)
         protocol.connection_made(transport)  # type: ignore[arg-type]
         writer = StreamWriter(protocol, loop)
         protocol.pause_writing()
