@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,20 +291,32 @@ class _Scripted(Consumer):
         return R.SUCCESS
 
 
+class _Reports:
+    """What a runner reports, and a wait for a kind of report."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+        self.seen = threading.Condition()
+
+    def report(self, outcome: Outcome) -> None:
+        with self.seen:
+            self.outcomes.append(outcome)
+            self.seen.notify_all()
+
+    def wait_for(self, kind: str) -> Outcome:
+        with self.seen:
+            assert self.seen.wait_for(
+                lambda: any(o.kind == kind for o in self.outcomes), 5)
+            return next(o for o in self.outcomes if o.kind == kind)
+
+
+def _reports() -> tuple[list[Outcome], Callable[[Outcome], None], Callable[[str], Outcome]]:
+    r = _Reports()
+    return r.outcomes, r.report, r.wait_for
+
+
 def test_runner_commits_bootstrap_checkpoints_and_rolls_back_to_them() -> None:
-    outcomes: list[Outcome] = []
-    seen = threading.Condition()
-
-    def report(outcome: Outcome) -> None:
-        with seen:
-            outcomes.append(outcome)
-            seen.notify_all()
-
-    def wait_for(kind: str) -> Outcome:
-        with seen:
-            assert seen.wait_for(lambda: any(o.kind == kind for o in outcomes), 5)
-            return next(o for o in outcomes if o.kind == kind)
-
+    outcomes, report, wait_for = _reports()
     consumer = _Scripted()
     d = Dispatcher(committed_scn=50)
     runner = Runner([consumer], d, report, callback_timeout=5)
@@ -658,19 +670,7 @@ class _ScriptedWindows(Consumer):
 
 
 def test_batch_api_commits_bootstrap_checkpoints_and_rolls_back_to_them() -> None:
-    outcomes: list[Outcome] = []
-    seen = threading.Condition()
-
-    def report(outcome: Outcome) -> None:
-        with seen:
-            outcomes.append(outcome)
-            seen.notify_all()
-
-    def wait_for(kind: str) -> Outcome:
-        with seen:
-            assert seen.wait_for(lambda: any(o.kind == kind for o in outcomes), 5)
-            return next(o for o in outcomes if o.kind == kind)
-
+    outcomes, report, wait_for = _reports()
     consumer = _ScriptedWindows()
     d = Dispatcher(committed_scn=50)
     runner = Runner([consumer], d, report, callback_timeout=5)
