@@ -33,7 +33,7 @@ import urllib.request
 from _relay_proc import RedisServer, RelayProcess, code_version, loadavg
 from fastavro import schemaless_reader
 
-from databus.client import Consumer, DatabusClient, DataEvent, MemoryCheckpointStore
+from databus.client import Consumer, DatabusClient, DataEvent, MemoryCheckpointStore, Window
 from databus.event import iter_events
 from databus.schemas import Schema
 
@@ -44,7 +44,11 @@ class Counter(Consumer):
         self.target = target
         self.client: DatabusClient | None = None
 
+    decode = True
+
     def on_data_event(self, event: DataEvent) -> None:
+        if self.decode:
+            event.value  # noqa: B018  (decodes it)
         self.events += 1
 
     def on_end_data_event_sequence(self, scn: int) -> None:
@@ -52,8 +56,51 @@ class Counter(Consumer):
             self.client.stop()
 
 
-def client_rate(url: str, windows: int, events: int) -> float:
-    counter = Counter(windows)
+class WindowCounter(Consumer):
+    """The batch API: one call per whole window."""
+
+    def __init__(self, target: int) -> None:
+        self.events = 0
+        self.target = target
+        self.client: DatabusClient | None = None
+
+    decode = False
+
+    def on_window(self, window: Window) -> None:
+        if self.decode:
+            for e in window.events:
+                e.value  # noqa: B018  (decodes it)
+        self.events += len(window.events)
+        if window.scn >= self.target and self.client is not None:
+            self.client.stop()
+
+
+class EventsCounter(Consumer):
+    """The batch API: one call per response's whole windows."""
+
+    def __init__(self, target: int) -> None:
+        self.events = 0
+        self.target = target
+        self.client: DatabusClient | None = None
+
+    decode = False
+
+    def on_events(self, events: list[DataEvent]) -> None:
+        if self.decode:
+            for e in events:
+                e.value  # noqa: B018  (decodes it)
+        self.events += len(events)
+        if events and events[-1].scn >= self.target and self.client is not None:
+            self.client.stop()
+
+
+APIS = {"callbacks": Counter, "on_window": WindowCounter, "on_events": EventsCounter}
+
+
+def client_rate(url: str, windows: int, events: int, api: str = "on_window",
+                decode: bool = False) -> float:
+    counter = APIS[api](windows)
+    counter.decode = decode  # type: ignore[attr-defined]
     client = DatabusClient([url], checkpoint_store=MemoryCheckpointStore(),
                            max_request_bytes=4 << 20, max_buffered_bytes=16 << 20)
     counter.client = client
@@ -137,27 +184,38 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=40_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--events-per-window", type=int, nargs="+", default=[1, 20])
+    parser.add_argument("--apis", nargs="+", default=["callbacks", "on_window", "on_events"],
+                        choices=sorted(APIS))
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis peer")
     args = parser.parse_args()
     from databus import batch
 
     print(f"# client throughput: {args.events} events of 2500 bytes, best of {args.repeat}; "
           f"event core {batch.IMPLEMENTATION}; {code_version()}; {loadavg()}")
-    print("| events per window | raw fastavro decode, events/s | Redis consumer, events/s "
-          "| Redis consumer + fastavro decode, events/s | DatabusClient, events/s "
-          "| ratio to fastavro | ratio to Redis | ratio to Redis + decode |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("# 'values read': the consumer reads every event.value (decoding it); "
+          "'keys only': it does not (values are checked, never decoded)")
+    print("| events per window | API | values | DatabusClient, events/s "
+          "| raw fastavro decode | Redis consumer | Redis + fastavro decode "
+          "| ÷ Redis | ÷ Redis + decode |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for per_window in args.events_per_window:
         windows = args.events // per_window
         source = (f"synthetic://?rate=0&keys=100000&event_bytes=2500"
                   f"&events_per_window={per_window}&limit={windows}&seed=3")
         # Room for every event twice over: an evicted window would be lost to the count.
         capacity = max(64, args.events * 2 * 2700 // (1 << 20) + 16)
+        ours: dict[tuple[str, bool], float] = {}
         with RelayProcess(source, capacity) as relay:
             relay.wait_for_scn(windows)
             values, schema = raw_values(relay.url)  # the first 64 MiB: a sample is enough
             events = windows * per_window
-            ours = max(client_rate(relay.url, windows, events) for _ in range(args.repeat))
+            for api in args.apis:
+                for decode in (True, False):
+                    if api == "callbacks" and not decode:
+                        continue  # the callback consumer above never reads values
+                    ours[(api, decode)] = max(
+                        client_rate(relay.url, windows, events, api, decode)
+                        for _ in range(args.repeat))
             raw = max(fastavro_rate(values, schema) for _ in range(args.repeat))
         peer = peer_decode = float("nan")
         if not args.no_redis:
@@ -166,8 +224,10 @@ def main() -> None:
                 peer = max(redis_rate(server.port, events, None) for _ in range(args.repeat))
                 peer_decode = max(redis_rate(server.port, events, schema)
                                   for _ in range(args.repeat))
-        print(f"| {per_window} | {raw:,.0f} | {peer:,.0f} | {peer_decode:,.0f} | {ours:,.0f} "
-              f"| {ours / raw:.3f} | {ours / peer:.2f} | {ours / peer_decode:.2f} |")
+        for (api, decode), rate in ours.items():
+            print(f"| {per_window} | {api} | {'read' if decode else 'keys only'} "
+                  f"| {rate:,.0f} | {raw:,.0f} | {peer:,.0f} | {peer_decode:,.0f} "
+                  f"| {rate / peer:.2f} | {rate / peer_decode:.2f} |")
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ newest (a "pass"):
   counted is events; costs the consumers CPU);
 - ``DatabusClient poll|stream`` (``--client-consumers``, 10 by default, at that count
   only): one ``DatabusClient`` per process (``streaming=False|True``, a no-op Consumer
-  counting ``on_data_event``, checkpoints to a memory store, 4 MiB requests), a new
-  client for each pass.
+  of the batch API counting each ``on_window``'s events (issue 30; values not read),
+  checkpoints to a memory store, 4 MiB requests), a new client for each pass.
 
 Aggregate MB/s = sum of the consumers' bytes / their elapsed time; events/s likewise.
 
@@ -509,22 +509,21 @@ def stream_run(relay: RelayProcess, consumers: int, duration: float, max_bytes: 
 
 def _client_consumer(url: str, streaming: bool, max_scn: int, ready: Any, go: MpEvent,
                      start: Any, duration: float, out: Any) -> None:
-    """One ``DatabusClient`` (a no-op Consumer counting ``on_data_event``; default
-    options but 4 MiB requests, 16 MiB buffered; checkpoints to a memory store): from
+    """One ``DatabusClient`` (a no-op Consumer of the batch API counting the events of
+    each ``on_window``, values checked but not read; default options but 4 MiB
+    requests, 16 MiB buffered; checkpoints to a memory store): from
     the oldest window to the newest, then a new client from the oldest again (a pass),
     until the deadline."""
-    from databus.client import Consumer, DatabusClient, DataEvent, MemoryCheckpointStore
+    from databus.client import Consumer, DatabusClient, MemoryCheckpointStore, Window
 
     class Counter(Consumer):
         def __init__(self, client: DatabusClient) -> None:
             self.events = 0
             self.client = client
 
-        def on_data_event(self, event: DataEvent) -> None:
-            self.events += 1
-
-        def on_end_data_event_sequence(self, scn: int) -> None:
-            if scn >= max_scn:
+        def on_window(self, window: Window) -> None:
+            self.events += len(window.events)
+            if window.scn >= max_scn:
                 self.client.stop()
 
     def new_client() -> tuple[DatabusClient, Counter]:

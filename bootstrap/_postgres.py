@@ -272,6 +272,11 @@ class _PgHold:
         self._conn = conn
 
     def release(self) -> None:
+        # Unlock before closing: a closed connection's lock goes only when its server
+        # process has exited, after close() returns, so a hold taken again at once (a
+        # component restarted in this process) could be refused by our own old hold.
+        with contextlib.suppress(psycopg2.Error), self._conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock_all()")
         with contextlib.suppress(psycopg2.Error):
             self._conn.close()
 

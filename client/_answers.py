@@ -37,7 +37,7 @@ scan the body again.
 
 from __future__ import annotations
 
-from databus.batch import Scan, frame_windows, scan
+from databus.batch import Scan, eow_order, frame_windows, scan
 from databus.checkpoint import FLEXIBLE_SCN, LATEST_SCN, WHOLE_WINDOW, Checkpoint, Mode
 from databus.errors import EventFormatError
 from databus.event import EOW_SOURCE_ID
@@ -94,18 +94,14 @@ def check_relay_answer(position: Checkpoint, body: bytes, checkpoint: Checkpoint
         # start when the earlier part may be the bad one).
         return s
     eows = frames.eows
-    previous: int | None = None
-    start = 0  # the first event of the window the next EOW ends
-    for eow in eows:
-        scn = scns[eow]
+    bad, previous, start = eow_order(s, eows)  # one C pass over the EOWs
+    if bad >= 0:
+        scn = scns[eows[bad]]
         if previous is not None and scn <= previous:
             raise refused(f"relay {relay} served window {scn} after window {previous}: its "
                           "SCNs go back", OUT_OF_ORDER)
-        if scns[start] != scn:
-            raise refused(f"relay {relay} ended window {scns[start]} with the EOW of window "
-                          f"{scn}", OUT_OF_ORDER)
-        previous = scn
-        start = eow + 1
+        raise refused(f"relay {relay} ended window {scns[start]} with the EOW of window "
+                      f"{scn}", OUT_OF_ORDER)
     if sids[n - 1] == EOW_SOURCE_ID:
         expected = Checkpoint(scns[n - 1], WHOLE_WINDOW)
     else:

@@ -58,10 +58,13 @@ class BatchDelivery:
         self.per_window = any(k.on_window is not Consumer.on_window for k in kinds)
         self.per_batch = any(k.on_window is Consumer.on_window for k in kinds)
         self.collectors = [c for c in consumers if isinstance(c, WindowCollector)]
+        # No consumer is offered checkpoints: a run of windows answering SUCCESS ends
+        # in one step (``Dispatcher.end_windows``).
+        self.quiet_commits = all(k.on_checkpoint is Consumer.on_checkpoint for k in kinds)
         self.window: Window | None = None  # open: its EOW has not come yet
-        # Whole windows waiting for the batch call: (its EOW, the window or None when it
-        # held nothing for the consumer, the worst answer of its on_window calls).
-        self.pending: list[tuple[EndOfWindow, Window | None, CallbackResult]] = []
+        # Whole windows not delivered yet: (its EOW, the window, or None when it held
+        # nothing for the consumer).
+        self.pending: list[tuple[EndOfWindow, Window | None]] = []
         self.windows = 0  # windows finished since the last report
         self.last_scn: int | None = None
         self.commit: Call | None = None  # the newest commit not reported yet
@@ -70,6 +73,7 @@ class BatchDelivery:
         """Deliver ``items``; False when this generation must stop (the report said why)."""
         runner = self.runner
         stopping = runner._stopping
+        pending = self.pending
         item: Any  # the hot loop tells kinds apart by ``type(...) is`` (no isinstance)
         for item in items:
             kind = type(item)
@@ -77,7 +81,7 @@ class BatchDelivery:
                 window = self.window
                 if window is None:
                     if stopping.is_set():
-                        return self._done(False)  # never begin another window
+                        return self._done(self._flush(gen) and False)  # no new window
                     window = self.window = Window(item.scn, item.timestamp_ns, [], [],
                                                   item.from_bootstrap)
                 window.events.append(item)
@@ -85,8 +89,7 @@ class BatchDelivery:
                 window, self.window = self.window, None
                 if window is not None and item.timestamp_ns:
                     window.timestamp_ns = item.timestamp_ns
-                if not self._whole(item, window, gen):
-                    return self._done(False)
+                pending.append((item, window))
             elif kind is DumpMarker:
                 if self.window is None:
                     self.window = Window(item.scn, 0)
@@ -96,6 +99,7 @@ class BatchDelivery:
             else:  # BootstrapMark: between windows, after every window before it
                 if not self._flush(gen):
                     return self._done(False)
+                pending = self.pending  # the flush started a new list
                 for call in runner.dispatcher.feed(item):
                     if not runner._run(call, gen):
                         return self._done(False)
@@ -103,50 +107,95 @@ class BatchDelivery:
 
     # -- internals --------------------------------------------------------------------
 
-    def _whole(self, eow: EndOfWindow, window: Window | None, gen: int) -> bool:
-        runner = self.runner
-        fence = runner._fence
-        if window is not None and fence is not None and not fence():
-            runner._report(_outcome("fenced", eow.scn, gen))
-            return False
-        result = CallbackResult.SUCCESS
-        if window is not None and self.per_window:
-            answer = runner._invoke_all("on_window", (window,), gen)
-            if answer is None:
-                return False  # abandoned by the watchdog
-            result = answer
-        if self.per_batch:
-            self.pending.append((eow, window, result))
-            return True
-        return self._end(eow, result, window is not None, gen)
-
     def _flush(self, gen: int) -> bool:
-        """The batch call for the pending windows, then their ends, in order."""
+        """Deliver the pending whole windows, then end them in order."""
         pending, self.pending = self.pending, []
         if not pending:
             return True
         runner = self.runner
-        windows = [w for _, w, _ in pending if w is not None]
-        result: CallbackResult | None = CallbackResult.SUCCESS
+        success, error = CallbackResult.SUCCESS, CallbackResult.ERROR
+        results = [success] * len(pending)
+        fenced = False
+        if self.per_window:
+            fence = runner._fence
+            if fence is None:
+                delivered = [(i, w) for i, (_, w) in enumerate(pending) if w is not None]
+                answers = runner._invoke_each("on_window", [w for _, w in delivered], gen)
+                if answers is None:
+                    return False  # abandoned by the watchdog
+                for (index, _), answer in zip(delivered, answers, strict=False):
+                    results[index] = answer
+                if answers and answers[-1] >= error:  # answers stop at the first error
+                    del pending[delivered[len(answers) - 1][0] + 1:]  # replayed later
+            else:
+                for index, (_eow, window) in enumerate(pending):
+                    if window is None:
+                        continue
+                    if not fence():
+                        del pending[index:]  # nothing more is delivered or ended
+                        fenced = True
+                        break
+                    said = runner._invoke_all("on_window", (window,), gen)
+                    if said is None:
+                        return False  # abandoned by the watchdog
+                    results[index] = said
+                    if said >= error:
+                        del pending[index + 1:]  # replayed after the rollback
+                        break
+        batch_result = success
+        windows = [w for _, w in pending if w is not None]
         taken = len(windows)
-        if windows:
+        if self.per_batch and windows:
             events = [e for w in windows for e in w.events]
             if events:
-                result = runner._invoke_all("on_events", (events,), gen)
+                said_all = runner._invoke_all("on_events", (events,), gen)
+                if said_all is None:
+                    return False
+                batch_result = said_all
             for collector in self.collectors:
                 # ``DatabusClient.windows``: the windows its loop bodies have finished
                 # (fewer when the loop was left): only those may be committed.
                 taken = min(taken, collector.on_windows(windows))
-        if result is None:
-            return False
+        if (batch_result is success and taken == len(windows) and self.quiet_commits
+                and runner.dispatcher.plain and all(r is success for r in results)):
+            # The common case: every window answered SUCCESS; they end in one step.
+            return self._end_run([eow for eow, _ in pending], gen)
         seen = 0
-        for eow, window, own in pending:
+        run: list[EndOfWindow] = []
+        for index, (eow, window) in enumerate(pending):
             if window is not None:
                 seen += 1
-            if seen > taken:
-                return False  # handed over but not finished: not committed
-            if not self._end(eow, max(result, own), window is not None, gen):
+                if seen > taken:
+                    return self._end_run(run, gen) and False  # not finished: no commit
+            result = max(batch_result, results[index])
+            if result is success and self.quiet_commits and runner.dispatcher.plain:
+                run.append(eow)
+                continue
+            if not self._end_run(run, gen):
                 return False
+            run = []
+            if not self._end(eow, result, window is not None, gen):
+                return False
+        if not self._end_run(run, gen):
+            return False
+        if fenced:
+            runner._report(_outcome("fenced", pending[-1][0].scn if pending else -1, gen))
+            return False
+        return True
+
+    def _end_run(self, run: list[EndOfWindow], gen: int) -> bool:
+        """End a run of windows that all answered SUCCESS, in one step."""
+        if not run:
+            return True
+        runner = self.runner
+        with runner._lock:
+            if gen != runner.generation:
+                return False
+            call = runner.dispatcher.end_windows(run)
+        self.windows += len(run)
+        self.last_scn = run[-1].scn
+        if call is not None:
+            self.commit = call
         return True
 
     def _end(self, eow: EndOfWindow, result: CallbackResult, delivered: bool, gen: int

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import os
 import socket
 import threading
@@ -698,7 +699,7 @@ class DatabusClient:
         if segment is not None and segment.skip:
             items = segment.skip_items(items)
         metrics = self.metrics
-        metrics.events += sum(1 for i in items if isinstance(i, DataEvent))
+        metrics.events += operator.countOf(map(type, items), DataEvent)  # C speed
         for item in reversed(items):
             if isinstance(item, EndOfWindow) and item.timestamp_ns:
                 metrics.last_window_timestamp_ns = item.timestamp_ns

@@ -228,7 +228,7 @@ class ResponseDecoder:
         try:
             found = batch.decode_relay_body(
                 body, s, source_names, self._value_decoder(source_names), DataEvent,
-                lazy_event, EndOfWindow, self._window, check.count, check.crc, self._whole,
+                DataEvent, EndOfWindow, self._window, check.count, check.crc, self._whole,
                 self.verify_windows)
         except (SchemaError, UnknownSchemaError):
             return None  # the reference path says which event and why

@@ -236,6 +236,41 @@ class Dispatcher:
         self._finish_window(eow.scn)
         return Step.CONTINUE, self._due_checkpoint(eow.scn, eow.checkpoint, offer=delivered)
 
+    @property
+    def plain(self) -> bool:
+        """True between windows when nothing pending bends the checkpoint rules (no
+        CHECKPOINT / SKIP_CHECKPOINT answer waiting, not bootstrapping): a run of
+        windows that all answer SUCCESS may then be ended at once (``end_windows``)."""
+        return (self._window is None and not self._bootstrapping and not self._force
+                and not self._skip and not self._offer)
+
+    def end_windows(self, eows: list[EndOfWindow]) -> Call | None:
+        """The batch API's common case in one step: the windows ``eows`` (in order) each
+        answered SUCCESS, no consumer is offered checkpoints (none overrides
+        ``on_checkpoint``), and ``plain`` holds. The same as ``end_window`` of each in
+        turn with every due checkpoint committed, except that only the last due one is
+        committed (the ones before it would be replaced at once): it is returned (or
+        None when none was due)."""
+        if not self.plain:
+            raise ValueError("end_windows needs plain state")
+        n = len(eows)
+        if not n:
+            return None
+        every, since = self.checkpoint_every, self._since_checkpoint
+        self.done_scn = eows[-1].scn
+        first = 1 if since >= every else every - since  # 1-based index of the first due
+        if n < first:
+            self._since_checkpoint = since + n
+            return None
+        last = n if since >= every else first + ((n - first) // every) * every
+        eow = eows[last - 1]
+        call = Call(CallKind.CHECKPOINT, eow.scn, quiet=True,
+                    checkpoint=eow.checkpoint if eow.checkpoint is not None
+                    else Checkpoint(eow.scn))
+        self._commit(call)
+        self._since_checkpoint = n - last
+        return call
+
     def rollback(self) -> int | None:
         """Forget the window in progress; replay starts after ``committed_scn`` (from
         ``committed``), and a replay into bootstrap announces it again."""

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from databus import batch
+from databus.batch import EventBase
 from databus.checkpoint import Checkpoint
 from databus.event import Key, Op
 from databus.schemas import Schema
@@ -14,7 +16,7 @@ from databus.schemas import Schema
 _UNDECODED: Any = object()  # ``DataEvent._value`` before the first access
 
 
-class DataEvent:
+class DataEvent(EventBase):
     """One row change.
 
     ``op`` is ``Op.UPSERT`` or ``Op.DELETE``; ``value`` is the row as a dict (decoded with
@@ -30,20 +32,9 @@ class DataEvent:
     stays whole after its callback returns: it holds its own bytes.
     """
 
-    __slots__ = (
-        "_decode",
-        "_raw",
-        "_value",
-        "from_bootstrap",
-        "from_dump",
-        "key",
-        "op",
-        "partition_key",
-        "schema",
-        "scn",
-        "source",
-        "timestamp_ns",
-    )
+    # The fields are ``databus.batch.EventBase``'s: in C with the compiled event core,
+    # which then builds the events of a relay body without a Python call each.
+    __slots__ = ()
 
     scn: int
     source: str
@@ -79,7 +70,7 @@ class DataEvent:
             assert decode is not None and raw is not None
             # Two threads may decode it at once (parallel consumers): same result.
             value = self._value = decode(raw)
-        return value
+        return value  # type: ignore[no-any-return]  # the fields are EventBase's (Any)
 
     @value.setter
     def value(self, value: dict[str, Any] | None) -> None:
@@ -146,7 +137,8 @@ def lazy_event(scn: int, source: str, op: Op, key: Key, raw: bytes,
     return event
 
 
-_new_event = object.__new__
+_new_event = EventBase.__new__
+batch.set_undecoded(_UNDECODED)
 
 
 @dataclass(slots=True)
@@ -175,9 +167,11 @@ class StartOfWindow:
 class DumpMarker:
     """A table's dump starts (``start`` True) or ends in window ``scn`` (docs/dumps.md);
     an end marker says how many rows the dump emitted for the table and how it ended
-    (``outcome``: ``done``, ``failed`` or ``cancelled``). In ``Window.markers``
-    (``DatabusClient.windows``) the dump id and row count are None: they reach
-    consumers only as ``on_dump_start(source)`` / ``on_dump_end(source, outcome)``."""
+    (``outcome``: ``done``, ``failed`` or ``cancelled``). ``Window.markers`` of the
+    batch API and ``DatabusClient.windows`` hold them as they came; a batch consumer
+    served per event (beside a consumer of the per-event callbacks) gets them without
+    the dump id and row count, which ``on_dump_start(source)`` /
+    ``on_dump_end(source, outcome)`` do not carry."""
 
     scn: int
     source: str

@@ -85,18 +85,20 @@ class StreamFramer:
             raise found.error
         sids = found.source_id
         cut = 0  # where the write in progress begins
-        for i in range(found.count):
-            if sids[i] not in _STREAM_CONTROLS:
-                continue
-            start = found.offset[i]
-            end = start + found.length[i]
-            frames.append(self._control(bytes(self._buf[start:end]),
-                                        bytes(self._buf[cut:start])))
-            cut = end
-            if self.ended:
-                if end != found.end or found.error is not None:
-                    raise bad_answer("the relay sent bytes after an in-band error event")
-                break
+        # Slices of a view: one copy of each write's bytes, not two (a bytearray slice
+        # and then bytes of it). The view is released before the buffer is cut below.
+        with memoryview(self._buf) as view:
+            for i in range(found.count):
+                if sids[i] not in _STREAM_CONTROLS:
+                    continue
+                start = found.offset[i]
+                end = start + found.length[i]
+                frames.append(self._control(bytes(view[start:end]), bytes(view[cut:start])))
+                cut = end
+                if self.ended:
+                    if end != found.end or found.error is not None:
+                        raise bad_answer("the relay sent bytes after an in-band error event")
+                    break
         self._scanned = found.end
         if self.limit is not None and not self.ended:
             self._check_size(found.offset, found.source_id, found.count, cut, found.end)

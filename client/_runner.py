@@ -381,12 +381,69 @@ class Runner:
             return CallbackResult.SUCCESS if gen == self.generation else None
         return self._invoke_all(method, _args(call), gen)
 
-    def _invoke_all(self, method: str, args: tuple[object, ...], gen: int
-                    ) -> CallbackResult | None:
-        # The hot path: a direct call per consumer that overrides ``method`` (a method
-        # left as Consumer's default is known to answer SUCCESS and is not called).
-        # ``_running`` is written without the lock: single dict stores are atomic and
-        # the watchdog copies the values before it reads them.
+    def _invoke_each(self, method: str, arguments: list[Any], gen: int
+                     ) -> list[CallbackResult] | None:
+        """``method(argument)`` of every consumer for each argument in turn (the batch
+        API's ``on_window`` over a response's windows): the answers, cut after the first
+        ERROR or worse; None when abandoned. The same rules as ``_invoke_all`` (time
+        budget, exceptions, the watchdog), in one loop when one consumer takes them."""
+        targets = self._targets_of(method)
+        answers: list[CallbackResult] = []
+        error = CallbackResult.ERROR
+        if len(targets) != 1:
+            for argument in arguments:
+                answer = self._invoke_all(method, (argument,), gen)
+                if answer is None:
+                    return None
+                answers.append(answer)
+                if answer >= error:
+                    break
+            return answers
+        fn = targets[0]
+        running = self._running
+        ident = threading.get_ident()
+        timeout = self.callback_timeout
+        monotonic = time.monotonic
+        success = CallbackResult.SUCCESS
+        for argument in arguments:
+            if gen != self.generation:
+                return None
+            start = running[ident] = monotonic()
+            try:
+                got = fn(argument)
+            except Exception as exc:  # a consumer bug: roll back and replay
+                result = self._raised(method, exc)
+            else:
+                result = success if got is None else self._answered(method, got)
+            finally:
+                running.pop(ident, None)
+            if monotonic() - start > timeout:
+                result = self._late(method, result)
+            answers.append(result)
+            if result >= error:
+                break
+        return answers
+
+    def _answered(self, method: str, answer: object) -> CallbackResult:
+        result = answer if type(answer) is CallbackResult else normalize(answer, method)
+        if result >= CallbackResult.ERROR:
+            self.last_error = ConsumerError(f"{method} answered {result.name}")
+        return result
+
+    def _raised(self, method: str, exc: Exception) -> CallbackResult:
+        limited(log).warning("%s raised %s: %s", method, type(exc).__name__, exc,
+                             kind=method)
+        self.last_error = exc
+        return CallbackResult.ERROR
+
+    def _late(self, method: str, result: CallbackResult) -> CallbackResult:
+        timeout = self.callback_timeout
+        self.last_error = CallbackTimeout(f"{method} took longer than {timeout:.3g} s")
+        return max(result, CallbackResult.ERROR)
+
+    def _targets_of(self, method: str) -> list[Callable[..., object]]:
+        """The consumers' ``method``s, of those that override it (a method left as
+        Consumer's default is known to answer SUCCESS and is not called)."""
         targets = self._targets.get(method)
         if targets is None:
             base = getattr(Consumer, method, None)
@@ -395,32 +452,34 @@ class Runner:
                 else getattr(c, method) for c in self.consumers
                 if getattr(type(c), method, base) is not base
             ]
+        return targets
+
+    def _invoke_all(self, method: str, args: tuple[object, ...], gen: int
+                    ) -> CallbackResult | None:
+        # The hot path: a direct call per consumer that overrides ``method``.
+        # ``_running`` is written without the lock: single dict stores are atomic and
+        # the watchdog copies the values before it reads them.
+        targets = self._targets_of(method)
         if gen != self.generation:
             return None
         worst = CallbackResult.SUCCESS
         running = self._running
         ident = threading.get_ident()
         timeout = self.callback_timeout
+        monotonic = time.monotonic
         for fn in targets:
-            start = time.monotonic()
-            running[ident] = start
+            start = running[ident] = monotonic()
             try:
                 answer = fn(*args)
-                result = (CallbackResult.SUCCESS if answer is None
-                          else answer if type(answer) is CallbackResult
-                          else normalize(answer, method))
-                if result >= CallbackResult.ERROR:
-                    self.last_error = ConsumerError(f"{method} answered {result.name}")
             except Exception as exc:  # a consumer bug: roll back and replay
-                limited(log).warning("%s raised %s: %s", method, type(exc).__name__, exc,
-                                     kind=method)
-                self.last_error = exc
-                result = CallbackResult.ERROR
+                result = self._raised(method, exc)
+            else:
+                result = (CallbackResult.SUCCESS if answer is None
+                          else self._answered(method, answer))
             finally:
                 running.pop(ident, None)
-            if time.monotonic() - start > timeout:
-                self.last_error = CallbackTimeout(f"{method} took longer than {timeout:.3g} s")
-                result = max(result, CallbackResult.ERROR)
+            if monotonic() - start > timeout:
+                result = self._late(method, result)
             if result > worst:
                 worst = result
         return worst

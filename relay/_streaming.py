@@ -22,12 +22,15 @@ already off the buffer) gets the usual JSON error with its HTTP status; errors m
 the response has started travel in-band.
 
 Flow control is TCP's: a write's events are read in slices (``FIRST_SLICE``, then
-``BULK_SLICE`` ones in the server's bulk lane), each written as it is read, in
-``WRITE_PIECE`` pieces, each awaiting the transport (whose buffer ``databus._serving``
-keeps at 64 KiB); a consumer that stops reading stops being read for, and one that reads
-nothing for ``write_timeout_s`` is cut. What a stream holds is bounded: one slice (at
-most ``STREAM_FLOOR`` unless the server-wide stream budget grants more, given back once
-the slice is written) plus its transport's buffer.
+``BULK_SLICE`` ones in the server's bulk lane), each written as it is read as one HTTP
+chunk, in sends of up to ``STREAM_PIECE`` (the chunk's framing and the checkpoint event
+in the sends beside the events: ``chunk_sends``), awaiting the transport whenever its
+buffer is over its limit (64 KiB, ``databus._serving``); a consumer that stops reading
+stops being read for, and one that reads nothing for ``write_timeout_s`` is cut. What a
+stream holds is bounded: one slice (at most ``STREAM_FLOOR`` unless the server-wide
+stream budget grants more, given back once the slice is written) plus its transport's
+buffer (views of that slice on uvloop; on asyncio's loop before Python 3.12, a copy of
+at most one ``WRITE_PIECE`` send beyond its limit).
 
 What a stream with nothing to read costs (issue 27: 2,000 of them beside 50 normal
 streams made a normal one's p99 13 times longer): a timer and a heartbeat per interval.
@@ -52,14 +55,23 @@ import asyncio
 import collections
 import json
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
-from databus._serving import SERVING, WRITE_PIECE, ServingState, StreamBudget, reset
+from databus._serving import (
+    SERVING,
+    WRITE_BUFFER_HIGH,
+    WRITE_PIECE,
+    ServingState,
+    StreamBudget,
+    reset,
+)
 from databus.checkpoint import WHOLE_WINDOW, Checkpoint
 from databus.errors import (
     DatabusError,
@@ -113,6 +125,25 @@ HEARTBEAT_SPREAD = 0.75
 # A heartbeat event is encoded once per buffer and reused for this long while the
 # buffer's range is unchanged (thousands of idle streams, one encoding).
 HEARTBEAT_REUSE_S = 0.05
+# A big stream write is handed to the transport in sends of this many bytes of events,
+# its framing and checkpoint event in the sends next to them (``chunk_sends``): a bulk
+# slice in one send. Sends of 64 KiB, each with its own wait, were most of the relay's
+# time per byte beside the kernel's copy (benchmarks/README.md, "After issue 30").
+# The transport keeps what the kernel does not take: uvloop's keeps the buffers
+# themselves (views of the slice the stream holds anyway), asyncio's copies the rest
+# into its own buffer before Python 3.12: there sends stay ``WRITE_PIECE``, which keeps
+# a connection's write buffer within the 128 KiB of docs/relay.md's memory bound.
+STREAM_PIECE = 1 << 20
+STREAM_PIECE_COPYING = WRITE_PIECE
+# Parts at most this long (a checkpoint event) join a neighbouring send whole.
+SMALL_PART = 4096
+# What a stream's consumer must take per ``write_timeout_s`` while the relay waits on
+# it, or be cut (``_drain``): from the transport's limit down to its low-water mark.
+MIN_TAKEN = WRITE_BUFFER_HIGH - WRITE_BUFFER_HIGH // 4
+# A write at most this long is joined with its framing into one ``bytes`` where the
+# transport could send the buffers as they are (``_vectored``); ``WRITE_PIECE`` where it
+# would join them anyway.
+SMALL_JOIN = 16 * 1024
 
 # What a stream's write did (Follow._write_new).
 _NOTHING, _WROTE, _MORE, _ENDED = "nothing", "wrote", "more", "ended"
@@ -155,6 +186,18 @@ class SharedRead:
     max_scn: int | None
     reached_tail: bool
     cp_event: bytes | None = None
+
+    def checkpoint_event(self, partition_id: int) -> bytes:
+        """The checkpoint event after this result's events, encoded on first use: a
+        stream writes one only after the last slice of a write, so the slices before it
+        never pay for the JSON."""
+        event = self.cp_event
+        if event is None:
+            result = self.result
+            event = self.cp_event = checkpoint_event(
+                result.checkpoint, timestamp_ns=_last_window_timestamp(result),
+                partition_id=partition_id)
+        return event
 
 
 def _reached(result: ReadResult, max_scn: int | None) -> bool:
@@ -206,14 +249,10 @@ class SharedReads:
 
     def stream_read(self, read: Callable[..., ReadResult], filter_key: object,
                     checkpoint: Checkpoint, max_bytes: int) -> SharedRead:
-        """As ``read``, with the checkpoint event that follows the result's events in a
-        stream (when it has any)."""
-        entry = self._read(read, filter_key, checkpoint, max_bytes)
-        if entry.result.data and entry.cp_event is None:
-            entry.cp_event = checkpoint_event(
-                entry.result.checkpoint, timestamp_ns=_last_window_timestamp(entry.result),
-                partition_id=self._buffer.partition_id)
-        return entry
+        """As ``read``, as the entry that also gives the checkpoint event that follows
+        the result's events in a stream (``SharedRead.checkpoint_event``, encoded once
+        for every stream it goes to)."""
+        return self._read(read, filter_key, checkpoint, max_bytes)
 
     def _read(self, read: Callable[..., ReadResult], filter_key: object,
               checkpoint: Checkpoint, max_bytes: int) -> SharedRead:
@@ -468,10 +507,14 @@ class Follow:
                     if last is None:
                         return await self._concrete(result.checkpoint, timeout)
                     break
-                final = got.reached_tail or len(result.data) >= room
-                assert got.cp_event is not None
-                await self._write([result.data, got.cp_event] if final else [result.data],
-                                  timeout)
+                # The last slice of this write, known before it is sent: its chunk
+                # carries the checkpoint event (no chunk and send of its own after it).
+                # A slice that brings the write to SHORT_BODY while another big body
+                # is being built ends it, as the check at the top would.
+                final = (got.reached_tail or len(result.data) >= room
+                         or (written + len(result.data) >= SHORT_BODY and lane.locked()))
+                await self._write([result.data, got.checkpoint_event(partition)] if final
+                                  else [result.data], timeout)
             finally:
                 if budget is not None:
                     budget.release(reserved)
@@ -488,8 +531,7 @@ class Follow:
         if last is None:
             return _NOTHING
         if not final:
-            assert last.cp_event is not None
-            await self._write([last.cp_event], timeout)
+            await self._write([last.checkpoint_event(partition)], timeout)
         self.position = position
         self.on_write(position, events, written)
         return _WROTE if last.reached_tail else _MORE
@@ -524,15 +566,20 @@ class Follow:
         return _WROTE
 
     async def _write(self, parts: list[bytes], timeout: float) -> None:
-        """``parts`` as one HTTP chunk, handed to the transport in pieces of at most
-        ``WRITE_PIECE``, each within ``timeout``.
+        """``parts`` as one HTTP chunk, handed to the transport in sends of at most
+        about ``STREAM_PIECE`` bytes (``STREAM_PIECE_COPYING`` where the transport
+        copies what the kernel does not take), waiting for the transport to drain
+        whenever its buffer is over its limit (``_drain``: the consumer must take
+        ``MIN_TAKEN`` bytes every ``timeout`` seconds).
 
         The chunk framing is written here rather than by aiohttp's writer, which joins
         each piece with its framing into a new ``bytes`` on Python < 3.12.9: so the
         pieces of a shared read go from the one ``bytes`` object to every socket, and
         the kernel takes them without a copy in our process unless the socket is full
-        (then the transport keeps the rest of that piece, at most ``WRITE_PIECE``, and
-        we wait for it to drain before the next)."""
+        (then the transport keeps the rest: at most one send and its buffer limit
+        beyond the slice the stream holds anyway). The framing and the checkpoint event
+        ride in the same send as the events next to them (``chunk_sends``): one system
+        call, one segment on the wire, where they were sends of their own."""
         request = self.request
         writer = request.writer
         transport = request.transport
@@ -541,27 +588,33 @@ class Follow:
         send_headers = getattr(writer, "send_headers", None)
         if send_headers is not None:
             send_headers()  # aiohttp holds the headers back to send them with a body
-        size = sum(len(p) for p in parts)
+        size = 0
+        for part in parts:
+            size += len(part)
         try:
-            if size <= WRITE_PIECE:
+            vectored = _vectored(transport)
+            if size <= (SMALL_JOIN if vectored else WRITE_PIECE):
                 # A small write (a stream keeping up: a window or a few) goes out in one
-                # send; the join is cheaper than three more system calls.
+                # send; the join is cheaper than more system calls (and, for a few KiB,
+                # than a send of several buffers).
                 transport.write(b"".join((b"%x\r\n" % size, *parts, b"\r\n")))
-                if transport.get_write_buffer_size():
-                    async with asyncio.timeout(timeout):
-                        await writer.drain()
+                if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
+                    await _drain(writer, transport, timeout)
                 return
-            transport.write(b"%x\r\n" % size)
-            for part in parts:
-                view = memoryview(part)
-                for offset in range(0, len(part), WRITE_PIECE):
-                    transport.write(view[offset:offset + WRITE_PIECE])
-                    if transport.get_write_buffer_size():
-                        async with asyncio.timeout(timeout):
-                            await writer.drain()
-                    if transport.is_closing():
-                        raise StreamEnd
-            transport.write(b"\r\n")
+            piece = STREAM_PIECE if vectored else STREAM_PIECE_COPYING
+            for send in chunk_sends(parts, size, piece):
+                if len(send) == 1:
+                    transport.write(send[0])
+                elif vectored:
+                    transport.writelines(send)
+                else:
+                    # A join would copy the big piece: send it apart from the framing.
+                    for buf in send:
+                        transport.write(buf)
+                if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
+                    await _drain(writer, transport, timeout)
+                if transport.is_closing():
+                    raise StreamEnd
         except TimeoutError:
             serving = request.app.get(SERVING)
             if serving is not None:
@@ -573,6 +626,81 @@ class Follow:
         except (ConnectionError, RuntimeError):
             # RuntimeError: a transport closing under us.
             raise StreamEnd from None
+
+
+async def _drain(writer: AbstractStreamWriter, transport: asyncio.Transport,
+                 timeout: float) -> None:
+    """Until the transport's buffer is back under its limit (the protocol resumed).
+    ``TimeoutError`` once the consumer took less than ``MIN_TAKEN`` bytes in ``timeout``
+    seconds: what a wait on one 64 KiB piece asked of it (from over the transport's
+    limit to under its low-water mark, a quarter of it), whatever the size of the sends
+    now. A send can be a whole slice, which a slow consumer that does read may take
+    longer than ``timeout`` to take, and is not cut for; a trickle is, as before.
+
+    The drain runs as a task of its own that a timeout does not cancel: aiohttp's
+    protocol keeps one waiter for all drains, and a drain cancelled by a timeout leaves
+    it cancelled (the next drain of the connection would raise ``CancelledError``)."""
+    drained = asyncio.ensure_future(writer.drain())
+    try:
+        while True:
+            before = transport.get_write_buffer_size()
+            done, _ = await asyncio.wait((drained,), timeout=timeout)
+            if done:
+                drained.result()  # ConnectionError: the consumer went away
+                return
+            if transport.is_closing() or \
+                    before - transport.get_write_buffer_size() < MIN_TAKEN:
+                raise TimeoutError
+    finally:
+        if not drained.done():
+            drained.cancel()
+
+
+def chunk_sends(parts: list[bytes], size: int, piece: int) -> list[list[bytes | memoryview]]:
+    """One HTTP chunk of ``parts`` (``size`` bytes in all) as the buffers of each send:
+    the size line, the parts, the closing CRLF, cut into sends of ``piece`` bytes of
+    the parts; the framing and parts shorter than ``SMALL_PART`` (a checkpoint event)
+    join the send next to them instead of making one of their own. Nothing is copied:
+    the buffers are the parts themselves or views of them. Concatenated, the sends are
+    exactly ``b"%x\r\n" % size + b"".join(parts) + b"\r\n"``."""
+    sends: list[list[bytes | memoryview]] = []
+    send: list[bytes | memoryview] = [b"%x\r\n" % size]
+    room = piece
+    for part in parts:
+        n = len(part)
+        if n <= SMALL_PART:
+            send.append(part)
+            room -= n
+            continue
+        view = memoryview(part)
+        offset = 0
+        while offset < n:
+            if room <= 0:
+                sends.append(send)
+                send = []
+                room = piece
+            take = min(room, n - offset)
+            send.append(part if take == n else view[offset:offset + take])
+            offset += take
+            room -= take
+    send.append(b"\r\n")
+    sends.append(send)
+    return sends
+
+
+def _vectored(transport: asyncio.BaseTransport) -> bool:
+    """Whether ``transport.writelines`` sends its buffers in one system call without
+    joining them: uvloop's transports do (a writev); asyncio's join them into a new
+    ``bytes`` before Python 3.12."""
+    kind = type(transport)
+    known = _VECTORED.get(kind)
+    if known is None:
+        known = _VECTORED[kind] = (kind.__module__.startswith("uvloop")
+                                   or sys.version_info >= (3, 12))
+    return known
+
+
+_VECTORED: dict[type, bool] = {}
 
 
 _EOW_SIZE = len(encode_eow(scn=0, event_count=0, checksum=0))

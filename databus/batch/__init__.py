@@ -53,6 +53,7 @@ IMPLEMENTATION: str = _impl.IMPLEMENTATION
 if TYPE_CHECKING:  # both twins have the reference's signatures
     from databus.batch._python import (
         CompiledFilter,
+        EventBase,
         check_value,
         compile_filter,
         copy_rows,
@@ -61,6 +62,7 @@ if TYPE_CHECKING:  # both twins have the reference's signatures
         encode_event,
         encode_events,
         encode_flat_record,
+        eow_order,
         frame_windows,
         gather,
         group_rows,
@@ -68,6 +70,7 @@ if TYPE_CHECKING:  # both twins have the reference's signatures
         restamp,
         scan,
         select_events,
+        set_undecoded,
         stable_key_hash,
         window_checksum,
     )
@@ -78,6 +81,9 @@ else:
     decode_events = _impl.decode_events
     check_value = _impl.check_value
     decode_relay_body = _impl.decode_relay_body
+    eow_order = _impl.eow_order
+    EventBase = _impl.EventBase
+    set_undecoded = _impl.set_undecoded
     encode_event = _impl.encode_event
     encode_events = _impl.encode_events
     key_hashes = _impl.key_hashes
@@ -112,10 +118,10 @@ def native_available() -> bool:
 
 
 __all__ = [
-    "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "FilterPlan", "Predicate",
-    "ReadState", "Scan", "WindowFrames", "check_value", "compile_filter", "copy_rows",
+    "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "EventBase", "FilterPlan",
+    "Predicate", "ReadState", "Scan", "WindowFrames", "check_value", "compile_filter", "copy_rows",
     "decode_events", "decode_relay_body", "encode_event", "encode_events",
-    "encode_flat_record", "frame_windows", "gather",
+    "encode_flat_record", "eow_order", "frame_windows", "gather",
     "group_rows", "key_hashes", "load_compiled", "native_available", "restamp", "scan",
-    "select_events", "stable_key_hash", "twin", "window_checksum",
+    "select_events", "set_undecoded", "stable_key_hash", "twin", "window_checksum",
 ]

@@ -11,6 +11,10 @@ error, never a read outside the buffer.
 
 from cpython.array cimport array, clone, resize, resize_smart
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.object cimport PyObject
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(object op)
 from libc.stdint cimport int16_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -18,7 +22,7 @@ from array import array as _pyarray
 from io import BytesIO
 
 from databus._hashing import stable_key_hash as _py_stable_key_hash
-from databus.batch import _python
+from databus.batch import _python, _windows_python
 from databus.batch._scan import Scan, WindowFrames
 from databus.errors import EventFormatError
 from databus.event import _OPS, _pack, encode_key

@@ -16,7 +16,12 @@ from databus._hashing import stable_key_hash
 from databus.batch._check_python import check_value
 from databus.batch._scan import Scan, WindowFrames
 from databus.batch._select import FilterPlan, ReadState
-from databus.batch._windows_python import decode_relay_body
+from databus.batch._windows_python import (
+    EventBase,
+    decode_relay_body,
+    eow_order,
+    set_undecoded,
+)
 from databus.errors import EventFormatError
 from databus.event import (
     _OPS,
@@ -540,6 +545,7 @@ def encode_flat_record(values: Sequence[Any], codes: Sequence[int]) -> bytes | N
 __all__ = [
     "IMPLEMENTATION",
     "CompiledFilter",
+    "EventBase",
     "bad_value",
     "check_value",
     "compile_filter",
@@ -550,6 +556,7 @@ __all__ = [
     "encode_event",
     "encode_events",
     "encode_flat_record",
+    "eow_order",
     "event_error",
     "frame_windows",
     "gather",
@@ -558,6 +565,7 @@ __all__ = [
     "restamp",
     "scan",
     "select_events",
+    "set_undecoded",
     "stable_key_hash",
     "window_checksum",
 ]

@@ -35,6 +35,60 @@ _EOW_VALUE = 8
 Decoded = tuple[list[Any], int, int, int | None, int, int, bool, int]
 
 
+class EventBase:
+    """The fields of the client's ``DataEvent`` (which subclasses this class of the
+    event core in use): the compiled twin stores them in C, so the fast path fills an
+    event without a Python call."""
+
+    __slots__ = (
+        "_decode",
+        "_raw",
+        "_value",
+        "from_bootstrap",
+        "from_dump",
+        "key",
+        "op",
+        "partition_key",
+        "schema",
+        "scn",
+        "source",
+        "timestamp_ns",
+    )
+
+    scn: int
+    source: str
+    op: Any
+    key: Any
+    _value: Any
+    _raw: bytes | None
+    _decode: Callable[[bytes], Any] | None
+    timestamp_ns: int
+    schema: Any
+    partition_key: int
+    from_bootstrap: bool
+    from_dump: bool
+
+
+_UNDECODED: list[Any] = []  # [marker], set by set_undecoded
+
+
+def set_undecoded(marker: Any) -> None:
+    """The marker ``DataEvent`` keeps in ``_value`` until the value is decoded."""
+    _UNDECODED[:] = [marker]
+
+
+def fill_event(cls: type[EventBase], scn: int, source: str, op: Any, key: Any, raw: bytes,
+               decode: Callable[[bytes], Any], ts: int, schema: Any, pkey: int,
+               from_dump: bool) -> EventBase:
+    """A lazy event of class ``cls`` (``EventBase``'s fields), filled field by field."""
+    event = cls.__new__(cls)
+    event.scn, event.source, event.op, event.key = scn, source, op, key
+    event._value, event._raw, event._decode = _UNDECODED[0], raw, decode
+    event.timestamp_ns, event.schema, event.partition_key = ts, schema, pkey
+    event.from_bootstrap, event.from_dump = False, from_dump
+    return event
+
+
 def decode_relay_body(
     buf: bytes, s: Scan, names: Mapping[int, str],
     value_decoder: Callable[[int, int], tuple[Callable[[bytes], Any], Any, Any]],
@@ -43,6 +97,9 @@ def decode_relay_body(
     window: int | None, count: int, crc: int, whole: bool, verify: bool,
 ) -> Decoded | None:
     """The items of relay body ``buf`` (scan ``s``) or None (see the module docstring).
+
+    ``make_lazy`` is a callable, or a class with ``EventBase``'s fields (``DataEvent``)
+    whose events the core fills itself, ``_value`` set to the ``set_undecoded`` marker.
 
     Items are data events (``make_lazy`` for a value checked GOOD, ``make_event`` for
     an event without a value) and ``make_eow(scn, timestamp_ns, event_count)`` at each
@@ -57,6 +114,7 @@ def decode_relay_body(
     schema: Any = None
     program: Any = None
     pack = _U32.pack
+    direct = isinstance(make_lazy, type) and bool(_UNDECODED)
     for i in range(s.count):
         scn = s.scn[i]
         sid = s.source_id[i]
@@ -84,9 +142,14 @@ def decode_relay_body(
                 raw = buf[start:end]
                 if program is None or not len(program) or check_value(program, raw) != GOOD:
                     return None
-                items.append(make_lazy(scn, source, _OPS[s.op[i]], key, raw, decode,
-                                       s.timestamp[i], schema, s.partition_key[i], False,
-                                       from_dump))
+                if direct:
+                    items.append(fill_event(make_lazy, scn, source, _OPS[s.op[i]], key,  # type: ignore[arg-type]
+                                       raw, decode, s.timestamp[i], schema,
+                                       s.partition_key[i], from_dump))
+                else:
+                    items.append(make_lazy(scn, source, _OPS[s.op[i]], key, raw, decode,
+                                           s.timestamp[i], schema, s.partition_key[i],
+                                           False, from_dump))
             else:
                 items.append(make_event(scn, source, _OPS[s.op[i]], key, None,
                                         s.timestamp[i], schema, s.partition_key[i], False,
@@ -135,3 +198,20 @@ def _plain_key(buf: bytes, s: Scan, i: int) -> Any:
     if kind == KeyKind.BYTES:
         return buf[start:end]
     return None
+
+
+def eow_order(s: Scan, eows: Any) -> tuple[int, int | None, int]:
+    """Check that a body's windows run in order (``databus.client._answers``): each
+    EOW's SCN above the previous one's, and each window's first event of the EOW's SCN.
+    Returns (the position in ``eows`` of the first EOW that breaks a rule, or -1; the
+    SCN of the last EOW before it, or None; the index of the first event after it)."""
+    scns = s.scn
+    previous: int | None = None
+    start = 0
+    for k, eow in enumerate(eows):
+        scn = scns[eow]
+        if (previous is not None and scn <= previous) or scns[start] != scn:
+            return k, previous, start
+        previous = scn
+        start = eow + 1
+    return -1, previous, start

@@ -225,3 +225,43 @@ def test_windows_iterator_commits_only_finished_windows(tmp_path: Path) -> None:
                     break
 
     asyncio.run(main())
+
+
+class Flaky(Windows):
+    """Raises once at window 9, and runs past the time budget once at window 17."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raised = self.slept = False
+
+    def on_window(self, window: Window) -> CallbackResult | None:
+        if window.scn == 9 and not self.raised:
+            self.raised = True
+            raise RuntimeError("consumer bug")
+        if window.scn == 17 and not self.slept:
+            self.slept = True
+            import time
+
+            time.sleep(0.6)  # past the 0.3 s budget: its answer does not count
+            return None
+        return super().on_window(window)
+
+
+def test_an_exception_or_a_blown_budget_in_on_window_replays_the_window(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": SOURCE})) as r:
+            expected = await expected_windows(r)
+            consumer = Flaky()
+            client = _client(r.url, consumer, MemoryCheckpointStore(), callback_timeout=0.3)
+            await run_client(client)
+            # The exception: windows before 9 were committed, the replay starts at 9.
+            # The blown budget abandons the batch that held 17 (docs/client.md): the
+            # replay starts after the last window committed before that batch.
+            first, second = consumer.rollbacks
+            assert first == 8 and 8 <= second < 17
+            scns = [w.scn for w in consumer.got]
+            assert scns == [*range(1, 17), *range(second + 1, LIMIT + 1)]
+            assert {w.scn: [e.key for e in w.events] for w in consumer.got} == expected
+
+    asyncio.run(main())

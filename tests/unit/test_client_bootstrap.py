@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ from databus.client._events import (
     EndOfWindow,
     Item,
     StartOfWindow,
+    Window,
 )
 from databus.client._relay_puller import RelayPuller
 from databus.client._runner import Outcome, Runner
@@ -290,20 +291,32 @@ class _Scripted(Consumer):
         return R.SUCCESS
 
 
+class _Reports:
+    """What a runner reports, and a wait for a kind of report."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+        self.seen = threading.Condition()
+
+    def report(self, outcome: Outcome) -> None:
+        with self.seen:
+            self.outcomes.append(outcome)
+            self.seen.notify_all()
+
+    def wait_for(self, kind: str) -> Outcome:
+        with self.seen:
+            assert self.seen.wait_for(
+                lambda: any(o.kind == kind for o in self.outcomes), 5)
+            return next(o for o in self.outcomes if o.kind == kind)
+
+
+def _reports() -> tuple[list[Outcome], Callable[[Outcome], None], Callable[[str], Outcome]]:
+    r = _Reports()
+    return r.outcomes, r.report, r.wait_for
+
+
 def test_runner_commits_bootstrap_checkpoints_and_rolls_back_to_them() -> None:
-    outcomes: list[Outcome] = []
-    seen = threading.Condition()
-
-    def report(outcome: Outcome) -> None:
-        with seen:
-            outcomes.append(outcome)
-            seen.notify_all()
-
-    def wait_for(kind: str) -> Outcome:
-        with seen:
-            assert seen.wait_for(lambda: any(o.kind == kind for o in outcomes), 5)
-            return next(o for o in outcomes if o.kind == kind)
-
+    outcomes, report, wait_for = _reports()
     consumer = _Scripted()
     d = Dispatcher(committed_scn=50)
     runner = Runner([consumer], d, report, callback_timeout=5)
@@ -629,3 +642,56 @@ def test_a_source_the_relay_lacks_is_an_error_before_any_bootstrap(tmp_path: Pat
                 await asyncio.wait_for(client.run_async(), 30)
 
     asyncio.run(main())
+
+
+class _ScriptedWindows(Consumer):
+    """The batch API through a bootstrap: fails the first window holding key 3 once."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.failed = False
+
+    def on_start_bootstrap(self) -> CallbackResult:
+        self.calls.append(("start_bootstrap", None))
+        return R.SUCCESS
+
+    def on_window(self, window: Window) -> CallbackResult:
+        keys = [e.key for e in window.events]
+        if 3 in keys and not self.failed:
+            self.failed = True
+            return R.ERROR
+        assert window.from_bootstrap and all(e.from_bootstrap for e in window.events)
+        self.calls.append(("window", (window.scn, keys)))
+        return R.SUCCESS
+
+    def on_rollback(self, scn: int) -> CallbackResult:
+        self.calls.append(("rollback", scn))
+        return R.SUCCESS
+
+
+def test_batch_api_commits_bootstrap_checkpoints_and_rolls_back_to_them() -> None:
+    outcomes, report, wait_for = _reports()
+    consumer = _ScriptedWindows()
+    d = Dispatcher(committed_scn=50)
+    runner = Runner([consumer], d, report, callback_timeout=5)
+    assert runner.batch_mode
+    cp1 = snap_cp(400, "02", since=50)
+    gen = runner.start()
+    # Only the window whose EOW carries the response's checkpoint may commit.
+    runner.submit([BootstrapMark(end=False), *snapshot_window(400, [1, 2], cp1),
+                   *snapshot_window(400, [3, 4])], gen, 0)
+    commit = wait_for("commit")
+    assert commit.checkpoint == cp1 and commit.scn == 400
+    assert wait_for("rollback").error is not None
+    scn, replay_from = runner.rollback_dispatcher()
+    assert (scn, replay_from) == (400, cp1)
+    outcomes.clear()
+    gen = runner.start(rollback_to=scn, announce_rollback=True)
+    cp2 = snap_cp(400, "04", since=50)
+    runner.submit([BootstrapMark(end=False), *snapshot_window(400, [3, 4], cp2)], gen, 0)
+    assert wait_for("commit").checkpoint == cp2
+    runner.stop()
+    assert consumer.calls == [
+        ("start_bootstrap", None), ("window", (400, [1, 2])),
+        ("rollback", 400), ("start_bootstrap", None), ("window", (400, [3, 4])),
+    ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+from collections.abc import Callable, Iterable, Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -77,10 +78,13 @@ def row(i: int) -> dict[str, object]:
     }
 
 
-def build_events() -> list[bytes]:
+def build_events(keys: Sequence[object] = KEYS, scns: Iterable[int] = (100, 101),
+                 heartbeat: Callable[[int], bool] = lambda scn: True) -> list[bytes]:
+    """Windows ``scns`` of one event per key (the fourth a delete, the sixth a dump
+    row), with a heartbeat in the windows ``heartbeat`` picks, each ended by its EOW."""
     events: list[bytes] = []
-    for scn in (100, 101):
-        for i, key in enumerate(KEYS):
+    for scn in scns:
+        for i, key in enumerate(keys):
             n = scn * 10 + i
             op = Op.DELETE if i == 3 else Op.UPSERT
             value = b"" if op is Op.DELETE else CODEC.encode(row(n), SCHEMA)
@@ -89,7 +93,8 @@ def build_events() -> list[bytes]:
                 value=value, timestamp_ns=n, partition_id=i,
                 schema_fingerprint=SCHEMA.fingerprint if value else 0,
                 from_snapshot=i == 5))
-        events.append(encode_control(scn=scn, source_id=-5))
+        if heartbeat(scn):
+            events.append(encode_control(scn=scn, source_id=-5))
         events.append(encode_eow(scn=scn, event_count=0, checksum=0))
     return fix_windows(events)
 

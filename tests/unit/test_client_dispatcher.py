@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from databus.client import CallbackResult
 from databus.client._dispatcher import Call, CallKind, Dispatcher, Step
@@ -130,3 +132,43 @@ def test_torn_input_is_a_bug_not_a_silent_merge() -> None:
 
 def test_call_is_plain_data() -> None:
     assert Call(CallKind.DATA, 1).quiet is False
+
+
+# -- the batch API's steps (issue 30) -------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(every=st.integers(1, 6), before=st.integers(0, 12), run=st.integers(0, 30))
+def test_end_windows_equals_ending_each_window_and_committing_every_due_one(
+        every: int, before: int, run: int) -> None:
+    one, bulk = Dispatcher(checkpoint_every=every), Dispatcher(checkpoint_every=every)
+    for d in (one, bulk):  # some windows first, so runs start anywhere in the period
+        for scn in range(1, before + 1):
+            for call in d.end_window(EndOfWindow(scn, 0, 1), CallbackResult.SUCCESS)[1]:
+                d.result(call, CallbackResult.SUCCESS)
+    eows = [EndOfWindow(scn, 0, 1) for scn in range(before + 1, before + run + 1)]
+    last_due = None
+    for eow in eows:
+        step, calls = one.end_window(eow, CallbackResult.SUCCESS)
+        assert step is Step.CONTINUE
+        for call in calls:
+            assert one.result(call, CallbackResult.SUCCESS)[0] is Step.COMMIT
+            last_due = call.scn
+    call = bulk.end_windows(eows)
+    assert (call.scn if call is not None else None) == last_due
+    assert (bulk.committed, bulk.committed_scn, bulk.done_scn) == (
+        one.committed, one.committed_scn, one.done_scn)
+    # The next window behaves alike (the count since the last commit carried over).
+    nxt = EndOfWindow(before + run + 1, 0, 1)
+    assert [c.scn for c in one.end_window(nxt, CallbackResult.SUCCESS)[1]] == \
+        [c.scn for c in bulk.end_window(nxt, CallbackResult.SUCCESS)[1]]
+
+
+def test_end_windows_refuses_state_that_bends_the_rules() -> None:
+    d = Dispatcher()
+    d.feed(DataEvent(1, "db.t", Op.UPSERT, 1, None, 0, None))  # a window is open
+    assert not d.plain
+    with pytest.raises(ValueError):
+        d.end_windows([EndOfWindow(2, 0, 1)])
+    with pytest.raises(ValueError):
+        d.end_window(EndOfWindow(2, 0, 1), CallbackResult.SUCCESS)

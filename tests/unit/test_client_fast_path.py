@@ -21,9 +21,9 @@ from databus import batch
 from databus.client._decode import ResponseDecoder
 from databus.client._events import DataEvent, EndOfWindow, lazy_event
 from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
-from databus.event import Op, encode_control, encode_dump_marker, encode_eow, encode_event
+from databus.event import Op, encode_dump_marker, encode_eow, encode_event
 from tests.event_forging import fix_windows, reseal
-from tests.unit.test_client_decode_fuzz import CODEC, NAMES, SCHEMA, row
+from tests.unit.test_client_decode_fuzz import CODEC, NAMES, SCHEMA, build_events, row
 
 pytestmark = pytest.mark.twin("databus.batch")
 
@@ -33,25 +33,7 @@ FUZZ = settings(deadline=None, max_examples=EXAMPLES, derandomize=True, database
 KEYS: list[object] = [7, -(1 << 63), "clé", "", b"\x00\xff", 12]
 
 
-def build_events(scns: range = range(100, 104)) -> list[bytes]:
-    events: list[bytes] = []
-    for scn in scns:
-        for i, key in enumerate(KEYS):
-            n = scn * 10 + i
-            op = Op.DELETE if i == 3 else Op.UPSERT
-            value = b"" if op is Op.DELETE else CODEC.encode(row(n), SCHEMA)
-            events.append(encode_event(
-                scn=scn, source_id=3 + i % 2, op=op, key=key,  # type: ignore[arg-type]
-                value=value, timestamp_ns=n, partition_id=i,
-                schema_fingerprint=SCHEMA.fingerprint if value else 0,
-                from_snapshot=i == 5))
-        if scn % 2:
-            events.append(encode_control(scn=scn, source_id=-5))
-        events.append(encode_eow(scn=scn, event_count=0, checksum=0))
-    return fix_windows(events)
-
-
-EVENTS = build_events()
+EVENTS = build_events(KEYS, range(100, 104), heartbeat=lambda scn: scn % 2 == 1)
 
 
 def _decoders() -> tuple[ResponseDecoder, ResponseDecoder]:
@@ -150,3 +132,30 @@ def test_mutated_bodies_agree(which: int, start: int, patch: bytes, mode: str,
             except (SchemaError, UnknownSchemaError) as exc:  # from value_decoder
                 answers.append(type(exc))
         assert all(a == answers[0] for a in answers)
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=30))
+def test_eow_order_twins_agree(spec: list[tuple[int, bool]]) -> None:
+    """Windows given as (SCN step, end here): any order, torn or not, both twins point
+    at the same first EOW out of order."""
+    events: list[bytes] = []
+    scn = 10
+    for step, end in spec:
+        scn += step - 1  # steps of -1..4: SCNs may go back or repeat
+        events.append(encode_event(scn=scn, source_id=3, op=Op.UPSERT, key=1,
+                                   value=CODEC.encode(row(1), SCHEMA),
+                                   schema_fingerprint=SCHEMA.fingerprint))
+        if end:
+            events.append(encode_eow(scn=scn + (step == 5), event_count=1, checksum=0))
+    body = b"".join(events)
+    s = batch.scan(body)
+    frames = batch.frame_windows(s)
+    answers = []
+    for name in ("python", "native"):
+        try:
+            answers.append(batch.twin(name).eow_order(s, frames.eows))
+        except ImportError:
+            if os.environ.get("CI"):
+                raise
+    assert all(a == answers[0] for a in answers)
