@@ -65,7 +65,8 @@ venv: $(BIN)/.installed
 
 # The compiled event core is built by the install (setup.py); its sources rebuild it.
 $(BIN)/.installed: pyproject.toml setup.py databus/batch/_native.pyx databus/batch/_check.pxi databus/batch/_windows.pxi databus/batch/_wire.h \
-		fetchers/postgres/_transcode_native.pyx fetchers/mysql/_rows_native.pyx
+		fetchers/postgres/_transcode_native.pyx fetchers/mysql/_rows_native.pyx \
+		replicator/_avrorow_native.pyx replicator/targets/_pgcopy_native.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,spark,fast]'
