@@ -24,8 +24,17 @@ import psycopg2.extensions
 from databus._ddl import ddl_lock_key, pg_xact_lock_sql
 from databus._redact import redact, register_uri, split_password
 from databus.batch import LogCopy
-from databus.bootstrap._sql import Cursor, SqlStorage, log_table
-from databus.bootstrap._storage import LogRows, StoredEvent, StoreHold
+from databus.bootstrap._sql import (
+    LOG_FLOOR_SCN,
+    PRODUCER_CHECKPOINT,
+    Cursor,
+    SqlStorage,
+    _check_order,
+    fence_state,
+    log_table,
+)
+from databus.bootstrap._storage import Fence, LogRows, StoredEvent, StoreHold
+from databus.checkpoint import Checkpoint
 from databus.config import redact_uri
 from databus.errors import AlreadyRunningError, ConfigError, StorageUnavailableError
 
@@ -247,15 +256,66 @@ class PostgresStorage(SqlStorage):
                     rows: LogRows | list[tuple[int, int, StoredEvent]]) -> None:
         copy_into(cur, log_table(source_id), rows)
 
-    def _copy_log(self, cur: Cursor, copy: LogCopy) -> None:
-        # The producer's response: every log table's rows and the windows' rows, each a
-        # whole binary COPY stream made in one call from the response body (C).
-        for source_id, stream in copy.logs.items():
-            copy_stream(cur, f"COPY {log_table(source_id)} ({_LOG_COLUMNS}) FROM STDIN"
-                        " WITH (FORMAT binary)", stream)
-        if copy.stored:
-            copy_stream(cur, f"COPY dbus_windows ({_WINDOW_COLUMNS}) FROM STDIN"
-                        " WITH (FORMAT binary)", copy.windows)
+    def _append_copy(self, copy: LogCopy, checkpoint: Checkpoint, *, first_scn: int | None,
+                     unordered: tuple[int, int] | None, log_floor_scn: int | None,
+                     fence: Fence | None) -> None:
+        """The producer's response in one transaction of few round trips: BEGIN, the
+        fence and the log's end in one statement; a COPY of each binary stream (each
+        log table's, then ``dbus_windows``'), made in one call from the response body;
+        the checkpoint (and the floor) with the COMMIT in one statement. The driver is
+        in autocommit meanwhile, so that it sends no BEGIN and COMMIT of its own."""
+        conn = self._connection()
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                try:
+                    fenced = "NULL" if fence is None else (
+                        "(SELECT value FROM dbus_state WHERE name = %s FOR UPDATE)")
+                    cur.execute(
+                        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = "
+                        f"'{_WRITE_IDLE_LIMIT}'; SELECT {fenced}, (SELECT max(scn) FROM"
+                        " dbus_windows)", () if fence is None else (fence_state(fence.component),))
+                    row = cur.fetchone()
+                    token, end = (None, None) if row is None else row
+                    if fence is not None:
+                        self._check_token(fence, token)
+                    _check_order(end, first_scn, unordered)
+                    for source_id, stream in copy.logs.items():
+                        copy_stream(cur, f"COPY {log_table(source_id)} ({_LOG_COLUMNS})"
+                                    " FROM STDIN WITH (FORMAT binary)", stream)
+                    if copy.stored:
+                        copy_stream(cur, f"COPY dbus_windows ({_WINDOW_COLUMNS}) FROM STDIN"
+                                    " WITH (FORMAT binary)", copy.windows)
+                    self._before_commit(fence)
+                    sql = ("INSERT INTO dbus_state (name, value) VALUES (%s, %s) ON CONFLICT"
+                           " (name) DO UPDATE SET value = excluded.value")
+                    params: tuple[object, ...] = (PRODUCER_CHECKPOINT, checkpoint.dumps())
+                    if log_floor_scn is not None:
+                        sql += ("; INSERT INTO dbus_state (name, value) VALUES (%s, %s)"
+                                " ON CONFLICT (name) DO NOTHING")
+                        params += (LOG_FLOOR_SCN, str(log_floor_scn))
+                    cur.execute(sql + "; COMMIT", params)
+                except BaseException:
+                    if not conn.closed:
+                        with contextlib.suppress(psycopg2.Error):
+                            cur.execute("ROLLBACK")
+                    raise
+        except _LOST as exc:
+            self._partitions.clear()
+            self._generation += 1
+            self._drop_connection()
+            raise StorageUnavailableError(
+                f"lost the bootstrap database {self.where}: {_first_line(exc)}"
+            ) from None
+        except psycopg2.Error:
+            self._partitions.clear()
+            if conn.closed:
+                self._drop_connection()
+            raise
+        finally:
+            if not conn.closed:
+                with contextlib.suppress(psycopg2.Error):
+                    conn.autocommit = False
 
     def _insert_windows(self, cur: Cursor, rows: list[tuple[int, int, int, int]]) -> None:
         # COPY too: executemany is one round trip per window, which bounded a producer

@@ -84,6 +84,17 @@ def _order(scns: Sequence[int]) -> tuple[int | None, tuple[int, int] | None]:
     return (scns[0] if scns else None), None
 
 
+def _check_order(end: object, first_scn: int | None, unordered: tuple[int, int] | None
+                 ) -> None:
+    """An append's windows must come after the log's ``end`` (its newest window, None:
+    empty) in increasing SCN order."""
+    if end is not None and first_scn is not None and first_scn <= int(str(end)):
+        raise ValueError(f"window {first_scn} does not come after the log's end {end}")
+    if unordered is not None:
+        raise ValueError(f"window {unordered[0]} does not come after the log's end "
+                         f"{unordered[1]}")
+
+
 def _signed64(value: int) -> int:
     """Schema fingerprints are unsigned 64-bit; SQL bigints are signed."""
     return value - (1 << 64) if value >= 1 << 63 else value
@@ -125,8 +136,11 @@ class SqlStorage(BootstrapStorage):
                     rows: LogRows | list[tuple[int, int, StoredEvent]]) -> None:
         """Bulk insert (scn, seq, event) rows into the source's log table."""
 
-    def _copy_log(self, cur: Cursor, copy: LogCopy) -> None:
-        """Load a response's rows given as binary COPY streams (``copies_log``)."""
+    def _append_copy(self, copy: LogCopy, checkpoint: Checkpoint, *, first_scn: int | None,
+                     unordered: tuple[int, int] | None, log_floor_scn: int | None,
+                     fence: Fence | None) -> None:
+        """``append`` of a producer's batch given as binary COPY streams, in one
+        transaction with the checkpoint (``copies_log``)."""
         raise NotImplementedError(f"{type(self).__name__} does not load COPY streams")
 
     def _insert_windows(self, cur: Cursor, rows: list[tuple[int, int, int, int]]) -> None:
@@ -306,7 +320,13 @@ class SqlStorage(BootstrapStorage):
         cur.execute(self._q("SELECT value FROM dbus_state WHERE name = %s")
                     + self.for_update, (fence_state(fence.component),))
         row = cur.fetchone()
-        current = None if row is None else int(row[0])
+        self._check_token(fence, None if row is None else row[0])
+
+    @staticmethod
+    def _check_token(fence: Fence, stored: object) -> None:
+        """``FencedError`` unless ``stored`` (the store's token, None: none) is the
+        fence's token."""
+        current = None if stored is None else int(str(stored))
         if current != fence.token:
             raise FencedError(
                 f"the {fence.component}'s fencing token {fence.token} is no longer the "
@@ -370,22 +390,18 @@ class SqlStorage(BootstrapStorage):
                 window_rows.append((window.scn, window.timestamp_ns, len(window.events), size))
             first_scn, unordered = _order([w.scn for w in windows])
         self._prepare_append(coming)
+        if copy is not None:
+            self._append_copy(copy, checkpoint, first_scn=first_scn, unordered=unordered,
+                              log_floor_scn=log_floor_scn, fence=fence)
+            return
         with self._transaction(write=True) as cur:
             self._check_fence(cur, fence)
             cur.execute("SELECT max(scn) FROM dbus_windows")
             row = cur.fetchone()
-            end = None if row is None or row[0] is None else int(row[0])
-            if end is not None and first_scn is not None and first_scn <= end:
-                raise ValueError(f"window {first_scn} does not come after the log's end {end}")
-            if unordered is not None:
-                raise ValueError(f"window {unordered[0]} does not come after the log's end "
-                                 f"{unordered[1]}")
-            if copy is not None:
-                self._copy_log(cur, copy)
-            else:
-                for source_id, rows in by_source.items():
-                    self._insert_log(cur, source_id, rows)
-                self._insert_windows(cur, window_rows)
+            _check_order(None if row is None else row[0], first_scn, unordered)
+            for source_id, rows in by_source.items():
+                self._insert_log(cur, source_id, rows)
+            self._insert_windows(cur, window_rows)
             self._set_state(cur, PRODUCER_CHECKPOINT, checkpoint.dumps())
             if log_floor_scn is not None and self._get_state(cur, LOG_FLOOR_SCN) is None:
                 self._set_state(cur, LOG_FLOOR_SCN, log_floor_scn)
