@@ -268,6 +268,10 @@ class LogProducer(BackgroundComponent):
                 position = batch.checkpoint
                 if not len(windows):
                     continue
+                if storage.copies_log:
+                    # The COPY streams, made here while the previous append runs in
+                    # PostgreSQL rather than in that append's transaction after it.
+                    windows.log_copy(ids)
                 if appending is not None:
                     await appending  # raises what the previous append raised
                 appending = asyncio.create_task(self._append(windows, floor))

@@ -115,9 +115,6 @@ class SqlStorage(BootstrapStorage):
     for_update = " FOR UPDATE"
     # Whether key_hash is computed and stored; fixed when the store is created.
     key_hash: bool = True
-    # Whether a producer's batch is loaded as binary COPY streams (``_copy_log``)
-    # rather than inserted row by row.
-    copies_log: bool = False
     # Source name -> id, as last read or made by this process (``_ids_of``).
     _known_sources: Mapping[str, int] = MappingProxyType({})
 

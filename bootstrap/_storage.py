@@ -136,6 +136,9 @@ class LogBatch:
     names: Mapping[int, str]
     key_hash: bool
     events: int = 0  # data events in the windows
+    # The last ``log_copy``'s source map and result (the producer makes it while the
+    # previous append runs; the store's append then finds it made).
+    copied: tuple[dict[int, int], LogCopy] | None = None
 
     @property
     def eows(self) -> array[int]:
@@ -177,8 +180,12 @@ class LogBatch:
 
     def log_copy(self, ids: Mapping[str, int]) -> LogCopy:
         """Every row of the windows as binary COPY streams, per store source id and for
-        ``dbus_windows`` (``databus.batch.log_copy``)."""
-        return log_copy(self.body, self.scan, self.frames, self.owner(ids), self.key_hash)
+        ``dbus_windows`` (``databus.batch.log_copy``), made once per source map."""
+        owner = self.owner(ids)
+        if self.copied is None or self.copied[0] != owner:
+            self.copied = owner, log_copy(self.body, self.scan, self.frames, owner,
+                                          self.key_hash)
+        return self.copied[1]
 
     def split(self, ids: Mapping[str, int]
               ) -> tuple[dict[int, LogRows], list[tuple[int, int, int, int]]]:
@@ -267,6 +274,9 @@ class BootstrapStorage(ABC):
     paramstyle: str  # of the filter fragments this backend executes
     key_hash: bool  # whether hash filters can be pushed down (fixed at creation)
     where: str  # the store's location, password removed, for messages
+    # Whether a producer's batch is loaded as binary COPY streams (``LogBatch.log_copy``)
+    # rather than inserted row by row (PostgreSQL).
+    copies_log: bool = False
 
     def hold(self, component: str) -> StoreHold:
         """Say that this process runs ``component`` ("producer", "applier") on this
