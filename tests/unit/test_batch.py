@@ -580,9 +580,11 @@ def _log_copy_of(core: ModuleType, body: bytes, owner: dict[int, int],
 
 @pytest.mark.parametrize("key_hash", [True, False])
 @pytest.mark.parametrize("owner", [{0: 10, 1: 11, 2: 10}, {0: 0, 1: 1, 2: 2}])
+@pytest.mark.parametrize("make", [_ring_body, _body])
 def test_log_copy_is_what_group_rows_and_copy_rows_give(
-        both: tuple[ModuleType, ModuleType], key_hash: bool, owner: dict[int, int]) -> None:
-    body = _ring_body()
+        both: tuple[ModuleType, ModuleType], key_hash: bool, owner: dict[int, int],
+        make: Any) -> None:
+    body = make()  # three sources, markers; every kind of key (empty ones too)
     a, b = (_log_copy_of(twin, body, owner, key_hash) for twin in both)
     assert a == b
     logs, windows, stored = _log_copy_reference(body, owner, key_hash)
@@ -592,7 +594,7 @@ def test_log_copy_is_what_group_rows_and_copy_rows_give(
     assert a.events == len(data)
     assert a.spans == {t: (min(s.scn[i] for i in data if owner[s.source_id[i]] == t),
                            max(s.scn[i] for i in data if owner[s.source_id[i]] == t))
-                       for t in set(owner.values())}
+                       for t in {owner[s.source_id[i]] for i in data}}
     assert (a.first_scn, a.last_scn, a.unordered) == (s.scn[data[0]], s.scn[data[-1]], None)
 
 
