@@ -314,8 +314,11 @@ class PostgresStorage(SqlStorage):
             raise
         finally:
             if not conn.closed:
-                with contextlib.suppress(psycopg2.Error):
+                try:
                     conn.autocommit = False
+                except psycopg2.Error:
+                    # Never hand the next transaction a connection left in autocommit.
+                    self._drop_connection()
 
     def _insert_windows(self, cur: Cursor, rows: list[tuple[int, int, int, int]]) -> None:
         # COPY too: executemany is one round trip per window, which bounded a producer
