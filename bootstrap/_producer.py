@@ -276,6 +276,10 @@ class LogProducer(BackgroundComponent):
                     await appending  # raises what the previous append raised
                 appending = asyncio.create_task(self._append(windows, floor))
                 floor = None
+                # Let the append reach its thread before the next fetch runs: PostgreSQL
+                # is the bottleneck, and it would otherwise wait for the fetch's first
+                # await (milliseconds per response).
+                await asyncio.sleep(0)
         finally:
             if appending is not None and not appending.done():
                 # A thread cannot be cancelled: let the append finish (or fail) first.
