@@ -274,7 +274,8 @@ class PostgresStorage(SqlStorage):
                     cur.execute(
                         "BEGIN; SET LOCAL idle_in_transaction_session_timeout = "
                         f"'{_WRITE_IDLE_LIMIT}'; SELECT {fenced}, (SELECT max(scn) FROM"
-                        " dbus_windows)", () if fence is None else (fence_state(fence.component),))
+                        " dbus_windows)",
+                        None if fence is None else (fence_state(fence.component),))
                     row = cur.fetchone()
                     token, end = (None, None) if row is None else row
                     if fence is not None:

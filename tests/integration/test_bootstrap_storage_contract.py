@@ -350,6 +350,8 @@ def test_a_producers_batch_is_stored_as_its_windows_would_be(
                  fence=Fence("producer", newer))
     state = store.state()
     assert (state.producer_scn, state.log_floor_scn, state.log_windows) == (40, 5, 4)
+    store.append(_batch([(50, [(2, "y")])]), Checkpoint(50))  # an embedder without fence
+    assert store.state().producer_scn == 50
     while store.apply(max_rows=100):
         pass
-    assert store.state().snapshot_rows == {A: 4, B: 1}
+    assert store.state().snapshot_rows == {A: 4, B: 2}
