@@ -24,9 +24,11 @@ defaults of ``[bootstrap.producer]`` and ``[bootstrap.applier]``:
   from the start of the encoding to the commit.
 
 Figures (each the best of ``--repeat`` runs; the reference is measured between the
-producer runs): producer rows/s / raw COPY rows/s (goal >= 0.5), with and without the
-applier running; applier rows/s alone / producer rows/s (>= 1: it keeps up); and the
-applier's lag when the producer is done.
+producer runs): producer rows/s / raw COPY rows/s (goal >= 0.6, issue 30), with and
+without the applier running; applier rows/s alone / producer rows/s (>= 1: it keeps
+up); and the applier's lag when the producer is done. Each round's line also gives
+its own producer / raw COPY (the two measured one after the other: on a busy machine
+the pairs say more than the bests, which may come from different moments).
 """
 
 from __future__ import annotations
@@ -213,7 +215,8 @@ def main() -> None:
                   f"({run.batches} batches; this process {run.cpu_cores:.2f} cores, relay "
                   f"{run.relay_cores:.2f}, other {run.machine_other_cores:.2f}), applier "
                   f"alone {run.applier_rate:,.0f} rows/s; raw COPY "
-                  f"{rows / copies[-1]:,.0f} rows/s; producer with applier "
+                  f"{rows / copies[-1]:,.0f} rows/s (producer / raw COPY "
+                  f"{run.producer_rate * copies[-1] / rows:.2f}); producer with applier "
                   f"{run2.producer_rate:,.0f} rows/s, applier lag then "
                   f"{run2.applier_lag_scn} SCNs / {run2.applier_lag_rows} rows, caught up "
                   f"{run2.applier_s - run2.producer_s:.2f} s later", flush=True)
@@ -227,7 +230,7 @@ def main() -> None:
     print(f"| raw COPY, one statement (reference) | {copy_rate:,.0f} | 1.00 |")
     print(f"| producer alone, start to SCN {args.windows:,} | "
           f"{best_alone.producer_rate:,.0f} | **{best_alone.producer_rate / copy_rate:.2f}** "
-          "(goal >= 0.5) |")
+          "(goal >= 0.6) |")
     print(f"| producer with the applier running | {best_together.producer_rate:,.0f} | "
           f"{best_together.producer_rate / copy_rate:.2f} |")
     print(f"| applier alone over the full log | {best_applier.applier_rate:,.0f} | "

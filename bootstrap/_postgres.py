@@ -23,8 +23,18 @@ import psycopg2.extensions
 
 from databus._ddl import ddl_lock_key, pg_xact_lock_sql
 from databus._redact import redact, register_uri, split_password
-from databus.bootstrap._sql import Cursor, SqlStorage, log_table
-from databus.bootstrap._storage import LogRows, StoredEvent, StoreHold
+from databus.batch import LogCopy
+from databus.bootstrap._sql import (
+    LOG_FLOOR_SCN,
+    PRODUCER_CHECKPOINT,
+    Cursor,
+    SqlStorage,
+    _check_order,
+    fence_state,
+    log_table,
+)
+from databus.bootstrap._storage import Fence, LogRows, StoredEvent, StoreHold
+from databus.checkpoint import Checkpoint
 from databus.config import redact_uri
 from databus.errors import AlreadyRunningError, ConfigError, StorageUnavailableError
 
@@ -40,6 +50,8 @@ _COPY_FIXED = struct.Struct(">h iq ii ih iq iq")
 _LEN = struct.Struct(">i")
 # dbus_windows: scn, timestamp_ns (bigint), events (integer), bytes (bigint).
 _COPY_WINDOW = struct.Struct(">h iq iq ii iq")
+_LOG_COLUMNS = "scn, seq, op, pkey, key_hash, key, event"
+_WINDOW_COLUMNS = "scn, timestamp_ns, events, bytes"
 
 
 # How long a write transaction may sit idle before the server ends it (see _transaction).
@@ -48,6 +60,7 @@ _WRITE_IDLE_LIMIT = "10s"
 class PostgresStorage(SqlStorage):
     paramstyle = "format"
     blob_type = "bytea"
+    copies_log = True
 
     def __init__(self, url: str, *, log_partition_span: int | None = None,
                  connect_timeout: float = 5.0, key_hash: bool = True) -> None:
@@ -243,6 +256,71 @@ class PostgresStorage(SqlStorage):
                     rows: LogRows | list[tuple[int, int, StoredEvent]]) -> None:
         copy_into(cur, log_table(source_id), rows)
 
+    def _append_copy(self, copy: LogCopy, checkpoint: Checkpoint, *, first_scn: int | None,
+                     unordered: tuple[int, int] | None, log_floor_scn: int | None,
+                     fence: Fence | None) -> None:
+        """The producer's response in one transaction of few round trips: BEGIN, the
+        fence and the log's end in one statement; a COPY of each binary stream (each
+        log table's, then ``dbus_windows``'), made in one call from the response body;
+        the checkpoint (and the floor) with the COMMIT in one statement. The driver is
+        in autocommit meanwhile, so that it sends no BEGIN and COMMIT of its own."""
+        conn = self._connection()
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                try:
+                    fenced = "NULL" if fence is None else (
+                        "(SELECT value FROM dbus_state WHERE name = %s FOR UPDATE)")
+                    cur.execute(
+                        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = "
+                        f"'{_WRITE_IDLE_LIMIT}'; SELECT {fenced}, (SELECT max(scn) FROM"
+                        " dbus_windows)",
+                        None if fence is None else (fence_state(fence.component),))
+                    row = cur.fetchone()
+                    token, end = (None, None) if row is None else row
+                    if fence is not None:
+                        self._check_token(fence, token)
+                    _check_order(end, first_scn, unordered)
+                    for source_id, stream in copy.logs.items():
+                        copy_stream(cur, f"COPY {log_table(source_id)} ({_LOG_COLUMNS})"
+                                    " FROM STDIN WITH (FORMAT binary)", stream)
+                    if copy.stored:
+                        copy_stream(cur, f"COPY dbus_windows ({_WINDOW_COLUMNS}) FROM STDIN"
+                                    " WITH (FORMAT binary)", copy.windows)
+                    self._before_commit(fence)
+                    sql = ("INSERT INTO dbus_state (name, value) VALUES (%s, %s) ON CONFLICT"
+                           " (name) DO UPDATE SET value = excluded.value")
+                    params: tuple[object, ...] = (PRODUCER_CHECKPOINT, checkpoint.dumps())
+                    if log_floor_scn is not None:
+                        sql += ("; INSERT INTO dbus_state (name, value) VALUES (%s, %s)"
+                                " ON CONFLICT (name) DO NOTHING")
+                        params += (LOG_FLOOR_SCN, str(log_floor_scn))
+                    cur.execute(sql + "; COMMIT", params)
+                except BaseException:
+                    if not conn.closed:
+                        with contextlib.suppress(psycopg2.Error):
+                            cur.execute("ROLLBACK")
+                    raise
+        except _LOST as exc:
+            self._partitions.clear()
+            self._generation += 1
+            self._drop_connection()
+            raise StorageUnavailableError(
+                f"lost the bootstrap database {self.where}: {_first_line(exc)}"
+            ) from None
+        except psycopg2.Error:
+            self._partitions.clear()
+            if conn.closed:
+                self._drop_connection()
+            raise
+        finally:
+            if not conn.closed:
+                try:
+                    conn.autocommit = False
+                except psycopg2.Error:
+                    # Never hand the next transaction a connection left in autocommit.
+                    self._drop_connection()
+
     def _insert_windows(self, cur: Cursor, rows: list[tuple[int, int, int, int]]) -> None:
         # COPY too: executemany is one round trip per window, which bounded a producer
         # that was behind to a few thousand one-event windows per second.
@@ -304,6 +382,13 @@ def encode_copy(rows: Sequence[tuple[int, int, StoredEvent]]) -> io.BytesIO:
     write(_COPY_TRAILER)
     out.seek(0)
     return out
+
+
+def copy_stream(cur: Any, sql: str, stream: bytes) -> None:
+    """``COPY ... FROM STDIN`` of a whole stream handed to the driver in one piece:
+    psycopg2 reads its file ``size`` bytes at a time and takes the GIL back for each
+    piece (8 KiB by default: 500 times for a 4 MiB response)."""
+    cur.copy_expert(sql, io.BytesIO(stream), size=max(8192, min(len(stream), 1 << 26)))
 
 
 def copy_into(cur: Any, table: str,

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from databus._redact import redact
-from databus.batch import frame_windows, restamp, scan
+from databus.batch import WindowFrames, check_windows, frame_windows, restamp, scan
 from databus.bootstrap._component import BackgroundComponent, ComponentStatus
 from databus.bootstrap._storage import BootstrapStorage, FencedError, LogBatch
 from databus.checkpoint import Checkpoint
@@ -72,10 +72,16 @@ class ProducerStatus(ComponentStatus):
 
 class _Assembler:
     """Splits response bodies into whole windows (``LogBatch``: no object per event),
-    keeping the bytes of a window cut by the response size for the next body."""
+    keeping the bytes of a window cut by the response size for the next body.
 
-    def __init__(self, key_hash: bool) -> None:
+    Every event's CRCs are checked (``scan``), every window must end with its EOW, and
+    with ``verify_windows`` (every source of the buffer pulled, unfiltered) each EOW's
+    count and checksum must be those of its window's events (``check_windows``): a
+    body failing any check raises ``EventFormatError`` and nothing of it is kept."""
+
+    def __init__(self, key_hash: bool, verify_windows: bool = False) -> None:
         self.key_hash = key_hash
+        self.verify_windows = verify_windows
         self._held = b""  # the events of a window whose EOW has not arrived yet
         self._held_names: dict[int, str] = {}  # the source ids they were sent with
         # Schema fingerprint -> source name of the data events of the last ``feed``.
@@ -83,9 +89,11 @@ class _Assembler:
 
     def feed(self, body: bytes, names: dict[int, str]) -> LogBatch:
         """The whole windows of ``body`` (after the held part of a cut window)."""
+        renumbered = False
         if self._held:
             if self._held_names != names:
                 self._held = _renumbered(self._held, self._held_names, names)
+                renumbered = True
             body = self._held + body
         s = scan(body).check()  # header and body CRCs of every event
         frames = frame_windows(s)
@@ -98,17 +106,20 @@ class _Assembler:
                                        offset=s.offset[b], reason="torn window")
             raise EventFormatError(f"window {open_scn} ended without its EOW",
                                    offset=s.offset[b], reason="missing eow")
-        out = LogBatch(body, s, names, self.key_hash)
-        first = 0
-        for eow in frames.eows:
-            out.scns.append(scns[eow])
-            out.timestamps.append(s.timestamp[eow])
-            out.firsts.append(first)
-            out.stops.append(eow)
-            first = eow + 1
+        eows = frames.eows
+        if self.verify_windows and len(eows):
+            # Held events renumbered for another relay's source ids have new header
+            # CRCs, which their window's EOW checksum does not cover: that one window
+            # is taken on its events' own CRCs.
+            checked = frames if not renumbered else WindowFrames(
+                frames.controls, eows[1:], frames.counts[1:], frames.crcs[1:], -1, None,
+                0, 0)
+            check_windows(body, s, checked)
+        first = eows[-1] + 1 if len(eows) else 0
+        out = LogBatch(body, s, frames, names, self.key_hash,
+                       first - bisect.bisect_left(frames.controls, first))
         self._held = body[s.offset[first]:] if first < s.count else b""
         self._held_names = names
-        out.events = first - bisect.bisect_left(frames.controls, first)
         self.fingerprints = fingerprints = {}
         for sid, fp in set(zip(sids, s.fingerprint, strict=True)):
             if sid < 0:
@@ -218,7 +229,7 @@ class LogProducer(BackgroundComponent):
         else:
             floor = await self._relay_prev_scn(puller)
             position = Checkpoint.after(floor)
-        assembler = _Assembler(storage.key_hash)
+        assembler = _Assembler(storage.key_hash, await self._can_verify_windows(puller))
         ids = await asyncio.to_thread(storage.source_ids)
         self.status.state = "running"
         self.status.scn = position.window_scn if position.window_scn >= 0 else None
@@ -257,10 +268,18 @@ class LogProducer(BackgroundComponent):
                 position = batch.checkpoint
                 if not len(windows):
                     continue
+                if storage.copies_log:
+                    # The COPY streams, made here while the previous append runs in
+                    # PostgreSQL rather than in that append's transaction after it.
+                    windows.log_copy(ids)
                 if appending is not None:
                     await appending  # raises what the previous append raised
                 appending = asyncio.create_task(self._append(windows, floor))
                 floor = None
+                # Let the append reach its thread before the next fetch runs: PostgreSQL
+                # is the bottleneck, and it would otherwise wait for the fetch's first
+                # await (milliseconds per response).
+                await asyncio.sleep(0)
         finally:
             if appending is not None and not appending.done():
                 # A thread cannot be cancelled: let the append finish (or fail) first.
@@ -279,8 +298,8 @@ class LogProducer(BackgroundComponent):
             self.status.last_error = redact(str(exc))
             raise
         self.status.scn = committed.window_scn
-        if len(windows.timestamps):
-            self.status.last_timestamp_ns = int(windows.timestamps[-1])
+        if len(windows):
+            self.status.last_timestamp_ns = windows.last_timestamp_ns
         self.status.windows += len(windows)
         self.status.events += windows.events
         self.status.batches += 1
@@ -295,6 +314,18 @@ class LogProducer(BackgroundComponent):
             schema = await puller.schema(fp)
             await asyncio.to_thread(self.storage.add_schema, fp, name, schema.to_json())
             self._known_fingerprints.add(fp)
+
+    async def _can_verify_windows(self, puller: RelayPuller) -> bool:
+        """EOW counts and checksums cover every event of a window: they can be checked
+        when the producer pulls every source of the buffer. Asked again on each start
+        (a retry too): a buffer that gained a source the producer does not pull fails
+        one check, and the retry's fresh catalog turns the checks off."""
+        await puller.catalog()
+        if not self.sources:
+            return True
+        wanted = set(self.sources)
+        return any(wanted >= names for names in puller.buffer_sources.values()
+                   if names & wanted)
 
     async def _relay_prev_scn(self, puller: RelayPuller) -> int:
         """The relay buffer's prev_scn: the log floor of a store started from scratch."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import uuid
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol
 
+from databus.batch import LogCopy
 from databus.bootstrap._storage import (
     COMPONENTS,
     ApplyResult,
@@ -73,6 +75,26 @@ def snapshot_table(source_id: int) -> str:
     return f"dbus_snapshot_{source_id}"
 
 
+def _order(scns: Sequence[int]) -> tuple[int | None, tuple[int, int] | None]:
+    """The first of ``scns`` (None: empty), and (SCN, previous) of the first one not
+    above the one before it (None: strictly increasing)."""
+    for k in range(1, len(scns)):
+        if scns[k] <= scns[k - 1]:
+            return scns[0], (scns[k], scns[k - 1])
+    return (scns[0] if scns else None), None
+
+
+def _check_order(end: object, first_scn: int | None, unordered: tuple[int, int] | None
+                 ) -> None:
+    """An append's windows must come after the log's ``end`` (its newest window, None:
+    empty) in increasing SCN order."""
+    if end is not None and first_scn is not None and first_scn <= int(str(end)):
+        raise ValueError(f"window {first_scn} does not come after the log's end {end}")
+    if unordered is not None:
+        raise ValueError(f"window {unordered[0]} does not come after the log's end "
+                         f"{unordered[1]}")
+
+
 def _signed64(value: int) -> int:
     """Schema fingerprints are unsigned 64-bit; SQL bigints are signed."""
     return value - (1 << 64) if value >= 1 << 63 else value
@@ -93,6 +115,8 @@ class SqlStorage(BootstrapStorage):
     for_update = " FOR UPDATE"
     # Whether key_hash is computed and stored; fixed when the store is created.
     key_hash: bool = True
+    # Source name -> id, as last read or made by this process (``_ids_of``).
+    _known_sources: Mapping[str, int] = MappingProxyType({})
 
     # -- what a backend provides ------------------------------------------------------
 
@@ -108,6 +132,13 @@ class SqlStorage(BootstrapStorage):
     def _insert_log(self, cur: Cursor, source_id: int,
                     rows: LogRows | list[tuple[int, int, StoredEvent]]) -> None:
         """Bulk insert (scn, seq, event) rows into the source's log table."""
+
+    def _append_copy(self, copy: LogCopy, checkpoint: Checkpoint, *, first_scn: int | None,
+                     unordered: tuple[int, int] | None, log_floor_scn: int | None,
+                     fence: Fence | None) -> None:
+        """``append`` of a producer's batch given as binary COPY streams, in one
+        transaction with the checkpoint (``copies_log``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not load COPY streams")
 
     def _insert_windows(self, cur: Cursor, rows: list[tuple[int, int, int, int]]) -> None:
         """Bulk insert (scn, timestamp_ns, events, bytes) rows into ``dbus_windows``."""
@@ -286,7 +317,13 @@ class SqlStorage(BootstrapStorage):
         cur.execute(self._q("SELECT value FROM dbus_state WHERE name = %s")
                     + self.for_update, (fence_state(fence.component),))
         row = cur.fetchone()
-        current = None if row is None else int(row[0])
+        self._check_token(fence, None if row is None else row[0])
+
+    @staticmethod
+    def _check_token(fence: Fence, stored: object) -> None:
+        """``FencedError`` unless ``stored`` (the store's token, None: none) is the
+        fence's token."""
+        current = None if stored is None else int(str(stored))
         if current != fence.token:
             raise FencedError(
                 f"the {fence.component}'s fencing token {fence.token} is no longer the "
@@ -315,15 +352,24 @@ class SqlStorage(BootstrapStorage):
     ) -> None:
         by_source: dict[int, LogRows | list[tuple[int, int, StoredEvent]]] = {}
         window_rows: list[tuple[int, int, int, int]] = []
+        copy: LogCopy | None = None
         if isinstance(windows, LogBatch):
             names = windows.source_names()
-            ids = self.ensure_sources(sorted(names)) if names else {}
-            split, window_rows = windows.split(ids)
-            by_source.update(split)
-            # SCNs come sorted: the first and last say which partitions are needed.
-            coming = {source_id: [rows.scns[0], rows.scns[-1]]
-                      for source_id, rows in split.items()}
-            scns = [scn for scn, _, _, _ in window_rows]
+            ids = self._ids_of(names) if names else {}
+            if self.copies_log:
+                # Every row of the response, both tables, in one call (C).
+                copy = windows.log_copy(ids)
+                coming = {source_id: [first, last]
+                          for source_id, (first, last) in copy.spans.items()}
+                first_scn = copy.first_scn if copy.stored else None
+                unordered = copy.unordered
+            else:
+                split, window_rows = windows.split(ids)
+                by_source.update(split)
+                # SCNs come sorted: the first and last say which partitions are needed.
+                coming = {source_id: [rows.scns[0], rows.scns[-1]]
+                          for source_id, rows in split.items()}
+                first_scn, unordered = _order([scn for scn, _, _, _ in window_rows])
         else:
             names = {e.source for w in windows for e in w.events}
             ids = self.ensure_sources(sorted(names)) if names else {}
@@ -339,18 +385,17 @@ class SqlStorage(BootstrapStorage):
                     rows.append((window.scn, seq, event))
                     size += len(event.event)
                 window_rows.append((window.scn, window.timestamp_ns, len(window.events), size))
-            scns = [w.scn for w in windows]
+            first_scn, unordered = _order([w.scn for w in windows])
         self._prepare_append(coming)
+        if copy is not None:
+            self._append_copy(copy, checkpoint, first_scn=first_scn, unordered=unordered,
+                              log_floor_scn=log_floor_scn, fence=fence)
+            return
         with self._transaction(write=True) as cur:
             self._check_fence(cur, fence)
             cur.execute("SELECT max(scn) FROM dbus_windows")
             row = cur.fetchone()
-            end = None if row is None or row[0] is None else int(row[0])
-            previous = end
-            for scn in scns:
-                if previous is not None and scn <= previous:
-                    raise ValueError(f"window {scn} does not come after the log's end {previous}")
-                previous = scn
+            _check_order(None if row is None else row[0], first_scn, unordered)
             for source_id, rows in by_source.items():
                 self._insert_log(cur, source_id, rows)
             self._insert_windows(cur, window_rows)
@@ -358,6 +403,13 @@ class SqlStorage(BootstrapStorage):
             if log_floor_scn is not None and self._get_state(cur, LOG_FLOOR_SCN) is None:
                 self._set_state(cur, LOG_FLOOR_SCN, log_floor_scn)
             self._before_commit(fence)
+
+    def _ids_of(self, names: set[str]) -> Mapping[str, int]:
+        """The store's ids of ``names``, made when missing (a source's id never changes:
+        the ones seen are remembered, and an append of known sources reads nothing)."""
+        if not names <= self._known_sources.keys():
+            self._known_sources = self.ensure_sources(sorted(names))
+        return self._known_sources
 
     # -- applier --------------------------------------------------------------------
 

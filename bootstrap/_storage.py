@@ -16,7 +16,16 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from databus._hashing import stable_key_hash
-from databus.batch import Scan, copy_rows, group_rows, key_hashes, restamp
+from databus.batch import (
+    LogCopy,
+    Scan,
+    WindowFrames,
+    copy_rows,
+    group_rows,
+    key_hashes,
+    log_copy,
+    restamp,
+)
 from databus.checkpoint import Checkpoint
 from databus.errors import ConfigError, DatabusError
 from databus.event import HEADER_SIZE, decode_header
@@ -114,35 +123,69 @@ class LogRows:
 @dataclass(slots=True)
 class LogBatch:
     """Whole windows of one relay response, as the producer appends them, without an
-    object per event: the body, its scan, and each window's SCN, timestamp and index
-    range (``first`` to ``stop``: its events; control events in it are not stored); each
-    window begins right after the previous one's EOW.
-    ``names`` maps the relay's source ids to names."""
+    object per event: the body, its scan and its framing (``frames.eows``: each window
+    runs from the previous EOW, or the scan's start, to its EOW; control events in it
+    are not stored). ``names`` maps the relay's source ids to names.
+
+    ``log_copy`` gives the rows as binary COPY streams in one call (PostgreSQL);
+    ``split`` gives them per source, for stores that insert rows (SQLite)."""
 
     body: bytes
     scan: Scan
+    frames: WindowFrames
     names: Mapping[int, str]
     key_hash: bool
-    scns: array[int] = field(default_factory=lambda: array("q"))
-    timestamps: array[int] = field(default_factory=lambda: array("q"))
-    firsts: array[int] = field(default_factory=lambda: array("q"))
-    stops: array[int] = field(default_factory=lambda: array("q"))
     events: int = 0  # data events in the windows
+    # The last ``log_copy``'s source map and result (the producer makes it while the
+    # previous append runs; the store's append then finds it made).
+    copied: tuple[dict[int, int], LogCopy] | None = None
+
+    @property
+    def eows(self) -> array[int]:
+        return self.frames.eows
 
     @property
     def last_scn(self) -> int:
-        return self.scns[-1]
+        return self.scan.scn[self.frames.eows[-1]]
+
+    @property
+    def last_timestamp_ns(self) -> int:
+        return self.scan.timestamp[self.frames.eows[-1]]
+
+    @property
+    def scns(self) -> array[int]:
+        """Each window's SCN (its EOW's)."""
+        scns = self.scan.scn
+        return array("q", [scns[e] for e in self.frames.eows])
+
+    @property
+    def timestamps(self) -> array[int]:
+        ts = self.scan.timestamp
+        return array("q", [ts[e] for e in self.frames.eows])
 
     def __len__(self) -> int:
-        return len(self.scns)
+        return len(self.frames.eows)
 
     def source_names(self) -> set[str]:
-        # The windows cover the scan from its start to the last EOW, one after the
-        # other: the ids are those of that slice (set() of an array slice, in C).
-        if not len(self.stops):
+        # The windows cover the scan from its start to the last EOW: the ids are those
+        # of that slice (set() of an array slice, in C).
+        if not len(self.frames.eows):
             return set()
-        ids = set(self.scan.source_id[self.firsts[0]:self.stops[-1]])
+        ids = set(self.scan.source_id[:self.frames.eows[-1]])
         return {self.names[i] for i in ids if i >= 0}
+
+    def owner(self, ids: Mapping[str, int]) -> dict[int, int]:
+        """The relay's source ids -> the store's (``ids``: names to the store's ids)."""
+        return {sid: ids[name] for sid, name in self.names.items() if name in ids}
+
+    def log_copy(self, ids: Mapping[str, int]) -> LogCopy:
+        """Every row of the windows as binary COPY streams, per store source id and for
+        ``dbus_windows`` (``databus.batch.log_copy``), made once per source map."""
+        owner = self.owner(ids)
+        if self.copied is None or self.copied[0] != owner:
+            self.copied = owner, log_copy(self.body, self.scan, self.frames, owner,
+                                          self.key_hash)
+        return self.copied[1]
 
     def split(self, ids: Mapping[str, int]
               ) -> tuple[dict[int, LogRows], list[tuple[int, int, int, int]]]:
@@ -150,13 +193,14 @@ class LogBatch:
         ``dbus_windows`` rows (scn, timestamp_ns, events, bytes)."""
         s = self.scan
         hashes = key_hashes(self.body, s) if self.key_hash else None
-        owner = {sid: ids[name] for sid, name in self.names.items() if name in ids}
-        groups, counted = group_rows(s, self.firsts, self.stops, self.scns, owner)
+        eows = self.frames.eows
+        firsts = array("q", [0, *[e + 1 for e in eows[:-1]]]) if len(eows) else array("q")
+        scns, timestamps = self.scns, self.timestamps
+        groups, counted = group_rows(s, firsts, eows, scns, self.owner(ids))
         by_source = {target: LogRows(self.body, s, hashes, target, *columns)
                      for target, columns in groups.items()}
         # A window with no data event (only markers) stores nothing.
-        windows = [(self.scns[k], self.timestamps[k], count, size)
-                   for k, count, size in counted]
+        windows = [(scns[k], timestamps[k], count, size) for k, count, size in counted]
         return by_source, windows
 
 
@@ -230,6 +274,9 @@ class BootstrapStorage(ABC):
     paramstyle: str  # of the filter fragments this backend executes
     key_hash: bool  # whether hash filters can be pushed down (fixed at creation)
     where: str  # the store's location, password removed, for messages
+    # Whether a producer's batch is loaded as binary COPY streams (``LogBatch.log_copy``)
+    # rather than inserted row by row (PostgreSQL).
+    copies_log: bool = False
 
     def hold(self, component: str) -> StoreHold:
         """Say that this process runs ``component`` ("producer", "applier") on this

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from databus.batch import _python
-from databus.batch._scan import FIELDS, Scan, WindowFrames
+from databus.batch._scan import FIELDS, LogCopy, Scan, WindowFrames
 from databus.batch._select import FilterPlan, Predicate, ReadState
 
 log = logging.getLogger("databus.batch")
@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # both twins have the reference's signatures
         CompiledFilter,
         EventBase,
         check_value,
+        check_windows,
         compile_filter,
         copy_rows,
         decode_events,
@@ -67,6 +68,7 @@ if TYPE_CHECKING:  # both twins have the reference's signatures
         gather,
         group_rows,
         key_hashes,
+        log_copy,
         restamp,
         scan,
         select_events,
@@ -95,6 +97,8 @@ else:
     gather = _impl.gather
     copy_rows = _impl.copy_rows
     group_rows = _impl.group_rows
+    check_windows = _impl.check_windows
+    log_copy = _impl.log_copy
     encode_flat_record = _impl.encode_flat_record
 
 
@@ -119,9 +123,10 @@ def native_available() -> bool:
 
 __all__ = [
     "FIELDS", "IMPLEMENTATION", "WHY_PURE", "CompiledFilter", "EventBase", "FilterPlan",
-    "Predicate", "ReadState", "Scan", "WindowFrames", "check_value", "compile_filter", "copy_rows",
-    "decode_events", "decode_relay_body", "encode_event", "encode_events",
-    "encode_flat_record", "eow_order", "frame_windows", "gather",
-    "group_rows", "key_hashes", "load_compiled", "native_available", "restamp", "scan",
-    "select_events", "set_undecoded", "stable_key_hash", "twin", "window_checksum",
+    "LogCopy", "Predicate", "ReadState", "Scan", "WindowFrames", "check_value",
+    "check_windows", "compile_filter", "copy_rows", "decode_events", "decode_relay_body",
+    "encode_event", "encode_events", "encode_flat_record", "eow_order", "frame_windows",
+    "gather", "group_rows", "key_hashes", "load_compiled", "log_copy", "native_available",
+    "restamp", "scan", "select_events", "set_undecoded", "stable_key_hash", "twin",
+    "window_checksum",
 ]

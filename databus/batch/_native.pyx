@@ -16,6 +16,7 @@ from cpython.object cimport PyObject
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(object op)
 from libc.stdint cimport int16_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 from array import array as _pyarray
@@ -23,7 +24,7 @@ from io import BytesIO
 
 from databus._hashing import stable_key_hash as _py_stable_key_hash
 from databus.batch import _python, _windows_python
-from databus.batch._scan import Scan, WindowFrames
+from databus.batch._scan import LogCopy, Scan, WindowFrames
 from databus.errors import EventFormatError
 from databus.event import _OPS, _pack, encode_key
 
@@ -830,6 +831,205 @@ cdef inline int _push(array a, long long v) except -1:
     resize_smart(a, n + 1)
     a.data.as_longlongs[n] = v
     return 0
+
+
+# -- a response's whole windows: their EOW checks and their log rows -------------------
+
+DEF COPY_HEADER_SIZE = 19
+DEF COPY_ROW_FIXED = 60  # a log row without its key and event bytes
+DEF COPY_WINDOW_ROW = 46
+cdef bytes _COPY_HEADER = _python.COPY_HEADER
+cdef bytes _COPY_TRAILER = _python.COPY_TRAILER
+
+
+def check_windows(buf, s, frames):
+    """See ``databus.batch._python.check_windows``."""
+    cdef const unsigned char[::1] data = _bytes_view(buf)
+    cdef const long long[::1] eows = _as_q(frames.eows)
+    cdef Py_ssize_t ne = eows.shape[0], k, e
+    if ne == 0:
+        return None
+    cdef const long long[::1] counts = _as_q(frames.counts)
+    cdef const unsigned int[::1] crcs = frames.crcs
+    cdef const long long[::1] offs = s.offset, lens = s.length, klens = s.key_length
+    cdef Py_ssize_t n = s.count, nbuf = data.shape[0]
+    cdef const unsigned char *p
+    if counts.shape[0] < ne or crcs.shape[0] < ne:
+        raise ValueError("check_windows: the frames' columns differ in length")
+    for k in range(ne):
+        e = eows[k]
+        if not (0 <= e < n) or offs[e] < 0 or offs[e] + lens[e] > nbuf:
+            raise ValueError("check_windows: an EOW outside the scan or its buffer")
+        if lens[e] != HEADER_SIZE + 8 or klens[e] != 0:
+            _python._check_eow(buf, s, frames, k)  # raises the twin's error
+        p = &data[offs[e] + HEADER_SIZE]
+        if <int64_t>db_be32(p) != counts[k] or db_be32(p + 4) != crcs[k]:
+            _python._check_eow(buf, s, frames, k)
+            raise AssertionError("the twins disagree on an EOW")  # a bug, not input
+    return None
+
+
+def log_copy(buf, s, frames, owner, bint key_hash=True):
+    """See ``databus.batch._python.log_copy``."""
+    cdef const unsigned char[::1] data = _bytes_view(buf)
+    cdef const long long[::1] eows = _as_q(frames.eows)
+    cdef Py_ssize_t ne = eows.shape[0], n = s.count, nbuf = data.shape[0]
+    cdef Py_ssize_t k, i, e, first, last = -1
+    for k in range(ne):
+        e = eows[k]
+        if not (last < e < n):
+            raise ValueError("log_copy: the EOWs are not of this scan, in order")
+        last = e
+    if ne == 0:
+        return LogCopy({}, {}, _COPY_HEADER + _COPY_TRAILER, 0, 0, -1, -1, None)
+    cdef const long long[::1] offs = s.offset, lens = s.length, scns = s.scn
+    cdef const long long[::1] tss = s.timestamp, pkeys = s.partition_key
+    cdef const long long[::1] klens = s.key_length
+    cdef const unsigned char[::1] ops = s.op
+    cdef const short[::1] sids = s.source_id
+    if offs[last] + lens[last] > nbuf:
+        raise ValueError("log_copy: the scan is not of this buffer")
+    cdef int16_t sid, maxsid = -1
+    for i in range(last):
+        if sids[i] > maxsid:
+            maxsid = sids[i]
+    cdef Py_ssize_t width = <Py_ssize_t>maxsid + 1
+    # Per relay source id: its slot (-1: not met yet); per slot: bytes, first and last
+    # SCN, store source id, write position.
+    cdef array scratch = clone(_Q, 5 * width + 1, False)
+    cdef long long *slot_of = scratch.data.as_longlongs
+    cdef long long *sizes = slot_of + width
+    cdef long long *firsts = sizes + width
+    cdef long long *lasts = firsts + width
+    cdef long long *tgts = lasts + width
+    for i in range(width):
+        slot_of[i] = -1
+    cdef Py_ssize_t nslots = 0, slot
+    cdef dict target_slot = {}
+    cdef list targets = []
+    cdef int64_t scn, seq, size, stored = 0, events = 0, first_scn = -1, last_scn = -1
+    cdef object unordered = None, target, got
+    first = 0
+    for k in range(ne):
+        e = eows[k]
+        scn = scns[e]
+        seq = 0
+        for i in range(first, e):
+            sid = sids[i]
+            if sid < 0:
+                continue
+            if offs[i] < 0 or offs[i] + lens[i] > nbuf:
+                raise ValueError("log_copy: the scan is not of this buffer")
+            slot = slot_of[sid]
+            if slot < 0:
+                target = owner[sid]
+                if not 0 <= target <= 0x7FFF:
+                    raise ValueError("log_copy: a store source id outside 0..32767")
+                got = target_slot.get(target)
+                if got is None:
+                    slot = nslots
+                    nslots += 1
+                    target_slot[target] = slot
+                    targets.append(target)
+                    sizes[slot] = 0
+                    firsts[slot] = scn
+                    tgts[slot] = target
+                else:
+                    slot = got
+                slot_of[sid] = slot
+            sizes[slot] += COPY_ROW_FIXED + klens[i] + lens[i]
+            lasts[slot] = scn
+            seq += 1
+        if seq:
+            if stored and scn <= last_scn and unordered is None:
+                unordered = (scn, last_scn)
+            if not stored:
+                first_scn = scn
+            last_scn = scn
+            stored += 1
+            events += seq
+        first = e + 1
+    cdef list outs = []
+    cdef bytes out, windows
+    cdef unsigned char **ptrs = <unsigned char **>malloc((nslots + 1) * sizeof(unsigned char *))
+    if ptrs == NULL:
+        raise MemoryError()
+    cdef unsigned char *p
+    cdef unsigned char *wp
+    cdef const unsigned char *base = &data[0]
+    cdef const unsigned char *ev
+    cdef int64_t klen, total
+    try:
+        for slot in range(nslots):
+            out = PyBytes_FromStringAndSize(NULL, COPY_HEADER_SIZE + sizes[slot] + 2)
+            outs.append(out)
+            p = <unsigned char *>PyBytes_AS_STRING(out)
+            memcpy(p, <const char *>_COPY_HEADER, COPY_HEADER_SIZE)
+            ptrs[slot] = p + COPY_HEADER_SIZE
+        windows = PyBytes_FromStringAndSize(NULL, COPY_HEADER_SIZE + stored * COPY_WINDOW_ROW + 2)
+        wp = <unsigned char *>PyBytes_AS_STRING(windows)
+        memcpy(wp, <const char *>_COPY_HEADER, COPY_HEADER_SIZE)
+        wp += COPY_HEADER_SIZE
+        with nogil:
+            first = 0
+            for k in range(ne):
+                e = eows[k]
+                scn = scns[e]
+                seq = size = 0
+                for i in range(first, e):
+                    sid = sids[i]
+                    if sid < 0:
+                        continue
+                    slot = slot_of[sid]
+                    p = ptrs[slot]
+                    ev = base + offs[i]
+                    klen = klens[i]
+                    total = lens[i]
+                    db_put16(p, 7)
+                    db_put32(p + 2, 8)
+                    db_put64(p + 6, <uint64_t>scn)
+                    db_put32(p + 14, 4)
+                    db_put32(p + 18, <uint32_t>seq)
+                    db_put32(p + 22, 2)
+                    db_put16(p + 26, ops[i])
+                    db_put32(p + 28, 8)
+                    db_put64(p + 32, <uint64_t>pkeys[i])
+                    db_put32(p + 40, 8)
+                    db_put64(p + 44, <uint64_t>(db_stable_key_hash(ev + HEADER_SIZE, klen)
+                                                 if key_hash else 0))
+                    db_put32(p + 52, <uint32_t>klen)
+                    p += 56
+                    memcpy(p, ev + HEADER_SIZE, klen)
+                    p += klen
+                    db_put32(p, <uint32_t>total)
+                    p += 4
+                    memcpy(p, ev, total)
+                    if sid != tgts[slot]:  # stored under the store's own source id
+                        db_put16(p + 34, <uint16_t><int16_t>tgts[slot])
+                        db_put32(p + 4, _header_crc(p))
+                    ptrs[slot] = p + total
+                    seq += 1
+                    size += total
+                if seq:
+                    db_put16(wp, 4)
+                    db_put32(wp + 2, 8)
+                    db_put64(wp + 6, <uint64_t>scn)
+                    db_put32(wp + 14, 8)
+                    db_put64(wp + 18, <uint64_t>tss[e])
+                    db_put32(wp + 26, 4)
+                    db_put32(wp + 30, <uint32_t>seq)
+                    db_put32(wp + 34, 8)
+                    db_put64(wp + 38, <uint64_t>size)
+                    wp += COPY_WINDOW_ROW
+                first = e + 1
+            for slot in range(nslots):
+                db_put16(ptrs[slot], 0xFFFF)
+            db_put16(wp, 0xFFFF)
+    finally:
+        free(ptrs)
+    return LogCopy({targets[slot]: outs[slot] for slot in range(nslots)},
+                   {targets[slot]: (firsts[slot], lasts[slot]) for slot in range(nslots)},
+                   windows, stored, events, first_scn, last_scn, unordered)
 
 
 # -- flat Avro records ----------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from databus._hashing import stable_key_hash
 from databus.batch._check_python import check_value
-from databus.batch._scan import Scan, WindowFrames
+from databus.batch._scan import LogCopy, Scan, WindowFrames
 from databus.batch._select import FilterPlan, ReadState
 from databus.batch._windows_python import (
     EventBase,
@@ -24,6 +24,7 @@ from databus.batch._windows_python import (
 )
 from databus.errors import EventFormatError
 from databus.event import (
+    _EOW_VALUE,
     _OPS,
     _U32,
     EOW_SOURCE_ID,
@@ -473,6 +474,120 @@ def group_rows(s: Scan, firsts: Sequence[int], stops: Sequence[int], scns: Seque
 
 
 
+# -- a response's whole windows: their EOW checks and their log rows -------------------
+
+# The reason of a window whose EOW count or checksum is not its events' (as the client's).
+WINDOW_CHECK = "window checksum"
+
+
+def check_windows(buf: Buffer, s: Scan, frames: WindowFrames) -> None:
+    """Each EOW of ``frames`` (a framing of a scan of ``buf`` begun at a window start)
+    must carry the count and checksum of its window's data events: an
+    ``EventFormatError`` for the first that does not ("bad length": not an 8-byte
+    payload; "window checksum": other numbers)."""
+    for k in range(len(frames.eows)):
+        _check_eow(buf, s, frames, k)
+
+
+def _check_eow(buf: Buffer, s: Scan, frames: WindowFrames, k: int) -> None:
+    eow = frames.eows[k]
+    offset = s.offset[eow]
+    if s.length[eow] != HEADER_SIZE + _EOW_VALUE.size or s.key_length[eow]:
+        raise EventFormatError("EOW payload is not 8 bytes", offset=offset,
+                               reason="bad length")
+    count, checksum = _EOW_VALUE.unpack_from(buf, offset + HEADER_SIZE)
+    if count != frames.counts[k] or checksum != frames.crcs[k]:
+        raise EventFormatError(
+            f"window {s.scn[eow]}: {frames.counts[k]} events and checksum "
+            f"{frames.crcs[k]:08x}, EOW says {count} and {checksum:08x}",
+            offset=offset, reason=WINDOW_CHECK)
+
+
+# PostgreSQL binary COPY: signature, flags, header extension length; rows; trailer.
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+COPY_TRAILER = b"\xff\xff"
+# One dbus_windows row: 4 fields, scn int8, timestamp_ns int8, events int4, bytes int8.
+_COPY_WINDOW = struct.Struct(">h iq iq ii iq")
+
+
+def log_copy(buf: Buffer, s: Scan, frames: WindowFrames, owner: Mapping[int, int],
+             key_hash: bool = True) -> LogCopy:
+    """The log rows of the whole windows of a scan of ``buf`` (``frames.eows``: each
+    window runs from the previous EOW, or the scan's start, to its EOW), as the binary
+    COPY streams of each store source's log table and of ``dbus_windows``.
+
+    A data event is stored in the log of ``owner[its source id]`` (none: KeyError) at
+    its window's SCN and its seq (a count of the window's data events, in order), with
+    ``stable_key_hash`` of its key (``key_hash`` false: 0); restamped to the store's
+    source id when that differs (``restamp``). Control events are not stored; a window
+    without a data event has no ``dbus_windows`` row. The rows are those ``copy_rows``
+    and ``group_rows`` give, the windows' what ``copy_windows`` writes."""
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    eows = frames.eows
+    last = -1
+    for eow in eows:
+        if not last < eow < s.count:
+            raise ValueError("log_copy: the EOWs are not of this scan, in order")
+        last = eow
+    sids, offsets, lengths, klens = s.source_id, s.offset, s.length, s.key_length
+    if len(eows) and offsets[last] + lengths[last] > len(view):
+        raise ValueError("log_copy: the scan is not of this buffer")
+    logs: dict[int, bytearray] = {}
+    spans: dict[int, tuple[int, int]] = {}
+    windows = bytearray(COPY_HEADER)
+    pack, length = _COPY_ROW.pack, _COPY_LEN.pack
+    stored = events = 0
+    first_scn = last_scn = -1
+    unordered: tuple[int, int] | None = None
+    first = 0
+    for eow in eows:
+        scn = s.scn[eow]
+        seq = size = 0
+        for i in range(first, eow):
+            sid = sids[i]
+            if sid < 0:
+                continue
+            offset, total = offsets[i], lengths[i]
+            if offset < 0 or offset + total > len(view):
+                raise ValueError("log_copy: the scan is not of this buffer")
+            target = owner[sid]
+            if not 0 <= target <= 0x7FFF:
+                raise ValueError("log_copy: a store source id outside 0..32767")
+            out = logs.get(target)
+            if out is None:
+                out = logs[target] = bytearray(COPY_HEADER)
+                spans[target] = (scn, scn)
+            else:
+                spans[target] = (spans[target][0], scn)
+            key = view[offset + HEADER_SIZE:offset + HEADER_SIZE + klens[i]]
+            event = (view[offset:offset + total] if sid == target
+                     else restamp(view, offset, total, target))
+            out += pack(7, 8, scn, 4, seq, 2, s.op[i], 8, s.partition_key[i], 8,
+                        stable_key_hash(bytes(key)) if key_hash else 0)
+            out += length(len(key))
+            out += key
+            out += length(total)
+            out += event
+            seq += 1
+            size += total
+        if seq:
+            windows += _COPY_WINDOW.pack(4, 8, scn, 8, s.timestamp[eow], 4, seq, 8, size)
+            if stored and scn <= last_scn and unordered is None:
+                unordered = (scn, last_scn)
+            if not stored:
+                first_scn = scn
+            last_scn = scn
+            stored += 1
+            events += seq
+        first = eow + 1
+    windows += COPY_TRAILER
+    return LogCopy({target: bytes(out + COPY_TRAILER) for target, out in logs.items()},
+                   spans, bytes(windows), stored, events, first_scn, last_scn, unordered)
+
+
+
 # -- flat Avro records ----------------------------------------------------------------
 
 # Field codes of ``encode_flat_record``: the Avro type of a field, plus NULLABLE for a
@@ -543,11 +658,15 @@ def encode_flat_record(values: Sequence[Any], codes: Sequence[int]) -> bytes | N
 
 
 __all__ = [
+    "COPY_HEADER",
+    "COPY_TRAILER",
     "IMPLEMENTATION",
+    "WINDOW_CHECK",
     "CompiledFilter",
     "EventBase",
     "bad_value",
     "check_value",
+    "check_windows",
     "compile_filter",
     "copy_rows",
     "data_key",
@@ -562,6 +681,7 @@ __all__ = [
     "gather",
     "group_rows",
     "key_hashes",
+    "log_copy",
     "restamp",
     "scan",
     "select_events",

@@ -111,3 +111,26 @@ class WindowFrames:
     window: int | None
     count: int
     crc: int
+
+
+@dataclass(slots=True)
+class LogCopy:
+    """The bootstrap log's rows of a response's whole windows, as binary COPY streams
+    ready to send (``log_copy``): each one complete, header and trailer included.
+
+    ``logs`` maps a store source id to its log table's stream, ``spans`` to the first
+    and last SCN of its rows (the partitions they need). ``windows`` is the stream of
+    the ``dbus_windows`` rows, one per window with a data event (``stored`` of them;
+    ``events`` log rows in all). ``first_scn``/``last_scn`` are those windows' first
+    and last SCN (-1: none); ``unordered`` is (SCN, previous SCN) of the first of them
+    whose SCN is not above the one before (None: strictly increasing).
+    """
+
+    logs: dict[int, bytes]
+    spans: dict[int, tuple[int, int]]
+    windows: bytes
+    stored: int
+    events: int
+    first_scn: int
+    last_scn: int
+    unordered: tuple[int, int] | None

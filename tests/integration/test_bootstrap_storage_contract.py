@@ -7,7 +7,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from databus.bootstrap._storage import BootstrapStorage, open_storage
+from databus.bootstrap._storage import BootstrapStorage, LogBatch, open_storage
 from databus.checkpoint import Checkpoint
 from databus.errors import (
     ConfigError,
@@ -294,3 +294,64 @@ def test_one_process_holds_each_component_of_a_store(store: BootstrapStorage) ->
     finally:
         held.release()
     store.hold("producer").release()
+
+
+def _batch(windows: list[tuple[int, list[tuple[int, int | str]]]], *,
+           verify: bool = True) -> LogBatch:
+    """A producer's batch (``LogBatch``) of relay windows: (scn, [(relay source id,
+    key)]), relay ids 1 = A, 2 = B."""
+    from databus.bootstrap._producer import _Assembler
+    from databus.event import WindowChecksum, encode_eow, encode_event
+
+    events: list[bytes] = []
+    for scn, rows in windows:
+        check = WindowChecksum()
+        for sid, key in rows:
+            e = encode_event(scn=scn, source_id=sid, op=Op.UPSERT, key=key,
+                             value=f"{scn}:{key}".encode(), timestamp_ns=scn * 1000)
+            check.add_event(e)
+            events.append(e)
+        events.append(encode_eow(scn=scn, event_count=check.count, checksum=check.crc,
+                                 timestamp_ns=scn * 1000))
+    return _Assembler(key_hash=True, verify_windows=verify).feed(b"".join(events),
+                                                                  {1: A, 2: B})
+
+
+def test_a_producers_batch_is_stored_as_its_windows_would_be(
+        store: BootstrapStorage) -> None:
+    """The producer's path (PostgreSQL: binary COPY streams made in one call) stores
+    what the same windows as ``LogWindow`` objects store; a batch out of order, or
+    presented with a fence taken over, writes nothing and leaves the store usable."""
+    from databus.bootstrap._storage import Fence, FencedError
+
+    token = store.take_fence("producer")
+    fence = Fence("producer", token)
+    store.append(_batch([(10, [(1, 1), (1, 2)]), (20, [(2, "x"), (1, 1)]), (25, []),
+                         (30, [(1, 3)])]), Checkpoint(30), log_floor_scn=5, fence=fence)
+    rows = store.log_batch([A, B], after_scn=-1, upto_scn=100, limit=100,
+                           filter=FilterSpec())
+    assert [(r.scn, r.seq, decode_event(r.event).key, decode_event(r.event).value)
+            for r in rows] == [(10, 0, 1, b"10:1"), (10, 1, 2, b"10:2"), (20, 0, "x", b"20:x"),
+                               (20, 1, 1, b"20:1"), (30, 0, 3, b"30:3")]
+    state = store.state()
+    assert (state.producer_scn, state.log_floor_scn, state.log_windows) == (30, 5, 3)
+    assert store.producer_checkpoint() == Checkpoint(30)
+    for bad, error in ((_batch([(40, [(1, 4)]), (35, [(1, 5)])]), ValueError),
+                       (_batch([(30, [(1, 4)])]), ValueError)):
+        with pytest.raises(error, match="after the log's end"):
+            store.append(bad, Checkpoint(40), fence=fence)
+    newer = store.take_fence("producer")
+    with pytest.raises(FencedError):
+        store.append(_batch([(40, [(1, 4)])]), Checkpoint(40), fence=fence)
+    assert store.producer_checkpoint() == Checkpoint(30)
+    assert store.log_batch([A, B], after_scn=30, upto_scn=100, limit=10,
+                           filter=FilterSpec()) == []
+    store.append(_batch([(40, [(1, 4)])]), Checkpoint(40), log_floor_scn=0,
+                 fence=Fence("producer", newer))
+    state = store.state()
+    assert (state.producer_scn, state.log_floor_scn, state.log_windows) == (40, 5, 4)
+    store.append(_batch([(50, [(2, "y")])]), Checkpoint(50))  # an embedder without fence
+    assert store.state().producer_scn == 50
+    while store.apply(max_rows=100):
+        pass
+    assert store.state().snapshot_rows == {A: 4, B: 2}

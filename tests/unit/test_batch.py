@@ -12,6 +12,7 @@ import hashlib
 import os
 import struct
 import zlib
+from array import array
 from types import ModuleType
 from typing import Any
 
@@ -532,6 +533,173 @@ def test_group_rows_twins_agree(both: tuple[ModuleType, ModuleType]) -> None:
     with pytest.raises(KeyError):
         nat.group_rows(s, firsts, stops, scns, {0: 1})
 
+
+
+# -- a response's whole windows: EOW checks and the log's COPY streams -------------------
+
+
+def _log_copy_reference(body: bytes, owner: dict[int, int], key_hash: bool
+                        ) -> tuple[dict[int, bytes], bytes, int]:
+    """What the producer wrote before ``log_copy``: ``group_rows`` + ``copy_rows`` per
+    store source, and the ``dbus_windows`` rows as ``copy_windows`` encodes them."""
+    from databus.bootstrap._postgres import _COPY_HEADER, _COPY_TRAILER, _COPY_WINDOW
+
+    py = batch.twin("python")
+    s = py.scan(body).check()
+    frames = py.frame_windows(s)
+    firsts = [0, *[e + 1 for e in frames.eows[:-1]]]
+    stops = list(frames.eows)
+    scns = [s.scn[e] for e in stops]
+    groups, counted = py.group_rows(s, firsts, stops, scns, owner)
+    hashes = py.key_hashes(body, s) if key_hash else None
+    logs = {target: _COPY_HEADER + py.copy_rows(body, s, *columns, hashes, target)
+            + _COPY_TRAILER for target, columns in groups.items()}
+    windows = _COPY_HEADER + b"".join(
+        _COPY_WINDOW.pack(4, 8, scns[k], 8, s.timestamp[stops[k]], 4, count, 8, size)
+        for k, count, size in counted) + _COPY_TRAILER
+    return logs, windows, len(counted)
+
+
+def _log_copy_of(core: ModuleType, body: bytes, owner: dict[int, int],
+                 key_hash: bool = True, verify: bool = True) -> Any:
+    """The producer's path over one body: scan, framing, EOW checks, COPY streams;
+    the result or the error (type, offset, reason, message) it ends with."""
+    try:
+        s = core.scan(body).check()
+        frames = core.frame_windows(s)
+        if frames.broken >= 0:
+            return ("broken", frames.broken)
+        if verify:
+            core.check_windows(body, s, frames)
+        return core.log_copy(body, s, frames, owner, key_hash)
+    except EventFormatError as exc:
+        return (type(exc), exc.offset, exc.reason, str(exc))
+    except (KeyError, ValueError) as exc:
+        return (type(exc), str(exc))
+
+
+@pytest.mark.parametrize("key_hash", [True, False])
+@pytest.mark.parametrize("owner", [{0: 10, 1: 11, 2: 10}, {0: 0, 1: 1, 2: 2}])
+@pytest.mark.parametrize("make", [_ring_body, _body])
+def test_log_copy_is_what_group_rows_and_copy_rows_give(
+        both: tuple[ModuleType, ModuleType], key_hash: bool, owner: dict[int, int],
+        make: Any) -> None:
+    body = make()  # three sources, markers; every kind of key (empty ones too)
+    a, b = (_log_copy_of(twin, body, owner, key_hash) for twin in both)
+    assert a == b
+    logs, windows, stored = _log_copy_reference(body, owner, key_hash)
+    assert a.logs == logs and a.windows == windows and a.stored == stored
+    s = batch.twin("python").scan(body)
+    data = [i for i in range(s.count) if s.source_id[i] >= 0]
+    assert a.events == len(data)
+    assert a.spans == {t: (min(s.scn[i] for i in data if owner[s.source_id[i]] == t),
+                           max(s.scn[i] for i in data if owner[s.source_id[i]] == t))
+                       for t in {owner[s.source_id[i]] for i in data}}
+    assert (a.first_scn, a.last_scn, a.unordered) == (s.scn[data[0]], s.scn[data[-1]], None)
+
+
+def test_log_copy_of_nothing_and_of_marker_windows(core: ModuleType) -> None:
+    empty = _log_copy_of(core, b"", {})
+    assert (empty.logs, empty.stored, empty.events, empty.first_scn) == ({}, 0, 0, -1)
+    assert empty.windows == batch.twin("python").COPY_HEADER + b"\xff\xff"
+    markers = b"".join([encode_eow(scn=5, event_count=0, checksum=0),
+                        encode_control(scn=6, source_id=-5),
+                        encode_eow(scn=6, event_count=0, checksum=0)])
+    out = _log_copy_of(core, markers, {})
+    assert (out.logs, out.stored, out.events, out.unordered) == ({}, 0, 0, None)
+
+
+def test_log_copy_says_where_scns_go_back(both: tuple[ModuleType, ModuleType]) -> None:
+    body = b"".join(_window(9, [(1, b"a")]) + _window(7, [(2, b"b")])
+                    + _window(8, [(3, b"c")]))
+    a, b = (_log_copy_of(twin, body, {1: 1}) for twin in both)
+    assert a == b and a.unordered == (7, 9) and (a.first_scn, a.last_scn) == (9, 8)
+
+
+def test_log_copy_refuses_alike(both: tuple[ModuleType, ModuleType]) -> None:
+    body = _ring_body()
+    py = both[0]
+    s = py.scan(body)
+    frames = py.frame_windows(s)
+    for owner in ({0: 10, 1: 11}, {0: 1, 1: 2, 2: 40_000}):
+        a, b = (_log_copy_of(twin, body, owner) for twin in both)
+        assert a == b and a[0] in (KeyError, ValueError), a
+    backwards = py.frame_windows(s)
+    backwards.eows = array("q", reversed(frames.eows))
+    for twin in both:
+        with pytest.raises(ValueError, match="in order"):
+            twin.log_copy(body, s, backwards, {0: 1, 1: 1, 2: 1})
+        with pytest.raises(ValueError, match="not of this buffer"):
+            twin.log_copy(body[:len(body) // 2], s, frames, {0: 1, 1: 1, 2: 1})
+
+
+def _forged_windows() -> dict[str, bytes]:
+    w1, w2 = _window(1, [(1, b"a"), (2, b"b")]), _window(2, [(3, b"c"), (4, b"d")])
+    eow = w2[-1]
+    count, crc = struct.unpack(">II", eow[HEADER_SIZE:])
+    return {
+        "an event missing": b"".join(w1 + w2[1:]),
+        "events reordered": b"".join([*w1, w2[1], w2[0], w2[2]]),
+        "EOW count off by one": b"".join(w1 + w2[:2] + [forge(eow, value=struct.pack(
+            ">II", count + 1, crc))]),
+        "EOW checksum forged": b"".join(w1 + w2[:2] + [forge(eow, value=struct.pack(
+            ">II", count, crc ^ 1))]),
+        "EOW payload of 9 bytes": b"".join(w1 + w2[:2] + [forge(eow, value=bytes(9))]),
+        "EOW with a key": b"".join(w1 + w2[:2] + [forge(eow, key=b"k")]),
+        "an event of another window inside": b"".join(w1[:1] + w2[:1] + w1[1:] + w2[1:]),
+        "a window without its EOW": b"".join(w1[:-1] + w2),
+        "truncated": b"".join(w1 + w2)[:-3],
+        "bad body CRC": b"".join(w1) + bytes([w2[0][0]]) + w2[0][1:-1] + bytes(
+            [w2[0][-1] ^ 1]) + b"".join(w2[1:]),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_forged_windows()))
+def test_a_forged_or_damaged_response_gives_no_rows_alike(
+        both: tuple[ModuleType, ModuleType], name: str) -> None:
+    body = _forged_windows()[name]
+    a, b = (_log_copy_of(twin, body, {1: 1}) for twin in both)
+    assert a == b
+    assert isinstance(a, tuple), f"{name}: rows were made"
+    if name not in ("a window without its EOW", "an event of another window inside"):
+        assert a[0] is EventFormatError
+
+
+def test_check_windows_passes_every_whole_window(core: ModuleType) -> None:
+    body = _ring_body()
+    s = core.scan(body)
+    core.check_windows(body, s, core.frame_windows(s))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_log_copy_twins_agree_on_mutated_bodies(data: st.DataObject) -> None:
+    """Bytes changed anywhere (CRCs resealed or not), windows cut or dropped: the
+    producer's path gives the same rows or the same error on both twins."""
+    py, nat = batch.twin("python"), _native_or_skip()
+    events: list[bytes] = []
+    for scn in range(1, data.draw(st.integers(1, 6)) + 1):
+        rows: list[tuple[object, bytes]] = [
+            (data.draw(st.integers(-5, 5)), b"v" * data.draw(st.integers(0, 9)))
+            for _ in range(data.draw(st.integers(0, 3)))]
+        events += _window(scn, rows, source_id=data.draw(st.integers(0, 2)))
+    drop, swap, damage = (data.draw(st.booleans()) for _ in range(3))
+    if events and drop:
+        del events[data.draw(st.integers(0, len(events) - 1))]
+    if len(events) > 1 and swap:
+        i = data.draw(st.integers(0, len(events) - 2))
+        events[i], events[i + 1] = events[i + 1], events[i]
+    if events and damage:
+        i = data.draw(st.integers(0, len(events) - 1))
+        e = bytearray(events[i])
+        j = data.draw(st.integers(0, len(e) - 1))
+        e[j] ^= data.draw(st.integers(1, 255))
+        events[i] = reseal(e) if data.draw(st.booleans()) else bytes(e)
+    body = b"".join(events)
+    owner = {0: 3, 1: 4, 2: 3} if data.draw(st.booleans()) else {0: 3}
+    verify = data.draw(st.booleans())
+    assert _log_copy_of(py, body, owner, verify=verify) == \
+        _log_copy_of(nat, body, owner, verify=verify)
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=5000), start=st.integers(0, 2**32 - 1),
