@@ -85,6 +85,8 @@ class BatchDelivery:
                     window = self.window = Window(item.scn, item.timestamp_ns, [], [],
                                                   item.from_bootstrap)
                 window.events.append(item)
+            elif kind is Window:  # whole, from the decoder's fast path; its EOW follows
+                self.window = item
             elif kind is EndOfWindow:
                 window, self.window = self.window, None
                 if window is not None and item.timestamp_ns:

@@ -346,6 +346,9 @@ class DatabusClient:
                         fence=segment.fence if segment is not None else None)
         codec = AvroCodec()
         decoder = ResponseDecoder(codec, reader_schemas=self.reader_schemas)
+        # Batch consumers take whole windows as the decoder builds them (a group
+        # member's segment filters events one by one: not for it).
+        decoder.whole_windows = runner.batch_mode and segment is None
         error: BaseException | None = None
         retries = 0
         commits_at_failure = -1
@@ -699,7 +702,11 @@ class DatabusClient:
         if segment is not None and segment.skip:
             items = segment.skip_items(items)
         metrics = self.metrics
-        metrics.events += operator.countOf(map(type, items), DataEvent)  # C speed
+        kinds = list(map(type, items))
+        metrics.events += operator.countOf(kinds, DataEvent)  # C speed
+        if Window in kinds:  # whole windows from the decoder (batch consumers)
+            whole: list[Any] = [i for i in items if type(i) is not DataEvent]
+            metrics.events += sum(len(i.events) for i in whole if type(i) is Window)
         for item in reversed(items):
             if isinstance(item, EndOfWindow) and item.timestamp_ns:
                 metrics.last_window_timestamp_ns = item.timestamp_ns

@@ -34,6 +34,7 @@ from databus.client._events import (
     EndOfWindow,
     Item,
     StartOfWindow,
+    Window,
     lazy_event,
 )
 from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
@@ -108,6 +109,9 @@ class ResponseDecoder:
         # Relay bodies in one call of the event core (``_decode_fast``); False: the
         # reference path for every body (the tests hold the two equal).
         self.fast = True
+        # Windows that begin and end in a body come as one ``Window`` item each (the
+        # batch API's delivery, ``_batches.py``); the client sets it for batch consumers.
+        self.whole_windows = False
 
     def reset(self, *, at_window_start: bool = True, framing: Framing = Framing.RELAY) -> None:
         """A new pull position: a window in progress is abandoned. ``at_window_start``
@@ -229,7 +233,7 @@ class ResponseDecoder:
             found = batch.decode_relay_body(
                 body, s, source_names, self._value_decoder(source_names), DataEvent,
                 DataEvent, EndOfWindow, self._window, check.count, check.crc, self._whole,
-                self.verify_windows)
+                self.verify_windows, Window if self.whole_windows else None)
         except (SchemaError, UnknownSchemaError):
             return None  # the reference path says which event and why
         if found is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -138,7 +139,9 @@ def lazy_event(scn: int, source: str, op: Op, key: Key, raw: bytes,
 
 
 _new_event = EventBase.__new__
-batch.set_undecoded(_UNDECODED)
+for _twin in ("python", "native"):  # both, so that either may fill events (tests)
+    with contextlib.suppress(ImportError):
+        batch.twin(_twin).set_undecoded(_UNDECODED)
 
 
 @dataclass(slots=True)

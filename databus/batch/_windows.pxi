@@ -44,7 +44,8 @@ cdef inline object _lazy(type cls, object scn, object source, object op, object 
 
 
 def decode_relay_body(bytes buf, s, names, value_decoder, make_event, make_lazy, make_eow,
-                      window, int64_t count, uint32_t crc, bint whole, bint verify):
+                      window, int64_t count, uint32_t crc, bint whole, bint verify,
+                      make_window=None):
     """See ``databus.batch._windows_python.decode_relay_body``."""
     cdef Py_ssize_t n = s.count, i
     cdef list items = []
@@ -61,7 +62,7 @@ def decode_relay_body(bytes buf, s, names, value_decoder, make_event, make_lazy,
     cdef bint open_ = window is not None
     cdef int64_t win = window if open_ else 0
     cdef int64_t scn, off, total, klen, pkey, vstart
-    cdef Py_ssize_t held_from = 0, eows = 0
+    cdef Py_ssize_t held_from = 0, eows = 0, begun = -1
     cdef int64_t held_bytes = 0
     cdef int kind, sid
     cdef int last_sid = -1
@@ -88,6 +89,9 @@ def decode_relay_body(bytes buf, s, names, value_decoder, make_event, make_lazy,
             if open_ and count:
                 return None
             open_, win, count, crc = True, scn, 0, 0
+            # A window that begins in this body: with make_window, it is handed over
+            # whole, as one item before its EOW.
+            begun = len(items) if i > 0 or window is None else -1
         if sid >= 0:
             if sid != last_sid:
                 source = names.get(sid)
@@ -159,6 +163,15 @@ def decode_relay_body(bytes buf, s, names, value_decoder, make_event, make_lazy,
         said_crc = db_be32(base + off + HEADER_SIZE + 4)
         if verify and whole and (said_count != count or said_crc != crc):
             return None
+        if make_window is not None and begun >= 0 and len(items) > begun:
+            events = items[begun:]
+            del items[begun:]
+            # The EOW's commit time, or the first event's when the EOW has none.
+            whole_window = make_window(scn, tss[i] if tss[i] else events[0].timestamp_ns,
+                                       events, [], False)
+            PyObject_GC_UnTrack(events)
+            PyObject_GC_UnTrack(whole_window)
+            items.append(whole_window)
         items.append(make_eow(scn, tss[i], said_count))
         eows += 1
         held_from = len(items)

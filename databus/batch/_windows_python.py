@@ -95,6 +95,7 @@ def decode_relay_body(
     make_event: Callable[..., Any], make_lazy: Callable[..., Any],
     make_eow: Callable[[int, int, int], Any],
     window: int | None, count: int, crc: int, whole: bool, verify: bool,
+    make_window: Callable[..., Any] | None = None,
 ) -> Decoded | None:
     """The items of relay body ``buf`` (scan ``s``) or None (see the module docstring).
 
@@ -104,11 +105,14 @@ def decode_relay_body(
     Items are data events (``make_lazy`` for a value checked GOOD, ``make_event`` for
     an event without a value) and ``make_eow(scn, timestamp_ns, event_count)`` at each
     window end; the items from the returned index on belong to the window still open
-    at the end of the body (held by the caller until its EOW)."""
+    at the end of the body (held by the caller until its EOW). With ``make_window``, a
+    window that begins and ends in the body is one item, ``make_window(scn,
+    timestamp_ns, events, [], False)``, before its EOW (the batch API's ``Window``)."""
     items: list[Any] = []
     held_from = 0
     eows = 0
     held_bytes = 0
+    begun = -1  # where the items of a window that began in this body start
     last: tuple[int, int] | None = None
     decode: Any = None
     schema: Any = None
@@ -122,6 +126,8 @@ def decode_relay_body(
         if scn != window:
             if window is not None and count:
                 return None  # torn: a new window before the open one's EOW
+            # A window that begins in this body (not one carried over into it).
+            begun = len(items) if i > 0 or window is None else -1
             window, count, crc = scn, 0, 0
         if sid >= 0:
             source = names.get(sid)
@@ -168,6 +174,12 @@ def decode_relay_body(
         said_count, said_crc = _EOW.unpack_from(buf, offset + HEADER_SIZE)
         if verify and whole and (said_count != count or said_crc != crc):
             return None
+        if make_window is not None and begun >= 0 and len(items) > begun:
+            events = items[begun:]
+            del items[begun:]
+            # The EOW's commit time, or the first event's when the EOW has none.
+            items.append(make_window(scn, s.timestamp[i] or events[0].timestamp_ns, events,
+                                     [], False))
         items.append(make_eow(scn, s.timestamp[i], said_count))
         eows += 1
         held_from = len(items)

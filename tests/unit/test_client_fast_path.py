@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from databus import batch
 from databus.client._decode import ResponseDecoder
-from databus.client._events import DataEvent, EndOfWindow, lazy_event
+from databus.client._events import DataEvent, EndOfWindow, Window, lazy_event
 from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
 from databus.event import Op, encode_dump_marker, encode_eow, encode_event
 from tests.event_forging import fix_windows, reseal
@@ -158,4 +158,71 @@ def test_eow_order_twins_agree(spec: list[tuple[int, bool]]) -> None:
         except ImportError:
             if os.environ.get("CI"):
                 raise
+    assert all(a == answers[0] for a in answers)
+
+
+def _flatten(got: list[Any]) -> list[Any]:
+    """Whole-window items (``Window``) back into their events, for comparing."""
+    out: list[Any] = []
+    for entry in got:
+        if isinstance(entry, list):
+            flat: list[Any] = []
+            for item in entry:
+                if isinstance(item, Window):
+                    assert not item.markers
+                    assert item.timestamp_ns == item.events[0].timestamp_ns  # EOW has 0
+                    flat.extend(item.events)
+                else:
+                    flat.append(item)
+            out.append(flat)
+        else:
+            out.append(entry)
+    return out
+
+
+@pytest.mark.parametrize(("cut", "whole"), [
+    (0, [[], [100, 101, 102, 103]]), (1, [[], [101, 102, 103]]),
+    (7, [[100], [101, 102, 103]]), (13, [[100], [102, 103]]), (20, [[100, 101], [103]]),
+])
+def test_whole_windows_hold_the_same_events(cut: int, whole: list[list[int]]) -> None:
+    bodies = [b"".join(EVENTS[:cut]), b"".join(EVENTS[cut:])]
+    fast, slow = _decoders()
+    fast.whole_windows = True
+    got = _run(fast, bodies)
+    # Every window that began and ended in one body came whole (a window carried over
+    # from the body before comes event by event, as before).
+    assert [[i.scn for i in entry if isinstance(i, Window)]
+            for entry in got if isinstance(entry, list)] == whole
+    assert _flatten(got) == _run(slow, bodies)
+
+
+@FUZZ
+@given(which=st.integers(0, len(EVENTS) - 1), patch=st.binary(min_size=1, max_size=4),
+       start=st.integers(0, 300))
+def test_whole_window_twins_agree_on_mutated_bodies(which: int, patch: bytes,
+                                                    start: int) -> None:
+    events = list(EVENTS)
+    event = bytearray(events[which])
+    pos = 12 + start % max(1, len(event) - 12)
+    event[pos:pos + len(patch)] = patch
+    events[which] = reseal(event)
+    body = b"".join(fix_windows(events))
+    s = batch.scan(body)
+    if s.error is not None:
+        return
+    decoder = ResponseDecoder(CODEC)
+    answers = []
+    for name in ("python", "native"):
+        try:
+            core = batch.twin(name)
+        except ImportError:
+            if os.environ.get("CI"):
+                raise
+            continue
+        try:
+            answers.append(core.decode_relay_body(
+                body, s, NAMES, decoder._value_decoder(NAMES), DataEvent, DataEvent,
+                EndOfWindow, None, 0, 0, True, True, Window))
+        except (SchemaError, UnknownSchemaError) as exc:
+            answers.append(type(exc))
     assert all(a == answers[0] for a in answers)
