@@ -15,7 +15,7 @@ import re
 import struct
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg2
@@ -154,18 +154,22 @@ class PostgresStorage(SqlStorage):
                     cur.execute("SET LOCAL idle_in_transaction_session_timeout = "
                                 f"'{_WRITE_IDLE_LIMIT}'")
                 yield cur
-        except _LOST as exc:
-            self._partitions.clear()  # partitions created in the lost transaction are gone
+        except psycopg2.Error as exc:
+            self._failed(exc, conn)
+
+    def _failed(self, exc: psycopg2.Error, conn: psycopg2.extensions.connection) -> NoReturn:
+        """After a failed statement: partitions made in the transaction are gone; a lost
+        connection is dropped and said as ``StorageUnavailableError``."""
+        self._partitions.clear()  # partitions created in the lost transaction are gone
+        if isinstance(exc, _LOST):
             self._generation += 1
             self._drop_connection()
             raise StorageUnavailableError(
                 f"lost the bootstrap database {self.where}: {_first_line(exc)}"
             ) from None
-        except psycopg2.Error:
-            self._partitions.clear()
-            if conn.closed:
-                self._drop_connection()
-            raise
+        if conn.closed:
+            self._drop_connection()
+        raise exc
 
     def hold(self, component: str) -> StoreHold:
         """A session advisory lock on a connection of its own, kept open: the server
@@ -301,18 +305,8 @@ class PostgresStorage(SqlStorage):
                         with contextlib.suppress(psycopg2.Error):
                             cur.execute("ROLLBACK")
                     raise
-        except _LOST as exc:
-            self._partitions.clear()
-            self._generation += 1
-            self._drop_connection()
-            raise StorageUnavailableError(
-                f"lost the bootstrap database {self.where}: {_first_line(exc)}"
-            ) from None
-        except psycopg2.Error:
-            self._partitions.clear()
-            if conn.closed:
-                self._drop_connection()
-            raise
+        except psycopg2.Error as exc:
+            self._failed(exc, conn)
         finally:
             if not conn.closed:
                 try:
