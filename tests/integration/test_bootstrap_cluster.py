@@ -36,6 +36,7 @@ from fastavro import schemaless_reader
 from databus.bootstrap._storage import BootstrapStorage, open_storage
 from databus.checkpoint import Checkpoint
 from databus.event import decode_event
+from databus.fetchers.txlog._model import TXLOG_TABLE
 from databus.filters import FilterSpec
 from databus.schemas import Schema
 from tests.fixtures.servers import EnsembleChroot, PostgresServer, paused
@@ -111,10 +112,18 @@ def log_windows(store: BootstrapStorage) -> list[tuple[int, list[tuple[Any, byte
 
 
 def caught_up(cluster: Cluster) -> int:
-    """The writer stopped: the store has every window of the relay, applied."""
+    """The writer stopped: the relay has read the source's last transaction, and the
+    store has every window of the relay, applied. (Waiting for the store to reach the
+    relay alone is not enough on a busy machine: the relay may not have polled the
+    source's last transactions yet, and the source read after would be ahead.)"""
+    source_top = cluster.src.conn.execute(
+        f"SELECT max(scn) FROM {TXLOG_TABLE}").fetchone()[0]
+    wait_for(lambda: relay_top(cluster.relay) >= (source_top or 0),
+             "the relay read the source's last transaction")
     top: int = wait_for(lambda: relay_top(cluster.relay) if relay_top(cluster.relay) ==
                         cluster.store.positions()[0] else None,
                         "the store applied the relay's newest window")
+    print(f"caught up: source {source_top}, relay and store {top}")
     return top
 
 
