@@ -320,12 +320,7 @@ class LogProducer(BackgroundComponent):
         when the producer pulls every source of the buffer. Asked again on each start
         (a retry too): a buffer that gained a source the producer does not pull fails
         one check, and the retry's fresh catalog turns the checks off."""
-        await puller.catalog()
-        if not self.sources:
-            return True
-        wanted = set(self.sources)
-        return any(wanted >= names for names in puller.buffer_sources.values()
-                   if names & wanted)
+        return await puller.sees_whole_windows(self.sources)
 
     async def _relay_prev_scn(self, puller: RelayPuller) -> int:
         """The relay buffer's prev_scn: the log floor of a store started from scratch."""

@@ -80,8 +80,9 @@ class BatchDelivery:
             if kind is DataEvent:
                 window = self.window
                 if window is None:
-                    if stopping.is_set():
-                        return self._done(self._flush(gen) and False)  # no new window
+                    if stopping.is_set():  # never begin another window
+                        self._flush(gen)  # the whole windows before it end as usual
+                        return self._done(False)
                     window = self.window = Window(item.scn, item.timestamp_ns, [], [],
                                                   item.from_bootstrap)
                 window.events.append(item)

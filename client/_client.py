@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import aiohttp
 
@@ -705,8 +705,8 @@ class DatabusClient:
         kinds = list(map(type, items))
         metrics.events += operator.countOf(kinds, DataEvent)  # C speed
         if Window in kinds:  # whole windows from the decoder (batch consumers)
-            whole: list[Any] = [i for i in items if type(i) is not DataEvent]
-            metrics.events += sum(len(i.events) for i in whole if type(i) is Window)
+            metrics.events += sum(len(i.events) for i in cast(list[Any], items)
+                                  if type(i) is Window)
         for item in reversed(items):
             if isinstance(item, EndOfWindow) and item.timestamp_ns:
                 metrics.last_window_timestamp_ns = item.timestamp_ns
@@ -720,12 +720,7 @@ class DatabusClient:
         no filter, and every source of the buffer subscribed."""
         if not self._active_filter.is_empty:
             return False
-        await puller.catalog()
-        if not self.sources:
-            return True
-        wanted = set(self.sources)
-        return any(wanted >= names for names in puller.buffer_sources.values()
-                   if names & wanted)
+        return await puller.sees_whole_windows(self.sources)
 
     # -- iterator style -------------------------------------------------------------
 

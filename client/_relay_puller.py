@@ -130,6 +130,17 @@ class RelayPuller(FailoverPuller):
         """The current relay's source id -> name map (fetched once per relay)."""
         return await self._retrying(self._catalog)
 
+    async def sees_whole_windows(self, sources: Sequence[str]) -> bool:
+        """Whether reading ``sources`` (all of them when empty) gets every event of each
+        window, so that EOW counts and checksums can be checked: they must hold every
+        source of a buffer they read from. Reads the current relay's catalog."""
+        await self.catalog()
+        if not sources:
+            return True
+        wanted = set(sources)
+        return any(wanted >= names for names in self.buffer_sources.values()
+                   if names & wanted)
+
     async def _catalog(self, relay: str) -> dict[int, str]:
         names = self._catalogs.get(relay)
         if names is None:
