@@ -169,6 +169,25 @@ def test_truncations_and_insertions(cut: int, insert: bytes, at: int) -> None:
         assert_no_garbage(body, decode(body))
 
 
+def mutate(raw: bytes, start: int, patch: bytes, mode: str) -> bytes:
+    """``raw`` with ``patch`` overwritten, inserted or deleted (``mode``) near ``start``,
+    its CRCs recomputed, as a hostile relay would send it."""
+    event = bytearray(raw)
+    # Mostly past the CRC fields, so the mutation is not undone by the reseal.
+    pos = 12 + start % max(1, len(event) - 12)
+    if mode == "overwrite":
+        event[pos:pos + len(patch)] = patch
+    elif mode == "insert":
+        event[pos:pos] = patch
+    else:
+        del event[pos:pos + len(patch)]
+    if mode != "overwrite" and pos >= 16 and len(event) >= HEADER_SIZE:
+        # Keep total_length right so the event stays framed and the deeper checks
+        # (key_length, key, value) are the ones that must catch the change.
+        event[12:16] = len(event).to_bytes(4, "big")
+    return reseal(event)
+
+
 @FUZZ
 @given(
     which=st.integers(0, len(EVENTS) - 1),
@@ -182,20 +201,7 @@ def test_crc_recomputed_mutations(which: int, start: int, patch: bytes, mode: st
     """The mutated event gets valid CRCs (a hostile relay): the key, value, control
     and window checks must catch it, or it must be a valid encoding."""
     events = list(EVENTS)
-    event = bytearray(events[which])
-    # Mostly past the CRC fields, so the mutation is not undone by the reseal.
-    pos = 12 + start % max(1, len(event) - 12)
-    if mode == "overwrite":
-        event[pos:pos + len(patch)] = patch
-    elif mode == "insert":
-        event[pos:pos] = patch
-    else:
-        del event[pos:pos + len(patch)]
-    if mode != "overwrite" and pos >= 16 and len(event) >= HEADER_SIZE:
-        # Keep total_length right so the event stays framed and the deeper checks
-        # (key_length, key, value) are the ones that must catch the change.
-        event[12:16] = len(event).to_bytes(4, "big")
-    events[which] = reseal(event)
+    events[which] = mutate(events[which], start, patch, mode)
     if fix_eow:
         # A forged event too short for a header cannot be parsed to fix the window.
         with contextlib.suppress(struct.error):

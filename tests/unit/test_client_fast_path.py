@@ -22,8 +22,15 @@ from databus.client._decode import ResponseDecoder
 from databus.client._events import DataEvent, EndOfWindow, Window, lazy_event
 from databus.errors import EventFormatError, SchemaError, UnknownSchemaError
 from databus.event import Op, encode_dump_marker, encode_eow, encode_event
-from tests.event_forging import fix_windows, reseal
-from tests.unit.test_client_decode_fuzz import CODEC, NAMES, SCHEMA, build_events, row
+from tests.event_forging import fix_windows
+from tests.unit.test_client_decode_fuzz import (
+    CODEC,
+    NAMES,
+    SCHEMA,
+    build_events,
+    mutate,
+    row,
+)
 
 pytestmark = pytest.mark.twin("databus.batch")
 
@@ -120,17 +127,7 @@ def _twin_answers(body: bytes, make_lazy: Any, make_window: Any = None) -> list[
 def test_mutated_bodies_agree(which: int, start: int, patch: bytes, mode: str,
                               fix_eow: bool, cut: int) -> None:
     events = list(EVENTS)
-    event = bytearray(events[which])
-    pos = 12 + start % max(1, len(event) - 12)
-    if mode == "overwrite":
-        event[pos:pos + len(patch)] = patch
-    elif mode == "insert":
-        event[pos:pos] = patch
-    else:
-        del event[pos:pos + len(patch)]
-    if mode != "overwrite" and pos >= 16 and len(event) >= 56:
-        event[12:16] = len(event).to_bytes(4, "big")
-    events[which] = reseal(event)
+    events[which] = mutate(events[which], start, patch, mode)
     if fix_eow:
         with contextlib.suppress(struct.error):
             events = fix_windows(events)
@@ -210,9 +207,6 @@ def test_whole_windows_hold_the_same_events(cut: int, whole: list[list[int]]) ->
 def test_whole_window_twins_agree_on_mutated_bodies(which: int, patch: bytes,
                                                     start: int) -> None:
     events = list(EVENTS)
-    event = bytearray(events[which])
-    pos = 12 + start % max(1, len(event) - 12)
-    event[pos:pos + len(patch)] = patch
-    events[which] = reseal(event)
+    events[which] = mutate(events[which], start, patch, "overwrite")
     answers = _twin_answers(b"".join(fix_windows(events)), DataEvent, Window)
     assert all(a == answers[0] for a in answers)
