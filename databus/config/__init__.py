@@ -33,6 +33,7 @@ from databus.config._loader import from_mapping, load_toml
 from databus.config._relay import BufferConfig, RelayConfig
 from databus.config._replicate import ReplicateConfig, ReplicatedTableConfig
 from databus.config._secrets import _URI_RE, Secret, redact_uri
+from databus.config._security import ReaderConfig, TLSConfig
 
 __all__ = [
     "ApplierConfig",
@@ -42,6 +43,7 @@ __all__ = [
     "ConfigFieldError",
     "DatabusConfig",
     "ProducerConfig",
+    "ReaderConfig",
     "RelayClusterConfig",
     "RelayConfig",
     "ReplicateConfig",
@@ -49,6 +51,7 @@ __all__ = [
     "RetentionConfig",
     "Secret",
     "ServingLimitsConfig",
+    "TLSConfig",
     "check_name",
     "check_range",
     "check_serving_limits",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from databus._redact import register_uri
 from databus.config._checks import (
@@ -16,6 +17,16 @@ from databus.config._checks import (
 )
 from databus.config._cluster import check_zookeeper_hosts
 from databus.config._secrets import Secret
+from databus.config._security import (
+    ReaderConfig,
+    TLSConfig,
+    check_client_files,
+    check_readers,
+    client_credentials,
+)
+
+if TYPE_CHECKING:
+    from databus.security import ClientCredentials
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +42,24 @@ class ProducerConfig:
     start_scn: int | None = None
     max_bytes: int = 4 * _MIB
     poll_wait_ms: int = 1000
+    # Credentials for reading relays and bootstrap services (docs/security.md): the CA
+    # of their https:// certificates, a client certificate (mutual TLS) and a reader
+    # token.
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    token: Secret | None = None
 
     def __post_init__(self) -> None:
+        check_client_files(self)
         check_range(self.max_bytes, "max_bytes", min=1024)
         check_range(self.poll_wait_ms, "poll_wait_ms", min=0, max=60_000)
         if self.start_scn is not None:
             check_range(self.start_scn, "start_scn", min=0)
+
+    @property
+    def credentials(self) -> ClientCredentials:
+        return client_credentials(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +176,12 @@ class BootstrapConfig:
     retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
     # [bootstrap.cluster]: failover between services on one store (docs/clusters.md).
     cluster: BootstrapClusterConfig | None = None
+    # Security (docs/security.md), as the relay's: [bootstrap.tls], [[bootstrap.readers]],
+    # allow_anonymous_readers, metrics_token.
+    tls: TLSConfig | None = None
+    readers: tuple[ReaderConfig, ...] = ()
+    allow_anonymous_readers: bool = False
+    metrics_token: Secret | None = None
 
     def __post_init__(self) -> None:
         register_uri(self.storage)
@@ -167,6 +196,10 @@ class BootstrapConfig:
             raise ConfigFieldError("producer.relays", "the producer needs at least one relay")
         if self.admin_token is not None and not self.admin_token:
             raise ConfigFieldError("admin_token", "must not be empty (omit it to disable admin)")
+        if "server" in self.run:
+            check_readers(host=self.host, tls=self.tls, readers=self.readers,
+                          allow_anonymous_readers=self.allow_anonymous_readers,
+                          metrics_token=self.metrics_token)
         if self.log_partition_span is not None:
             check_range(self.log_partition_span, "log_partition_span", min=1)
         if self.cluster is not None and not self.cluster.advertise_url and (

@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from databus._redact import register_uri
 from databus.config._checks import ConfigFieldError, check_name
+from databus.config._secrets import Secret
+from databus.config._security import check_client_files, client_credentials
+
+if TYPE_CHECKING:
+    from databus.security import ClientCredentials
 
 __all__ = ["RelayClusterConfig", "check_zookeeper_hosts"]
 
@@ -55,6 +61,14 @@ class RelayClusterConfig:
     mode: Literal["independent", "leader-follower"] = "independent"
     session_timeout_s: float = 10.0
     advertise_url: str = ""
+    # How members read each other (a follower chains from its leader, members read
+    # each other's status) when they have [[relay.readers]] or TLS (docs/security.md):
+    # the CA of their certificates, a client certificate and a reader token granted
+    # every source of the cluster.
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    token: Secret | None = None
 
     def __post_init__(self) -> None:
         check_zookeeper_hosts(self.zookeeper)
@@ -66,3 +80,9 @@ class RelayClusterConfig:
         if self.advertise_url and not re.fullmatch(r"https?://[^\s/?#]+/?",
                                                    self.advertise_url):
             raise ConfigFieldError("advertise_url", "expected http://host:port")
+        check_client_files(self)
+
+    @property
+    def credentials(self) -> ClientCredentials:
+        """What this member presents to the other members."""
+        return client_credentials(self)

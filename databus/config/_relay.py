@@ -18,6 +18,7 @@ from databus.config._checks import (
 )
 from databus.config._cluster import RelayClusterConfig
 from databus.config._secrets import _URI_RE, Secret, redact_uri
+from databus.config._security import ReaderConfig, TLSConfig, check_readers
 
 # --- the relay -------------------------------------------------------------------------
 
@@ -143,6 +144,13 @@ class RelayConfig:
     stream_heartbeat_ms: int = 1000
     # [relay.cluster]: membership of a relay cluster on ZooKeeper (docs/clusters.md).
     cluster: RelayClusterConfig | None = None
+    # Security (docs/security.md): [relay.tls] serves HTTPS; [[relay.readers]] are
+    # who may read which sources (none: anyone who reaches the port, which beyond
+    # loopback needs allow_anonymous_readers = true); metrics_token guards /metrics.
+    tls: TLSConfig | None = None
+    readers: tuple[ReaderConfig, ...] = ()
+    allow_anonymous_readers: bool = False
+    metrics_token: Secret | None = None
 
     def __post_init__(self) -> None:
         check_serving_limits(self)
@@ -159,6 +167,9 @@ class RelayConfig:
         check_range(self.port, "port", min=0, max=65535)
         if self.admin_token is not None and not self.admin_token:
             raise ConfigFieldError("admin_token", "must not be empty (omit it to disable admin)")
+        check_readers(host=self.host, tls=self.tls, readers=self.readers,
+                      allow_anonymous_readers=self.allow_anonymous_readers,
+                      metrics_token=self.metrics_token)
         check_range(self.max_bytes_cap, "max_bytes_cap", min=1024)
         check_range(self.max_wait_ms, "max_wait_ms", min=0, max=3_600_000)
         check_range(self.workers, "workers", min=0, max=MAX_WORKERS)

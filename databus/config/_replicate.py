@@ -26,12 +26,17 @@ rename = { customer = "customer_id" }
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from databus._redact import register_uri
 from databus.config._checks import ConfigFieldError, check_name, check_range
 from databus.config._cluster import check_zookeeper_hosts
 from databus.config._secrets import Secret, redact_uri
+from databus.config._security import TLSConfig, check_client_files, client_credentials
+
+if TYPE_CHECKING:
+    from databus.security import ClientCredentials
 
 __all__ = ["ReplicateConfig", "ReplicatedTableConfig"]
 
@@ -111,9 +116,23 @@ class ReplicateConfig:
     # "Discovery"), followed while the replicator runs.
     zookeeper: str = ""
     cluster: str = ""
+    # Credentials for reading relays and bootstrap services (docs/security.md): the CA
+    # of their https:// certificates, a client certificate (mutual TLS) and a reader
+    # token.
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    token: Secret | None = None
+    # [replicate.tls]: HTTPS for the status server (metrics_port); metrics_token
+    # guards its /metrics and /v1/status.
+    tls: TLSConfig | None = None
+    metrics_token: Secret | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "name")
+        check_client_files(self)
+        if self.metrics_token is not None and not self.metrics_token:
+            raise ConfigFieldError("metrics_token", "must not be empty")
         if self.zookeeper or self.cluster:
             if self.relays:
                 raise ConfigFieldError("relays", "give relays, or zookeeper and cluster "
@@ -149,6 +168,10 @@ class ReplicateConfig:
         if self.initial_copy == "dump" and not self.relay_admin_token:
             raise ConfigFieldError("relay_admin_token",
                                    "initial_copy = \"dump\" needs the relays' admin token")
+
+    @property
+    def credentials(self) -> ClientCredentials:
+        return client_credentials(self)
 
     def __repr__(self) -> str:
         return (f"ReplicateConfig(name={self.name!r}, relays={self.relays!r}, "

@@ -1,0 +1,65 @@
+"""Who may read what (DESIGN 18, docs/security.md): TLS contexts for listeners and
+clients, readers with per-source grants, and what clients present.
+
+- ``_tls``: ``server_context``/``CertificateReloader`` (listeners), ``client_context``.
+- ``_grants``: ``Grant``, pure matching of source names against ``db.table``,
+  ``db.*`` and ``*``.
+- ``_readers``: ``Readers.identify`` (token or certificate CN to a ``Reader``),
+  constant-time.
+- ``_server``: the aiohttp glue (``reader``, ``require``, ``check_operational``).
+- ``_credentials``: ``ClientCredentials`` (CA file, client certificate, token).
+- ``_zookeeper``: digest credentials and ACLs for ZooKeeper connect strings.
+"""
+
+from __future__ import annotations
+
+from databus.config._security import ReaderConfig, TLSConfig, check_readers, is_loopback
+from databus.security._credentials import NO_CREDENTIALS, URI_PARAMS, ClientCredentials
+from databus.security._grants import Grant, is_pattern, pattern_matches
+from databus.security._readers import ANONYMOUS, ANYONE, Reader, Readers, bearer_token
+from databus.security._server import (
+    GUARD,
+    Guard,
+    check_operational,
+    guard_of,
+    install,
+    peer_cn,
+    reader,
+    require,
+)
+from databus.security._tls import (
+    CertificateReloader,
+    TLSFileError,
+    client_context,
+    server_context,
+)
+
+__all__ = [
+    "ANONYMOUS",
+    "ANYONE",
+    "GUARD",
+    "NO_CREDENTIALS",
+    "URI_PARAMS",
+    "CertificateReloader",
+    "ClientCredentials",
+    "Grant",
+    "Guard",
+    "Reader",
+    "ReaderConfig",
+    "Readers",
+    "TLSConfig",
+    "TLSFileError",
+    "bearer_token",
+    "check_operational",
+    "check_readers",
+    "client_context",
+    "guard_of",
+    "install",
+    "is_loopback",
+    "is_pattern",
+    "pattern_matches",
+    "peer_cn",
+    "reader",
+    "require",
+    "server_context",
+]
