@@ -33,8 +33,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-import aiohttp
-
 from databus._http import MAX_CLIENT_ID
 from databus._limited_log import limited
 from databus._redact import register_uri
@@ -61,6 +59,7 @@ from databus.client.group._member import GroupRun, Segment, ZooKeeperCoordinator
 from databus.errors import ConfigError, DatabusError, EventFormatError, UnknownSchemaError
 from databus.filters import FilterSpec
 from databus.schemas import AvroCodec, Schema
+from databus.security import ClientCredentials, client_session
 
 log = logging.getLogger("databus.client")
 
@@ -100,6 +99,11 @@ class DatabusClient:
 
     ``group``, ``coordinator`` and ``partitions`` make the client one member of a
     consumer group (``databus.client.group``, docs/client.md "Consumer groups").
+
+    ``ca_file``, ``cert_file``/``key_file`` and ``token`` are what the client presents
+    to ``https://`` relays and bootstrap services with readers (docs/security.md):
+    the CA their certificates are verified against (default: the system's), a client
+    certificate for mutual TLS, and a reader token.
     """
 
     def __init__(
@@ -130,6 +134,10 @@ class DatabusClient:
         group: str | None = None,
         coordinator: ZooKeeperCoordinator | None = None,
         partitions: int | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
+        cert_file: str | os.PathLike[str] | None = None,
+        key_file: str | os.PathLike[str] | None = None,
+        token: str | None = None,
     ) -> None:
         # Relay discovery (docs/clusters.md, "Discovery"): the members of a relay
         # cluster on ZooKeeper instead of a list of URLs.
@@ -162,6 +170,15 @@ class DatabusClient:
         # an error message (DESIGN section 12; databus/_redact.py).
         for url in (*self.relays, *self.bootstrap):
             register_uri(url)
+        # https:// relays and bootstrap services (docs/security.md): the CA their
+        # certificates are checked against, a client certificate for mutual TLS, and
+        # the reader token sent with every request.
+        self.credentials = ClientCredentials.of(
+            ca_file=os.fspath(ca_file) if ca_file is not None else None,
+            cert_file=os.fspath(cert_file) if cert_file is not None else None,
+            key_file=os.fspath(key_file) if key_file is not None else None, token=token)
+        if any(u.lower().startswith("https://") for u in (*self.relays, *self.bootstrap)):
+            self.credentials.ssl_context()  # a wrong file fails here, in one line
         spec = FilterSpec.parse(filter) if filter is not None else FilterSpec()
         self.filter = spec
         self._active_filter = spec  # a group member's stream has a filter of its own
@@ -355,7 +372,7 @@ class DatabusClient:
         fenced_scn: int | None = None  # where a fenced group stream rolls back to
         position = start
         filter_json = None if spec.is_empty else spec.to_json_text()
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
+        async with client_session(self.credentials, limit=4) as session:
             pullers = _Pullers(
                 RelayPuller(self.relays, self.sources, session, filter_json=filter_json,
                             backoff_initial=self.backoff_initial, backoff_max=self.backoff_max,

@@ -32,8 +32,10 @@ from databus.client._headers import read_json
 from databus.errors import (
     ConnectionLostError,
     DatabusError,
+    ForbiddenError,
     ScnNotFoundError,
     SourceQuarantinedError,
+    UnauthorizedError,
     UnknownSchemaError,
     UnknownSourceError,
 )
@@ -308,6 +310,10 @@ class FailoverPuller:
             return UnknownSourceError(message)
         if code == "unknown_schema":
             return UnknownSchemaError(message)
+        if code == "unauthorized":
+            return UnauthorizedError(f"{self.service} answered 401 unauthorized: {message}")
+        if code == "forbidden":
+            return ForbiddenError(f"{self.service} answered 403 forbidden: {message}")
         if code == "source_quarantined":
             scn = doc.get("scn")
             return SourceQuarantinedError(

@@ -18,7 +18,7 @@ from databus._json import dumps, loads_bounded
 from databus._limited_log import limited
 from databus.checkpoint import Checkpoint
 from databus.config import Secret
-from databus.errors import DatabusError
+from databus.errors import DatabusError, ForbiddenError, UnauthorizedError
 from databus.filters import FilterSpec
 
 log = logging.getLogger("databus.http")
@@ -34,14 +34,9 @@ class NotFound(DatabusError):
     http_status = 404
 
 
-class Unauthorized(DatabusError):
-    code = "unauthorized"
-    http_status = 401
-
-
-class Forbidden(DatabusError):
-    code = "forbidden"
-    http_status = 403
+# One class per condition, shared with the clients that rebuild them (databus.errors).
+Unauthorized = UnauthorizedError
+Forbidden = ForbiddenError
 
 
 class BodyTooLarge(DatabusError):

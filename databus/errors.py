@@ -63,6 +63,22 @@ class FilterError(DatabusError):
     http_status = 400
 
 
+class UnauthorizedError(DatabusError):
+    """A request without a valid credential: no token or client certificate where the
+    server has readers, a wrong or revoked token, or a wrong admin token (401)."""
+
+    code = "unauthorized"
+    http_status = 401
+
+
+class ForbiddenError(DatabusError):
+    """A request whose credential is valid but does not allow it: a source the reader
+    is not granted, or admin endpoints that are disabled (403)."""
+
+    code = "forbidden"
+    http_status = 403
+
+
 class ConfigError(DatabusError):
     """An invalid configuration file: unknown key, wrong type, missing value."""
 

@@ -14,7 +14,12 @@ clients, readers with per-source grants, and what clients present.
 from __future__ import annotations
 
 from databus.config._security import ReaderConfig, TLSConfig, check_readers, is_loopback
-from databus.security._credentials import NO_CREDENTIALS, URI_PARAMS, ClientCredentials
+from databus.security._credentials import (
+    NO_CREDENTIALS,
+    URI_PARAMS,
+    ClientCredentials,
+    client_session,
+)
 from databus.security._grants import Grant, is_pattern, pattern_matches
 from databus.security._readers import ANONYMOUS, ANYONE, Reader, Readers, bearer_token
 from databus.security._server import (
@@ -53,6 +58,7 @@ __all__ = [
     "check_operational",
     "check_readers",
     "client_context",
+    "client_session",
     "guard_of",
     "install",
     "is_loopback",

@@ -3,7 +3,8 @@ that signs the server's certificate, an optional client certificate and key (mut
 TLS) and an optional reader token. Every client of the project takes these
 (``DatabusClient``, ``databus tail``/``status``/``dump``, chained relays, the
 bootstrap producer, the replicator, the Spark jobs) and uses them through
-``ClientCredentials``: ``ssl_context()``/``ssl_for(url)`` for aiohttp and urllib, ``headers()`` for the token.
+``ClientCredentials``: ``ssl_context()``/``ssl_for(url)`` for aiohttp and urllib,
+``headers()`` for the token, ``client_session()`` for both at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import functools
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import aiohttp
 
 from databus.config._secrets import Secret
 from databus.security._tls import client_context
@@ -63,7 +67,8 @@ class ClientCredentials:
 
     def ssl_for(self, url: str) -> ssl.SSLContext | None:
         """The TLS context for ``url``: None for plain ``http://``."""
-        return self.ssl_context() if url.lower().startswith(("https://", "relay+https://")) else None
+        secure = url.lower().startswith(("https://", "relay+https://"))
+        return self.ssl_context() if secure else None
 
     def headers(self) -> dict[str, str]:
         """The request headers that carry the token (none without one)."""
@@ -83,3 +88,13 @@ def _context(ca_file: Path | None, cert_file: Path | None,
 
 
 NO_CREDENTIALS = ClientCredentials()
+
+
+def client_session(credentials: ClientCredentials = NO_CREDENTIALS, *, limit: int = 100,
+                   **kwargs: Any) -> aiohttp.ClientSession:
+    """An aiohttp session that presents ``credentials`` to every server: their TLS
+    context for ``https://`` URLs (plain ``http://`` is unaffected) and the token."""
+    tls: ssl.SSLContext | bool = True if credentials.empty else credentials.ssl_context()
+    connector = aiohttp.TCPConnector(limit=limit, ssl=tls)
+    headers = {**credentials.headers(), **kwargs.pop("headers", {})}
+    return aiohttp.ClientSession(connector=connector, headers=headers, **kwargs)
