@@ -1,0 +1,291 @@
+"""ZooKeeper digest credentials and ACLs on the real 3-node ensemble (DESIGN 18,
+docs/clusters.md "ZooKeeper credentials and ACLs").
+
+With ``digest:user:password@hosts/chroot``:
+
+- a relay cluster (two ``databus relay`` processes, leader-follower) elects a leader;
+  every node under its tree carries the digest identity (all rights) and ``world:anyone``
+  READ: a session without the digest, or with a wrong password, can read (discovery and
+  ``cluster status`` work without it) but neither create, set nor delete anything;
+- a consumer group (two coordinators) balances and rebalances; every node of the group
+  carries the digest identity only: the other sessions cannot even read them, and
+  ``group status`` without the credentials is a clear ``ZooKeeperNotAuthorized``;
+- a ZooKeeper checkpoint store's znode and parents likewise; a store with a wrong
+  password is refused with a clear ``CheckpointError``;
+- a member with a wrong password is a clear error at start;
+- the password never appears in the relays' logs, in the status commands' output, in
+  log records or in exceptions.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import READ_ACL_UNSAFE, make_digest_acl
+
+from databus.checkpoint import Checkpoint
+from databus.client._checkpoint_zookeeper import ZooKeeperCheckpointStore
+from databus.client._discovery import RelayDiscovery
+from databus.client.group._cli import status as group_status
+from databus.client.group._coordinator import GroupCoordinator, partition_checkpoint_store
+from databus.coordination import ZooKeeperMember, ZooKeeperNotAuthorized
+from databus.errors import CheckpointError
+from databus.relay.cluster._cli import status as cluster_status
+from tests.fixtures.servers import EnsembleChroot
+from tests.integration.cluster_support import SESSION_S, wait_for
+from tests.relay_harness import RelayProcess
+from tests.unit.test_txlog_support import SqliteSource
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+USER = "databus"
+PW = "zk-acl:test@pw"  # ':' and '@' in it on purpose
+OWNER = make_digest_acl(USER, PW, all=True)
+PUBLIC_ACL = [OWNER, *READ_ACL_UNSAFE]
+SENSITIVE_ACL = [OWNER]
+
+
+@dataclass
+class Secured:
+    """The test's chroot, its digest connect string and three sessions on it."""
+
+    zk: EnsembleChroot
+    connect: str  # digest:databus:<PW>@hosts/chroot
+    owner: Any  # authenticated with the digest
+    anonymous: Any  # no credentials
+    wrong: Any  # the right user, a wrong password
+
+    def nodes(self, path: str) -> list[str]:
+        """``path`` and every node under it (read with the digest)."""
+        out = [path]
+        for child in sorted(self.owner.get_children(path)):
+            out += self.nodes(f"{path.rstrip('/')}/{child}")
+        return out
+
+    def acls_of(self, path: str) -> dict[str, list[Any]]:
+        return {node: self.owner.get_acls(node)[0] for node in self.nodes(path)}
+
+
+@pytest.fixture
+def secured(zookeeper_chroot: EnsembleChroot) -> Iterator[Secured]:
+    zk = zookeeper_chroot
+    owner = zk.client(auth_data=[("digest", f"{USER}:{PW}")])
+    yield Secured(zk, f"digest:{USER}:{PW}@{zk.hosts}", owner, zk.client(),
+                  zk.client(auth_data=[("digest", f"{USER}:wrong-password")]))
+    # The fixture's cleanup has no credentials: remove the protected nodes first.
+    for child in owner.get_children("/"):
+        owner.delete(f"/{child}", recursive=True)
+
+
+def refuses_changes(client: Any, node: str) -> None:
+    """``client`` may neither change, delete nor create under ``node``."""
+    with pytest.raises(NoAuthError):
+        client.set(node, b"forged")
+    with pytest.raises(NoAuthError):
+        client.create(f"{node}/intruder", b"x")
+    if node.count("/") > 1:  # deleting needs the parent's DELETE right
+        with pytest.raises(NoAuthError):
+            client.delete(node, recursive=False)
+
+
+def refuses_reads(client: Any, node: str) -> None:
+    with pytest.raises(NoAuthError):
+        client.get(node)
+    with pytest.raises(NoAuthError):
+        client.get_children(node)
+
+
+# -- relay cluster ----------------------------------------------------------------------
+
+
+def test_a_relay_cluster_with_credentials_elects_and_its_nodes_are_read_only_to_others(
+        tmp_path: Path, secured: Secured, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The config takes the password from the environment, as an operator would.
+    monkeypatch.setenv("DATABUS_TEST_ZK_PW", PW)
+    section = ("[relay.cluster]\n"
+               f'zookeeper = "digest:{USER}:${{DATABUS_TEST_ZK_PW}}@{secured.zk.hosts}"\n'
+               'name = "shop"\nmode = "leader-follower"\n'
+               f"session_timeout_s = {SESSION_S}\n")
+    src = SqliteSource(tmp_path / "shop.db", "CREATE TABLE orders (id INTEGER PRIMARY KEY, "
+                                             "qty INTEGER)")
+    src.install("orders")
+    src.txn("INSERT INTO orders (id, qty) VALUES (1, 1)")
+    relays = []
+    for i in range(2):
+        home = tmp_path / f"relay{i}"
+        home.mkdir()
+        relays.append(RelayProcess(home, {"src": src.uri("orders", poll_ms=10)}, workers=1,
+                                   extra_toml=section))
+    try:
+        for relay in relays:
+            relay.start()
+
+        def roles() -> list[str] | None:
+            found = sorted(str(r.status()["buffers"]["src"]["cluster"]["role"])
+                           for r in relays)
+            return found if found == ["follower", "leader"] else None
+
+        wait_for(roles, "one leader and one follower")
+        tree = "/databus/relays/shop"
+        acls = secured.acls_of(tree)
+        assert len(acls) >= 5  # the cluster, members, two members, the election...
+        wrong = {node: acl for node, acl in acls.items() if acl != PUBLIC_ACL}
+        assert not wrong, wrong
+        assert secured.owner.get_acls("/databus")[0] == PUBLIC_ACL  # parents too
+        members = secured.owner.get_children(f"{tree}/members")
+        assert len(members) == 2
+        for client in (secured.anonymous, secured.wrong):
+            # Anyone may read: discovery and monitoring need no password.
+            data, _ = client.get(f"{tree}/members/{members[0]}")
+            assert json.loads(data)["url"] in {r.url for r in relays}
+            for node in acls:
+                refuses_changes(client, node)
+        # Discovery without credentials follows the members.
+        discovery = RelayDiscovery(secured.zk.hosts, "shop", timeout=10.0)
+        try:
+            assert sorted(discovery.start()) == sorted(r.url for r in relays)
+        finally:
+            discovery.close()
+        # cluster status with the credentials: the password is not shown.
+        out = io.StringIO()
+        assert cluster_status(secured.connect, "shop", as_json=True, out=out) == 0
+        doc = json.loads(out.getvalue())
+        assert doc["zookeeper"] == f"digest:{USER}:***@{secured.zk.hosts}"
+        assert sorted(m["url"] for m in doc["clusters"][0]["members"]) == sorted(
+            r.url for r in relays)
+        assert PW not in out.getvalue()
+    finally:
+        for relay in relays:
+            if relay.proc is not None and relay.proc.poll() is None:
+                relay.kill(signal.SIGTERM)
+    for relay in relays:
+        log = relay.log_path.read_text()
+        assert PW not in log and "zk-acl" not in log, log
+
+
+def test_a_member_with_a_wrong_password_is_a_clear_error_at_start(
+        secured: Secured, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    first = ZooKeeperMember(secured.connect, 4.0, "/databus/relays/shop/members",
+                            "relay.cluster.zookeeper", "http://r1")
+    first.connect()
+    try:
+        intruder = ZooKeeperMember(secured.connect.replace(PW, "not-the-password"), 4.0,
+                                   "/databus/relays/shop/members", "relay.cluster.zookeeper",
+                                   "http://r2")
+        with pytest.raises(ZooKeeperNotAuthorized) as caught:
+            intruder.connect()
+        message = str(caught.value)
+        assert "refused to let ZooKeeper user 'databus' register under " \
+               "/databus/relays/shop/members (relay.cluster.zookeeper)" in message
+        assert "not-the-password" not in message and PW not in message
+        assert len(secured.owner.get_children("/databus/relays/shop/members")) == 1
+    finally:
+        first.leave()
+    assert PW not in caplog.text and "not-the-password" not in caplog.text
+
+
+# -- consumer group ---------------------------------------------------------------------
+
+GROUP = "billing"
+P = 4
+
+
+def test_a_consumer_group_with_credentials_rebalances_and_others_cannot_even_read_it(
+        secured: Secured, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    members: list[GroupCoordinator] = []
+    for name in ("m0", "m1"):
+        coordinator: GroupCoordinator
+
+        def revoked(parts: tuple[int, ...], name: str = name) -> None:
+            next(m for m in members if m.member_id == name).release(parts)
+
+        coordinator = GroupCoordinator(secured.connect, GROUP, P, name, on_revoked=revoked,
+                                       session_timeout_s=6.0, poll_s=0.2)
+        members.append(coordinator)
+    try:
+        for m in members:
+            m.start()
+
+        def shares() -> list[tuple[int, ...]] | None:
+            owned = [m.owned for m in members]
+            spread = sorted(p for parts in owned for p in parts)
+            return owned if spread == list(range(P)) and all(owned) else None
+
+        wait_until(shares, "both members hold partitions", 20)
+        # A partition checkpoint, written as a member's store writes it.
+        with partition_checkpoint_store(secured.connect, GROUP, 0, timeout=5.0) as store:
+            store.store(Checkpoint(42))
+        root = f"/databus/groups/{GROUP}"
+        acls = secured.acls_of(root)
+        assert {f"{root}/members", f"{root}/owners", f"{root}/assignment",
+                f"{root}/leader", f"{root}/checkpoints/0"} <= set(acls)
+        wrong = {node: acl for node, acl in acls.items() if acl != SENSITIVE_ACL}
+        assert not wrong, wrong
+        for client in (secured.anonymous, secured.wrong):
+            for node in acls:
+                refuses_reads(client, node)
+                refuses_changes(client, node)
+        # group status: with the credentials it reads the group ...
+        out = io.StringIO()
+        assert group_status(secured.connect, GROUP, as_json=True, out=out) == 0
+        doc = json.loads(out.getvalue())
+        assert doc["coordinator"] == f"digest:{USER}:***@{secured.zk.hosts}"
+        assert "m0" in out.getvalue() and "m1" in out.getvalue()
+        assert PW not in out.getvalue()
+        # ... without them, a clear refusal.
+        for connect in (secured.zk.hosts, secured.connect.replace(PW, "not-the-password")):
+            with pytest.raises(ZooKeeperNotAuthorized, match="refused to let") as caught:
+                group_status(connect, GROUP, out=io.StringIO())
+            assert "not-the-password" not in str(caught.value)
+        # A member leaves: the other takes every partition, through the protected nodes.
+        members[0].close()
+        wait_until(lambda: members[1].owned == tuple(range(P)), "m1 holds all", 20)
+        assert secured.acls_of(f"{root}/owners") == {
+            node: SENSITIVE_ACL for node in secured.nodes(f"{root}/owners")}
+    finally:
+        for m in members:
+            m.close()
+    assert PW not in caplog.text
+
+
+# -- checkpoint store -------------------------------------------------------------------
+
+
+def test_a_checkpoint_store_with_credentials_keeps_its_znode_to_itself(
+        secured: Secured, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with ZooKeeperCheckpointStore(secured.connect, "orders-indexer", timeout=5.0) as store:
+        store.store(Checkpoint(7))
+        assert store.load() == Checkpoint(7)
+        assert PW not in repr(store)
+    path = "/databus/checkpoints/orders-indexer"
+    assert secured.acls_of("/databus") == {
+        node: SENSITIVE_ACL for node in ("/databus", "/databus/checkpoints", path)}
+    for client in (secured.anonymous, secured.wrong):
+        refuses_reads(client, path)
+        refuses_changes(client, path)
+        refuses_changes(client, "/databus/checkpoints")
+    for connect in (secured.zk.hosts, secured.connect.replace(PW, "not-the-password")):
+        with ZooKeeperCheckpointStore(connect, "orders-indexer", timeout=5.0) as other:
+            with pytest.raises(CheckpointError, match="ZooKeeper refused it") as caught:
+                other.load()
+            assert "not-the-password" not in str(caught.value)
+            with pytest.raises(CheckpointError, match="ZooKeeper refused it"):
+                other.store(Checkpoint(8))
+    with ZooKeeperCheckpointStore(secured.connect, "orders-indexer", timeout=5.0) as store:
+        assert store.load() == Checkpoint(7)  # untouched
+    with pytest.raises(NoNodeError):
+        secured.owner.get(f"{path}/intruder")
+    assert PW not in caplog.text
