@@ -16,6 +16,7 @@ every node it creates without an explicit ACL: ``create`` (and the parents of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from databus.errors import DatabusError
@@ -32,15 +33,20 @@ class ZooKeeperNotAuthorized(DatabusError):
 
 
 def kazoo_client(connect: str | ZooKeeperConnect, exposure: Exposure = PUBLIC, *,
-                 field: str = "zookeeper", **kwargs: Any) -> Any:
+                 field: str = "zookeeper", extra_auth: Sequence[tuple[str, str]] = (),
+                 **kwargs: Any) -> Any:
     """A ``KazooClient`` (not started) on ``connect``, with its credentials and the ACL
-    of ``exposure`` for the nodes it creates. ``kwargs`` go to ``KazooClient`` (timeout,
-    read_only, connection_retry...). ``ConfigFieldError`` naming ``field`` for a bad
-    connect string."""
+    of ``exposure`` for the nodes it creates. ``extra_auth``: more ``(scheme,
+    credential)`` the session authenticates with (earlier credentials, ``_acl``).
+    ``kwargs`` go to ``KazooClient`` (timeout, read_only, connection_retry...).
+    ``ConfigFieldError`` naming ``field`` for a bad connect string."""
     from kazoo.client import KazooClient
 
     parsed = parse_zookeeper(connect, field)
-    return KazooClient(**parsed.kazoo_kwargs(exposure), **kwargs)
+    options = parsed.kazoo_kwargs(exposure)
+    if extra_auth:
+        options["auth_data"] = [*options.get("auth_data", []), *extra_auth]
+    return KazooClient(**options, **kwargs)
 
 
 def not_authorized(exc: BaseException, what: str,

@@ -13,6 +13,8 @@ With ``digest:user:password@hosts/chroot``:
 - a ZooKeeper checkpoint store's znode and parents likewise; a store with a wrong
   password is refused with a clear ``CheckpointError``;
 - a member with a wrong password is a clear error at start;
+- ``python -m databus.coordination secure`` gives a tree made without credentials the
+  ACLs, and rotates the password (old one kept, members roll, old one removed);
 - the password never appears in the relays' logs, in the status commands' output, in
   log records or in exceptions.
 """
@@ -38,6 +40,7 @@ from databus.client._discovery import RelayDiscovery
 from databus.client.group._cli import status as group_status
 from databus.client.group._coordinator import GroupCoordinator, partition_checkpoint_store
 from databus.coordination import ZooKeeperMember, ZooKeeperNotAuthorized
+from databus.coordination.__main__ import main as coordination_main
 from databus.errors import CheckpointError
 from databus.relay.cluster._cli import status as cluster_status
 from tests.fixtures.servers import EnsembleChroot
@@ -289,3 +292,73 @@ def test_a_checkpoint_store_with_credentials_keeps_its_znode_to_itself(
     with pytest.raises(NoNodeError):
         secured.owner.get(f"{path}/intruder")
     assert PW not in caplog.text
+
+
+# -- securing an existing tree, rotating the password -----------------------------------
+
+NEW_PW = "rotated-zk-password"
+NEW_OWNER = make_digest_acl(USER, NEW_PW, all=True)
+
+
+def plain_tree(client: Any) -> None:
+    """Nodes as a deployment without credentials left them (open to anyone)."""
+    client.create("/databus/relays/shop/members/member-0000000000", b"{}", makepath=True)
+    client.create("/databus/relays/shop/buffers/src/epoch", b"3", makepath=True)
+    client.create("/databus/groups/billing/assignment", b"{}", makepath=True)
+    client.create("/databus/checkpoints/orders-indexer", b"{}", makepath=True)
+
+
+def test_secure_gives_an_open_tree_the_acls_and_rotates_the_password(
+        secured: Secured, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    plain_tree(secured.anonymous)
+    monkeypatch.setenv("DATABUS_TEST_ZK_PW", PW)
+    connect = f"digest:{USER}:${{DATABUS_TEST_ZK_PW}}@{secured.zk.hosts}"
+    assert coordination_main(["secure", "--zookeeper", connect]) == 0
+    assert "set the ACL of 13 node(s); 0 already had it" in capsys.readouterr().out
+    public = secured.acls_of("/databus/relays")
+    assert public == {node: PUBLIC_ACL for node in public}
+    for subtree in ("/databus/groups", "/databus/checkpoints"):
+        closed = secured.acls_of(subtree)
+        assert closed == {node: SENSITIVE_ACL for node in closed}
+    refuses_changes(secured.anonymous, "/databus/relays/shop/buffers/src/epoch")
+    refuses_reads(secured.anonymous, "/databus/checkpoints/orders-indexer")
+    assert coordination_main(["secure", "--zookeeper", connect]) == 0
+    assert "set the ACL of 0 node(s); 13 already had it" in capsys.readouterr().out
+
+    # Rotation, step 1: the new password, the old one kept in every ACL.
+    monkeypatch.setenv("DATABUS_TEST_ZK_PW", NEW_PW)
+    monkeypatch.setenv("DATABUS_TEST_ZK_OLD", f"{USER}:{PW}")
+    assert coordination_main(["secure", "--zookeeper", connect, "--previous-env",
+                              "DATABUS_TEST_ZK_OLD", "--keep-previous"]) == 0
+    capsys.readouterr()
+    assert secured.owner.get_acls("/databus/checkpoints/orders-indexer")[0] == [
+        NEW_OWNER, OWNER]
+    # Step 2, the rolling restart: members with either password work meanwhile.
+    old_connect = secured.connect
+    new_connect = f"digest:{USER}:{NEW_PW}@{secured.zk.hosts}"
+    for each in (old_connect, new_connect):
+        with ZooKeeperCheckpointStore(each, "orders-indexer", timeout=5.0) as store:
+            store.store(Checkpoint(11))
+            assert store.load() == Checkpoint(11)
+    # Step 3: the old password leaves every ACL.
+    assert coordination_main(["secure", "--zookeeper", connect]) == 0
+    out, err = capsys.readouterr()
+    assert "set the ACL of 13 node(s)" in out
+    rotated = secured.zk.client(auth_data=[("digest", f"{USER}:{NEW_PW}")])
+    assert rotated.get_acls("/databus/relays/shop")[0] == [NEW_OWNER, *READ_ACL_UNSAFE]
+    assert rotated.get_acls("/databus/checkpoints/orders-indexer")[0] == [NEW_OWNER]
+    with ZooKeeperCheckpointStore(old_connect, "orders-indexer", timeout=5.0) as store, \
+            pytest.raises(CheckpointError, match="ZooKeeper refused it"):
+        store.load()
+    # The old credentials can no longer change anything: securing with them is refused.
+    monkeypatch.setenv("DATABUS_TEST_ZK_PW", PW)
+    assert coordination_main(["secure", "--zookeeper", connect]) == 1
+    out, err = capsys.readouterr()
+    assert "could not be read or set with these credentials" in err
+    assert PW not in out + err and NEW_PW not in out + err
+    # The fixture cleans up with the first password: hand the tree back to it.
+    monkeypatch.setenv("DATABUS_TEST_ZK_PW", PW)
+    monkeypatch.setenv("DATABUS_TEST_ZK_OLD", f"{USER}:{NEW_PW}")
+    assert coordination_main(["secure", "--zookeeper", connect, "--previous-env",
+                              "DATABUS_TEST_ZK_OLD"]) == 0

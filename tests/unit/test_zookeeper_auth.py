@@ -138,3 +138,30 @@ def test_every_entry_point_takes_the_digest_form_and_never_shows_the_password(
 def test_a_connect_string_without_credentials_is_shown_as_it_is() -> None:
     store = ZooKeeperCheckpointStore(HOSTS, "c1", timeout=1.0)
     assert repr(store) == f"ZooKeeperCheckpointStore('{HOSTS}', path='/databus/checkpoints/c1')"
+
+
+def test_which_subtrees_are_sensitive() -> None:
+    from databus.coordination._acl import exposure_of
+
+    assert exposure_of("/databus") == PUBLIC
+    assert exposure_of("/databus/relays/shop/members/member-0000000001") == PUBLIC
+    assert exposure_of("/databus/bootstrap/b/stores/s1/producer") == PUBLIC
+    assert exposure_of("/databus/groups") == SENSITIVE
+    assert exposure_of("/databus/groups/billing/checkpoints/3") == SENSITIVE
+    assert exposure_of("/databus/checkpoints/c1") == SENSITIVE
+    assert exposure_of("/databus/groupsx") == PUBLIC
+    assert exposure_of("/mine/c1", ["/mine/"]) == SENSITIVE
+
+
+def test_secure_needs_credentials_and_never_prints_them(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from databus.coordination.__main__ import main
+
+    assert main(["secure", "--zookeeper", HOSTS]) == 1
+    assert "needs digest credentials" in capsys.readouterr().err
+    monkeypatch.setenv("ZK_TEST_OLD", "databus")  # no password
+    assert main(["secure", "--zookeeper", CONNECT, "--previous-env", "ZK_TEST_OLD"]) == 1
+    out, err = capsys.readouterr()
+    assert "previous credentials must be user:password" in err and PW not in out + err
+    assert main(["secure", "--zookeeper", CONNECT, "--previous-env", "ZK_TEST_UNSET"]) == 1
+    assert "ZK_TEST_UNSET: the variable is not set" in capsys.readouterr().err
