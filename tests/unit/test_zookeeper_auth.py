@@ -22,7 +22,7 @@ from databus.coordination import ZooKeeperMember, kazoo_client
 from databus.errors import ConfigError
 from databus.security import PUBLIC, SENSITIVE, ZooKeeperConnect, parse_zookeeper
 
-PW = "s3cret:p@ss/word"  # ':', '@' and '/' in it: the password runs to the last '@'
+PW = "s3cret:p@ss/w0rdz9"  # ':', '@' and '/' in it: the password runs to the last '@'
 HOSTS = "zk1:2181,zk2:2181/databus"
 CONNECT = f"digest:databus:{PW}@{HOSTS}"
 
