@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kazoo.security import ACL, Id, Permissions, make_digest_acl
@@ -165,3 +166,21 @@ def test_secure_needs_credentials_and_never_prints_them(
     assert "previous credentials must be user:password" in err and PW not in out + err
     assert main(["secure", "--zookeeper", CONNECT, "--previous-env", "ZK_TEST_UNSET"]) == 1
     assert "ZK_TEST_UNSET: the variable is not set" in capsys.readouterr().err
+
+
+def test_check_config_hides_the_digest_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from databus import cli
+
+    monkeypatch.setenv("ZK_TEST_PASSWORD", "zk-s3cret-pw")
+    config = tmp_path / "relay.toml"
+    config.write_text(
+        "[relay]\ndata_dir = '/tmp/x'\nport = 11190\n"
+        "[[relay.buffers]]\nname = 'a'\ncapacity_mb = 1\nsource = 'synthetic://'\n"
+        "[relay.cluster]\nname = 'shop'\n"
+        "zookeeper = 'digest:databus:${ZK_TEST_PASSWORD}@zk1:2181/databus'\n")
+    assert cli.main(["check-config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "zk-s3cret-pw" not in out
+    assert '"zookeeper": "digest:databus:***@zk1:2181/databus"' in out
