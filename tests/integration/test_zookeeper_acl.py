@@ -260,6 +260,8 @@ def test_a_consumer_group_with_credentials_rebalances_and_others_cannot_even_rea
     finally:
         for m in members:
             m.close()
+    # kazoo logs its auth packet at DEBUG: the password is cut out of it.
+    assert f"auth='{USER}:***'" in caplog.text
     assert PW not in caplog.text
 
 
