@@ -12,6 +12,8 @@ With ``digest:user:password@hosts/chroot``:
   ``group status`` without the credentials is a clear ``ZooKeeperNotAuthorized``;
 - a ZooKeeper checkpoint store's znode and parents likewise; a store with a wrong
   password is refused with a clear ``CheckpointError``;
+- bootstrap HA's locks (the same member and Lock recipe) hand over, and nobody without
+  the digest can delete the holder's lock node;
 - a member with a wrong password is a clear error at start;
 - ``python -m databus.coordination secure`` gives a tree made without credentials the
   ACLs, and rotates the password (old one kept, members roll, old one removed);
@@ -25,6 +27,7 @@ import io
 import json
 import logging
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +42,8 @@ from databus.client._checkpoint_zookeeper import ZooKeeperCheckpointStore
 from databus.client._discovery import RelayDiscovery
 from databus.client.group._cli import status as group_status
 from databus.client.group._coordinator import GroupCoordinator, partition_checkpoint_store
-from databus.coordination import ZooKeeperMember, ZooKeeperNotAuthorized
+from databus.config._bootstrap import BootstrapClusterConfig
+from databus.coordination import LockContender, ZooKeeperMember, ZooKeeperNotAuthorized
 from databus.coordination.__main__ import main as coordination_main
 from databus.errors import CheckpointError
 from databus.relay.cluster._cli import status as cluster_status
@@ -364,3 +368,61 @@ def test_secure_gives_an_open_tree_the_acls_and_rotates_the_password(
     monkeypatch.setenv("DATABUS_TEST_ZK_OLD", f"{USER}:{NEW_PW}")
     assert coordination_main(["secure", "--zookeeper", connect, "--previous-env",
                               "DATABUS_TEST_ZK_OLD"]) == 0
+
+
+# -- bootstrap HA: the same member and Lock the bootstrap services use --------------------
+
+
+def test_bootstrap_locks_with_credentials_hand_over_and_cannot_be_stolen(
+        secured: Secured) -> None:
+    """Two ``ZooKeeperMember``s contending in a ``LockContender`` for a bootstrap
+    component, as ``bootstrap/_cluster.py`` lays them out, with the connect string of a
+    ``[bootstrap.cluster]``: one holds; nobody without the digest can delete its lock
+    node (which would hand the producer to another service); when it leaves, the other
+    takes over."""
+    config = BootstrapClusterConfig(zookeeper=secured.connect, name="shop-bootstrap")
+    root = "/databus/bootstrap/shop-bootstrap"
+    lock_path = f"{root}/stores/s1/producer"
+    holding: dict[str, threading.Event] = {}
+    released = threading.Event()
+    members, contenders = [], []
+    for url in ("http://b1", "http://b2"):
+        member = ZooKeeperMember(config.zookeeper, 4.0, f"{root}/members",
+                                 "bootstrap.cluster.zookeeper", url)
+        holding[url] = threading.Event()
+
+        def hold(_session: int | None, url: str = url) -> None:
+            holding[url].set()
+            released.wait()  # the test ends the term
+
+        member.connect()
+        contender = LockContender(member, lock_path, f"producer {url}", hold, lambda: None)
+        members.append(member)
+        contenders.append(contender)
+    try:
+        contenders[0].start("test-b1")
+        wait_until(holding["http://b1"].is_set, "b1 holds the producer lock", 20)
+        contenders[1].start("test-b2")
+        wait_until(lambda: len(secured.owner.get_children(lock_path)) == 2,
+                   "b2 waits in the lock", 20)
+        acls = secured.acls_of(root)
+        assert len(acls) >= 7  # root, members (2), stores, s1, producer, two contenders
+        assert all(acl == PUBLIC_ACL for acl in acls.values()), acls
+        for client in (secured.anonymous, secured.wrong):
+            for node in acls:
+                refuses_changes(client, node)
+        assert not holding["http://b2"].is_set()
+        # b1 leaves: b2 takes the producer.
+        members[0].stopping.set()
+        released.set()
+        contenders[0].cancel()
+        contenders[0].join(5)
+        members[0].leave()
+        wait_until(holding["http://b2"].is_set, "b2 took over", 20)
+    finally:
+        released.set()
+        for member, contender in zip(members, contenders, strict=True):
+            member.stopping.set()
+            contender.cancel()
+            contender.join(5)
+            member.leave()
