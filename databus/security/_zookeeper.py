@@ -39,7 +39,7 @@ import os
 import re
 from typing import Any, Literal
 
-from databus._redact import MIN_SECRET, register_secret, register_uri
+from databus._redact import MASK, MIN_SECRET, register_secret, register_uri
 from databus.config._checks import ConfigFieldError
 from databus.config._secrets import Secret
 
@@ -163,6 +163,10 @@ def parse_zookeeper(connect: str | ZooKeeperConnect,
                                           "which is not set")
         password = value
         register_secret(password, fragments=True)
+    if password == MASK:
+        raise ConfigFieldError(field, f"the password of ZooKeeper user {user!r} is the mask "
+                                      f"{MASK} of a connect string as logs and status show "
+                                      "it: give the real password")
     if len(password) < MIN_SECRET:
         raise ConfigFieldError(field, f"the password of ZooKeeper user {user!r} must have "
                                       f"at least {MIN_SECRET} characters")

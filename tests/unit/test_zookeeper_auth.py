@@ -95,6 +95,7 @@ def test_a_password_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     ("digest::pw-long-enough@zk1:2181", "user name is missing"),
     ("digest:a b:pw-long-enough@zk1:2181", "user name"),
     ("digest:databus:pw@zk1:2181", "at least 3 characters"),
+    ("digest:databus:***@zk1:2181", "is the mask"),
     ("digest:databus:pw-long-enough@zk1:2181;zk2", "expected host:port"),
     ("digest:databus:pw-long-enough@zk1:99999", "port 99999 out of range"),
     ("digest:databus:pw-long-enough@", "expected host:port"),
