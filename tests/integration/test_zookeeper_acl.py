@@ -213,14 +213,12 @@ def test_a_consumer_group_with_credentials_rebalances_and_others_cannot_even_rea
     caplog.set_level(logging.DEBUG)
     members: list[GroupCoordinator] = []
     for name in ("m0", "m1"):
-        coordinator: GroupCoordinator
 
         def revoked(parts: tuple[int, ...], name: str = name) -> None:
             next(m for m in members if m.member_id == name).release(parts)
 
-        coordinator = GroupCoordinator(secured.connect, GROUP, P, name, on_revoked=revoked,
-                                       session_timeout_s=6.0, poll_s=0.2)
-        members.append(coordinator)
+        members.append(GroupCoordinator(secured.connect, GROUP, P, name, on_revoked=revoked,
+                                        session_timeout_s=6.0, poll_s=0.2))
     try:
         for m in members:
             m.start()
