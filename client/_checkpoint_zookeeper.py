@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from databus._redact import register_uri
 from databus.checkpoint import Checkpoint
 from databus.client._checkpoint_envelope import decode_envelope, encode_envelope
 from databus.client._checkpoint_store import CheckpointStore, _require_checkpoint
+from databus.coordination._client import kazoo_client
 from databus.errors import CheckpointError, ConfigError, ConnectionLostError
+from databus.security._zookeeper import SENSITIVE, parse_zookeeper
 
 log = logging.getLogger("databus.client.checkpoint")
 
@@ -55,6 +56,10 @@ class ZooKeeperCheckpointStore(CheckpointStore):
     ``sync``, so a new session connected to a lagging follower still reads the latest
     write.
 
+    ``hosts`` may carry digest credentials (``digest:user:password@hosts/chroot``):
+    the znode and its parents are then created readable and writable by these
+    credentials only (``databus.security._zookeeper``, SENSITIVE).
+
     The session is opened on first use and reconnects by itself. Every operation goes
     through a ``KazooRetry`` that waits out connection loss with backoff for at most
     ``timeout`` seconds. Past that, it raises ``ConnectionLostError`` (retriable).
@@ -73,15 +78,14 @@ class ZooKeeperCheckpointStore(CheckpointStore):
         self.path = f"{self.root}/{self.consumer}"
         if not isinstance(timeout, int | float) or not timeout > 0:
             raise ConfigError(f"ZooKeeper timeout must be a positive number, got {timeout!r}")
-        if isinstance(hosts, str) and "@" in hosts:
-            # kazoo takes credentials through auth_data, not in hosts; one written as
-            # user:password@host must still never be printed.
-            register_uri(f"zookeeper://{hosts}")
+        # Plain, or digest:user:password@hosts (its password registered for redaction).
+        self.connect_string = parse_zookeeper(hosts, "ZooKeeper hosts")
         try:
-            collect_hosts(hosts)
+            collect_hosts(self.connect_string.hosts)
         except (ValueError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"invalid ZooKeeper hosts {hosts!r}: {exc}") from None
-        self.hosts = hosts
+            raise ConfigError(f"invalid ZooKeeper hosts {self.connect_string.display!r}: "
+                              f"{exc}") from None
+        self.hosts = self.connect_string.display  # what messages show
         self.timeout = float(timeout)
         self._retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0,
                                  deadline=self.timeout, ignore_expire=True)
@@ -172,7 +176,6 @@ class ZooKeeperCheckpointStore(CheckpointStore):
             raise OperationTimeoutError(f"no answer within {timeout:.1f} s") from exc
 
     def _started_client(self) -> Any:
-        from kazoo.client import KazooClient
         from kazoo.handlers.threading import KazooTimeoutError
         from kazoo.retry import KazooRetry
 
@@ -183,8 +186,8 @@ class ZooKeeperCheckpointStore(CheckpointStore):
         # long outage, the next attempt could come after an operation already gave up on a
         # server that is back.
         max_delay = min(2.0, self.timeout / 4)
-        client = KazooClient(
-            hosts=self.hosts,
+        client = kazoo_client(
+            self.connect_string, SENSITIVE,
             timeout=self.timeout,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2,
                                         max_delay=max_delay),
@@ -207,6 +210,7 @@ class ZooKeeperCheckpointStore(CheckpointStore):
             ConnectionClosedError,
             ConnectionLoss,
             KazooException,
+            NoAuthError,
             OperationTimeoutError,
             SessionExpiredError,
         )
@@ -233,8 +237,15 @@ class ZooKeeperCheckpointStore(CheckpointStore):
                     f"cannot {what} the {self._where}: no working connection within "
                     f"{self.timeout:g} s ({type(exc).__name__}: {exc})"
                 ) from None
+            except NoAuthError as exc:
+                raise CheckpointError(
+                    f"cannot {what} the {self._where}: ZooKeeper refused it "
+                    f"({type(exc).__name__}): the znode's ACL belongs to other credentials; "
+                    "give the digest credentials it was created with "
+                    "(digest:user:password@host:port/chroot, docs/clusters.md)"
+                ) from None
             except KazooException as exc:
-                # NoAuth, bad arguments...: retrying does not help.
+                # Bad arguments...: retrying does not help.
                 raise CheckpointError(
                     f"cannot {what} the {self._where}: {type(exc).__name__}: {exc}"
                 ) from None

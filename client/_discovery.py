@@ -36,8 +36,9 @@ from typing import Any
 from databus._redact import register_uri
 from databus.config._checks import check_name
 from databus.config._cluster import check_zookeeper_hosts
-from databus.coordination import ZooKeeperUnreachable
+from databus.coordination import ZooKeeperUnreachable, kazoo_client
 from databus.errors import ConfigError
+from databus.security._zookeeper import parse_zookeeper
 
 __all__ = ["RelayDiscovery", "ZooKeeperUnreachable", "members_path", "relay_urls",
            "validate_discovery"]
@@ -125,9 +126,9 @@ class RelayDiscovery:
     def __init__(self, zookeeper: str, cluster: str, *, timeout: float = 10.0,
                  refresh_s: float = REFRESH_S) -> None:
         validate_discovery(zookeeper, cluster, timeout)
-        if "@" in zookeeper:  # never printed (validate refuses it, but be sure)
-            register_uri(f"zookeeper://{zookeeper}")
-        self.zookeeper = zookeeper
+        # Plain or digest:user:password@hosts; ``zookeeper`` is what messages show.
+        self.connect_string = parse_zookeeper(zookeeper)
+        self.zookeeper = self.connect_string.display
         self.cluster = cluster
         self.timeout = float(timeout)
         self.refresh_s = refresh_s
@@ -154,12 +155,11 @@ class RelayDiscovery:
     def start(self) -> list[str]:
         """Connect, read the members once, and follow them from a thread. Raises
         ``ZooKeeperUnreachable`` when no server answers within ``timeout`` seconds."""
-        from kazoo.client import KazooClient
         from kazoo.handlers.threading import KazooTimeoutError
         from kazoo.retry import KazooRetry
 
-        client = KazooClient(
-            hosts=self.zookeeper, timeout=self.timeout, read_only=True,
+        client = kazoo_client(
+            self.connect_string, timeout=self.timeout, read_only=True,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2,
                                         max_delay=min(2.0, self.timeout / 4)))
         try:

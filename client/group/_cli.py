@@ -6,7 +6,9 @@ docs/clusters.md "``databus group status``").
     databus group status --coordinator HOSTS --group NAME [--json] [--timeout S]
 
 ``HOSTS`` is a ZooKeeper connect string, ``host:port[,host:port...][/chroot]``, also
-accepted as ``zookeeper://host:port,.../chroot``. It reads ZooKeeper only (no member is
+accepted as ``zookeeper://host:port,.../chroot``; a group created with digest credentials
+is read with them, ``digest:user:password@host:port/chroot`` (the password may be written
+``${ENV_VAR}``, docs/clusters.md). It reads ZooKeeper only (no member is
 asked anything), under the chroot (layout: ``_coordinator``'s docstring)::
 
     /databus/groups/<group>/members/member-<seq>  each member's JSON: "member" (its id);
@@ -46,10 +48,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from databus._json import dumps as dumps_json
-from databus._redact import redact, register_uri
+from databus._redact import redact
 from databus._tables import text_table
 from databus.coordination import lock_order, read_only_session
 from databus.errors import ConfigError, DatabusError
+from databus.security._zookeeper import parse_zookeeper
 
 __all__ = [
     "exit_status",
@@ -78,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status_parser.add_argument(
         "--coordinator", required=True, metavar="HOSTS", type=_coordinator_arg,
         help="ZooKeeper connect string, host:port[,host:port...][/chroot] (or "
-             "zookeeper://host:port,.../chroot)")
+             "zookeeper://host:port,.../chroot); a group with ACLs needs "
+             "digest:user:${PASSWORD_VAR}@host:port/chroot")
     status_parser.add_argument("--group", required=True, metavar="NAME", type=_group_arg,
                                help="the consumer group")
     status_parser.add_argument("--json", action="store_true",
@@ -119,20 +123,15 @@ def _timeout_arg(text: str) -> float:
 
 def parse_coordinator(text: str) -> str:
     """The kazoo connect string of ``--coordinator``: the ``zookeeper://`` scheme is
-    stripped; ``ConfigError`` for anything else than ``host:port[,...][/chroot]``. A
-    connect string with credentials is refused, and its password registered first so
-    that no message ever shows it."""
-    from databus.config._cluster import check_zookeeper_hosts
-
+    stripped; ``ConfigError`` for anything else than ``host:port[,...][/chroot]``,
+    optionally after ``digest:user:password@`` (the credentials that may read the
+    group, docs/clusters.md). Other credentials are refused; a password is registered
+    first, so that no message ever shows it."""
     if not isinstance(text, str):
         raise ConfigError(f"expected a connect string, got {type(text).__name__}")
     hosts = text[len(_SCHEME):] if text.lower().startswith(_SCHEME) else text
-    if "@" in hosts:
-        register_uri(f"{_SCHEME}{hosts}")
-        raise ConfigError("credentials do not go in the connect string (user:password@ "
-                          "is not supported; the password is not shown)")
     try:
-        check_zookeeper_hosts(hosts, "coordinator")
+        parse_zookeeper(hosts, "coordinator")
     except ConfigError as exc:
         raise ConfigError(redact(exc.message)) from None
     return hosts
@@ -154,7 +153,7 @@ def status(coordinator: str, group: str, *, as_json: bool = False, timeout: floa
     group_root(group)  # a clear ConfigError for a name that cannot be a znode
     snapshot = read_snapshot(hosts, group, timeout=timeout)
     doc = summarize(snapshot)
-    doc["coordinator"] = redact(hosts)
+    doc["coordinator"] = parse_zookeeper(hosts).display
     if as_json:
         out.write(dumps_json(doc, indent=2, sort_keys=True) + "\n")
     else:
@@ -179,7 +178,8 @@ def read_snapshot(hosts: str, group: str, *, timeout: float = 10.0) -> dict[str,
         if reader.data(root) is None:
             groups = reader.children(GROUPS_ROOT)
             raise ConfigError(
-                f"no consumer group {group!r} in ZooKeeper {hosts} (no node {root}; "
+                f"no consumer group {group!r} in ZooKeeper {parse_zookeeper(hosts)} (no "
+                f"node {root}; "
                 f"groups: {', '.join(groups) or 'none'})")
         members = [{"node": node, "data": data}
                    for node, data in reader.datas(f"{root}/members",

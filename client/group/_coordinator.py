@@ -56,6 +56,7 @@ from databus.client._checkpoint_zookeeper import ZooKeeperCheckpointStore, _znod
 from databus.client.group._assignment import _check_partitions, assign
 from databus.coordination import Lease, LockContender, ZooKeeperMember
 from databus.errors import ConfigError
+from databus.security._zookeeper import SENSITIVE
 
 __all__ = [
     "GroupAssignment",
@@ -169,8 +170,9 @@ def partition_checkpoint_store(hosts: str, group: str, partition: int,
 class _GroupMember(ZooKeeperMember):
     def __init__(self, coordinator: GroupCoordinator, hosts: str, session_timeout_s: float,
                  refresh_s: float) -> None:
+        # Group state and checkpoints: readable by the group's credentials only.
         super().__init__(hosts, session_timeout_s, f"{coordinator.root}/members",
-                         "zookeeper", coordinator.member_id, refresh_s)
+                         "zookeeper", coordinator.member_id, refresh_s, exposure=SENSITIVE)
         self._coordinator = coordinator
         self._checked = False
 

@@ -45,6 +45,7 @@ from databus.client.group._checkpoints import (
 from databus.client.group._coordinator import GroupCoordinator, group_root
 from databus.errors import ConfigError, ConnectionLostError
 from databus.filters import FilterSpec
+from databus.security._zookeeper import parse_zookeeper
 
 if TYPE_CHECKING:
     from databus.client._client import DatabusClient
@@ -58,12 +59,18 @@ log = logging.getLogger("databus.client.group")
 @dataclass(frozen=True)
 class ZooKeeperCoordinator:
     """Where a consumer group is coordinated: a ZooKeeper connect string
-    (``host:port[,host:port...][/chroot]``, or the same after ``zookeeper://``) and the
-    session timeout in seconds. A member whose session ends stops processing within
-    half of it (its lease) and its partitions move after it."""
+    (``host:port[,host:port...][/chroot]``, or the same after ``zookeeper://``; with
+    ``digest:user:password@`` in front, the group's nodes are readable and writable by
+    these credentials only, docs/clusters.md) and the session timeout in seconds. A
+    member whose session ends stops processing within half of it (its lease) and its
+    partitions move after it."""
 
     hosts: str
     session_timeout: float = 10.0
+
+    def __repr__(self) -> str:  # never the password
+        return (f"ZooKeeperCoordinator({parse_zookeeper(self.hosts).display!r}, "
+                f"session_timeout={self.session_timeout!r})")
 
     def __post_init__(self) -> None:
         hosts = self.hosts
@@ -72,6 +79,8 @@ class ZooKeeperCoordinator:
                               "(host:port[,host:port...][/chroot])")
         if hosts.startswith("zookeeper://"):
             object.__setattr__(self, "hosts", hosts[len("zookeeper://"):])
+        # A bad connect string fails here; a digest password is registered for redaction.
+        parse_zookeeper(self.hosts, "coordinator")
         timeout = self.session_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
                 0 < timeout <= 600):

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from databus._redact import redact
 from databus.config._bootstrap import (
     ApplierConfig,
     BootstrapConfig,
@@ -83,7 +84,8 @@ def describe(value: object) -> object:
     if isinstance(value, Mapping):
         return {str(k): describe(v) for k, v in value.items()}
     if isinstance(value, str):
-        return redact_uri(value) if _URI_RE.match(value) else value
+        # redact(): a registered secret outside a URI too (a ZooKeeper digest password).
+        return redact(redact_uri(value) if _URI_RE.match(value) else value)
     if isinstance(value, Path):
         return str(value)
     return value

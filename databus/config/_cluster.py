@@ -4,6 +4,7 @@ docs/clusters.md).
 ```toml
 [relay.cluster]
 zookeeper = "zk1:2181,zk2:2181,zk3:2181/databus"  # connect string, optional chroot
+# or "digest:databus:${ZK_PASSWORD}@zk1:2181,.../databus": nodes get ACLs (DESIGN 18)
 name = "shop"                                     # relays of one name form one cluster
 mode = "leader-follower"                          # or "independent"
 session_timeout_s = 10.0
@@ -18,7 +19,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from databus._redact import register_uri
 from databus.config._checks import ConfigFieldError, check_name
 from databus.config._secrets import Secret
 from databus.config._security import check_client_files, client_credentials
@@ -28,23 +28,13 @@ if TYPE_CHECKING:
 
 __all__ = ["RelayClusterConfig", "check_zookeeper_hosts"]
 
-# host:port[,host:port...][/chroot]: kazoo would take a bad one and retry forever.
-_HOST = r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?"
-_CONNECT = re.compile(rf"{_HOST}(?:,{_HOST})*(?:/[^\s/]+(?:/[^\s/]+)*)?")
-
-
 def check_zookeeper_hosts(value: str, field: str = "zookeeper") -> None:
-    """A ZooKeeper connect string, ``host:port,host:port/chroot``, or a clear error."""
-    if "@" in value:
-        register_uri(f"zookeeper://{value}")
-        raise ConfigFieldError(field, "credentials do not go in the connect string")
-    if not _CONNECT.fullmatch(value):
-        raise ConfigFieldError(field, f"expected host:port[,host:port...][/chroot], got "
-                                      f"{value!r}")
-    for part in value.split("/", 1)[0].split(","):
-        port = part.rsplit(":", 1)[1] if ":" in part and not part.endswith("]") else "2181"
-        if not 0 < int(port) < 65536:
-            raise ConfigFieldError(field, f"port {port} out of range in {value!r}")
+    """A ZooKeeper connect string, ``host:port,host:port/chroot`` or
+    ``digest:user:password@host:port,.../chroot``, or a clear error (never showing the
+    password, which is registered for redaction: ``databus.security.parse_zookeeper``)."""
+    from databus.security._zookeeper import parse_zookeeper
+
+    parse_zookeeper(value, field)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,9 +4,12 @@
 - ``_lease``: the holder's lease, which fences a paused or cut-off holder (pure);
 - ``_member``: a process's session and its ephemeral member node;
 - ``_contender``: waiting in a kazoo Lock and holding it, one thread;
-- ``_readonly``: read-only looks for the status commands.
+- ``_readonly``: read-only looks for the status commands;
+- ``_client``: ``kazoo_client``, the one place a ``KazooClient`` is built (digest
+  credentials and ACLs, DESIGN 18).
 """
 
+from databus.coordination._client import ZooKeeperNotAuthorized, kazoo_client, not_authorized
 from databus.coordination._contender import LockContender
 from databus.coordination._lease import Lease
 from databus.coordination._member import ZooKeeperMember
@@ -22,7 +25,10 @@ __all__ = [
     "LockContender",
     "ReadOnlyZooKeeper",
     "ZooKeeperMember",
+    "ZooKeeperNotAuthorized",
     "ZooKeeperUnreachable",
+    "kazoo_client",
     "lock_order",
+    "not_authorized",
     "read_only_session",
 ]

@@ -7,6 +7,8 @@ their clusters the same way, written once here:
   server of the connect string answers (kazoo alone would retry for ever);
 - the session id is tracked from kazoo's state listener: a new id after ``LOST`` is a
   new session, whose ephemeral nodes are gone, so the member registers again;
+- the session authenticates with the digest credentials of the connect string, if
+  any, and creates its nodes with the ACL of ``exposure`` (``_client.kazoo_client``);
 - the member node (``<members_path>/member-<seq>``, ephemeral sequential) holds the
   JSON ``data()`` of the subclass, rewritten every ``refresh_s`` and at once after
   ``changed`` is set.
@@ -21,7 +23,9 @@ import threading
 import time
 from typing import Any
 
+from databus.coordination._client import kazoo_client, not_authorized
 from databus.errors import DatabusError
+from databus.security._zookeeper import PUBLIC, Exposure, parse_zookeeper
 
 __all__ = ["ZooKeeperMember"]
 
@@ -33,8 +37,13 @@ class ZooKeeperMember:
     ``before_refresh()`` (called in the refresher thread before each rewrite)."""
 
     def __init__(self, hosts: str, session_timeout_s: float, members_path: str,
-                 setting: str, url: str, refresh_s: float = 1.0) -> None:
-        self.hosts = hosts
+                 setting: str, url: str, refresh_s: float = 1.0,
+                 exposure: Exposure = PUBLIC) -> None:
+        # The connect string may carry digest credentials: kept parsed, shown without
+        # the password (``hosts`` is what messages print).
+        self.connect_string = parse_zookeeper(hosts, setting)
+        self.hosts = self.connect_string.display
+        self.exposure = exposure  # the ACL of the nodes this session creates
         self.url = url.rstrip("/")  # where others reach this process; the Lock identifier
         self.session_timeout_s = session_timeout_s
         self.members_path = members_path
@@ -69,10 +78,11 @@ class ZooKeeperMember:
 
     def connect(self) -> None:
         """Blocking: open the session and register the member node."""
-        from kazoo.client import KazooClient
+        from kazoo.exceptions import NoAuthError
         from kazoo.handlers.threading import KazooTimeoutError
 
-        self.client = KazooClient(hosts=self.hosts, timeout=self.session_timeout_s)
+        self.client = kazoo_client(self.connect_string, self.exposure,
+                                   timeout=self.session_timeout_s)
         self.client.add_listener(self._state_changed)
         try:
             self.client.start(timeout=max(5.0, self.session_timeout_s))
@@ -87,7 +97,13 @@ class ZooKeeperMember:
         # new session to register again.
         self._register_needed.clear()
         self.before_refresh()
-        self._register()
+        try:
+            self._register()
+        except NoAuthError as exc:
+            self.client.stop()
+            self.client.close()
+            raise not_authorized(exc, f"register under {self.members_path} "
+                                      f"({self.setting})", self.connect_string) from None
 
     def start_refresher(self, name: str) -> None:
         self._refresher = threading.Thread(target=self._refresh, daemon=True, name=name)

@@ -1,7 +1,10 @@
 """Read-only looks at ZooKeeper for the status commands (``databus cluster status``,
 ``databus group status``): a session opened with a clear error when no server answers,
 reads with a deadline each (kazoo's blocking calls have none), and the order of a kazoo
-lock's contenders. Nothing here creates a node."""
+lock's contenders. Nothing here creates a node. The connect string may carry digest
+credentials (``digest:user:password@hosts``): they are needed to read what only they
+may read (consumer groups, checkpoints); messages show the connect string without the
+password."""
 
 from __future__ import annotations
 
@@ -10,9 +13,12 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from databus.coordination._client import ZooKeeperNotAuthorized, kazoo_client, not_authorized
 from databus.errors import DatabusError
+from databus.security._zookeeper import ZooKeeperConnect, parse_zookeeper
 
-__all__ = ["ReadOnlyZooKeeper", "ZooKeeperUnreachable", "lock_order", "read_only_session"]
+__all__ = ["ReadOnlyZooKeeper", "ZooKeeperNotAuthorized", "ZooKeeperUnreachable",
+           "lock_order", "read_only_session"]
 
 # A kazoo Lock contender's node: ...__lock__<10-digit sequence> (or __rlock__).
 _CONTENDER = re.compile(r"(?:__lock__|__rlock__)(-?\d{10})$")
@@ -71,14 +77,18 @@ class ReadOnlyZooKeeper:
 
 
 @contextlib.contextmanager
-def read_only_session(hosts: str, timeout: float, what: str) -> Iterator[ReadOnlyZooKeeper]:
-    """A read-only session on ``hosts``, closed on exit. ``ZooKeeperUnreachable`` when
-    no server answers within ``timeout``; any other failure of a read becomes a
-    ``DatabusError`` naming ``what`` was being read (``DatabusError``s pass as they are)."""
-    from kazoo.client import KazooClient
+def read_only_session(connect: str | ZooKeeperConnect, timeout: float,
+                      what: str) -> Iterator[ReadOnlyZooKeeper]:
+    """A read-only session on ``connect``, closed on exit. ``ZooKeeperUnreachable`` when
+    no server answers within ``timeout``; ``ZooKeeperNotAuthorized`` when an ACL refuses
+    a read; any other failure of a read becomes a ``DatabusError`` naming ``what`` was
+    being read (``DatabusError``s pass as they are)."""
+    from kazoo.exceptions import NoAuthError
     from kazoo.handlers.threading import KazooTimeoutError
 
-    client = KazooClient(hosts=hosts, timeout=timeout, read_only=True)
+    parsed = parse_zookeeper(connect)
+    hosts = parsed.display
+    client = kazoo_client(parsed, timeout=timeout, read_only=True)
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError:
@@ -90,6 +100,8 @@ def read_only_session(hosts: str, timeout: float, what: str) -> Iterator[ReadOnl
         yield ReadOnlyZooKeeper(client, timeout)
     except DatabusError:
         raise
+    except NoAuthError as exc:
+        raise not_authorized(exc, f"read {what}", parsed) from None
     except Exception as exc:  # a timeout, a lost connection, no read permission
         raise DatabusError(f"cannot read {what} from ZooKeeper {hosts}: "
                            f"{type(exc).__name__}: {exc}") from None

@@ -38,12 +38,20 @@ from databus.security._tls import (
     client_context,
     server_context,
 )
+from databus.security._zookeeper import (
+    PUBLIC,
+    SENSITIVE,
+    ZooKeeperConnect,
+    parse_zookeeper,
+)
 
 __all__ = [
     "ANONYMOUS",
     "ANYONE",
     "GUARD",
     "NO_CREDENTIALS",
+    "PUBLIC",
+    "SENSITIVE",
     "URI_PARAMS",
     "CertificateReloader",
     "ClientCredentials",
@@ -54,6 +62,7 @@ __all__ = [
     "Readers",
     "TLSConfig",
     "TLSFileError",
+    "ZooKeeperConnect",
     "bearer_token",
     "check_operational",
     "check_readers",
@@ -63,6 +72,7 @@ __all__ = [
     "install",
     "is_loopback",
     "is_pattern",
+    "parse_zookeeper",
     "pattern_matches",
     "peer_cn",
     "reader",

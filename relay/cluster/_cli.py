@@ -44,6 +44,7 @@ from databus._json import dumps as dumps_json
 from databus._tables import text_table
 from databus.coordination import ReadOnlyZooKeeper, lock_order, read_only_session
 from databus.errors import ConfigError
+from databus.security._zookeeper import parse_zookeeper
 
 __all__ = ["exit_status", "lock_order", "read_snapshot", "register", "render", "summarize"]
 
@@ -64,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Exit status 0, or 1 when a buffer of a leader-follower cluster has "
         "no leader.")
     status.add_argument("--zookeeper", required=True, metavar="HOSTS",
-                        help="connect string, host:port[,host:port...][/chroot]")
+                        help="connect string, host:port[,host:port...][/chroot], or "
+                             "digest:user:${PASSWORD_VAR}@host:port/chroot")
     status.add_argument("--cluster", metavar="NAME", action="append",
                         help="only this relay or bootstrap cluster (repeatable; default: "
                              "every cluster found)")
@@ -91,7 +93,7 @@ def status(zookeeper: str, clusters: str | Sequence[str] | None, *, as_json: boo
         validate_discovery(zookeeper, name, timeout)
     snapshot = read_snapshot(zookeeper, names, timeout=timeout)
     doc = summarize(snapshot, now=time.time())
-    doc["zookeeper"] = zookeeper
+    doc["zookeeper"] = parse_zookeeper(zookeeper).display  # never the password
     if as_json:
         out.write(dumps_json(doc, indent=2, sort_keys=True) + "\n")
     else:
@@ -117,7 +119,8 @@ def read_snapshot(zookeeper: str, clusters: Sequence[str] | None, *,
             for name in clusters:
                 if name not in relays and name not in boot:
                     raise ConfigError(
-                        f"no relay cluster {name!r} in ZooKeeper {zookeeper} (relay "
+                        f"no relay cluster {name!r} in ZooKeeper "
+                        f"{parse_zookeeper(zookeeper)} (relay "
                         f"clusters: {', '.join(relays) or 'none'}; bootstrap clusters: "
                         f"{', '.join(boot) or 'none'})")
             relays = [c for c in relays if c in clusters]
