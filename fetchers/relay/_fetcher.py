@@ -134,14 +134,17 @@ _REFUSALS = (UnauthorizedError, ForbiddenError, TLSVerifyError)
 class UpstreamRefusedError(SourceMisconfiguredError):
     """Every upstream relay refused this relay's credential: a wrong or revoked token
     (401), sources not granted to its reader (403), or a certificate that does not
-    verify. The host retries it with backoff (``retriable``), the fetcher ``failed``
-    meanwhile (module docstring, "Credentials")."""
+    verify (module docstring, "Credentials"). A misconfiguration the host keeps
+    retrying with backoff, the fetcher ``failed`` meanwhile; ``retriable`` only when
+    the run that met it had stored windows (a credential revoked while reading): the
+    host then tries once more as after any failure, and the next refusal is this
+    error's ordinary kind."""
 
     code = "upstream_refused"
-    retriable = True
 
     def __init__(self, buffer: str, refusals: dict[str, DatabusError],
-                 credentials: ClientCredentials, sources: Iterable[str]) -> None:
+                 credentials: ClientCredentials, sources: Iterable[str], *,
+                 retriable: bool = False) -> None:
         parts = [f"{url}: {exc.message}" for url, exc in refusals.items()]
         kinds = {type(exc) for exc in refusals.values()}
         if kinds == {UnauthorizedError} and credentials.token is None:
@@ -161,7 +164,8 @@ class UpstreamRefusedError(SourceMisconfiguredError):
         super().__init__(
             f"buffer {buffer}: the upstream relay refused this relay "
             f"({'; '.join(parts)}). Fix: {fix}. Retrying with backoff; once an upstream "
-            "accepts, reading resumes after this buffer's newest window")
+            "accepts, reading resumes after this buffer's newest window",
+            retriable=retriable)
         self.refusals = refusals
 
 
@@ -271,8 +275,10 @@ class _Chain:
         self.known_fps = {fp for fps in registered.values() for fp in fps}
         self.synced: set[str] = set()  # upstreams whose schemas were copied this run
         self.markers_dropped = False
-        # Upstreams that refused this relay's credential since the last answer.
+        # Upstreams that refused this relay's credential since the last answer, and
+        # whether this run stored a window (UpstreamRefusedError.retriable).
         self.refusals: dict[str, DatabusError] = {}
+        self.stored = False
 
     def _committed_position(self) -> Checkpoint:
         return Checkpoint.flexible() if self.committed is None else Checkpoint.after(self.committed)
@@ -285,7 +291,7 @@ class _Chain:
     def refused(self, exc: DatabusError) -> UpstreamRefusedError:
         return UpstreamRefusedError(self.context.buffer_name, {**self.refusals} or
                                     {"upstream": exc}, self.chain.credentials,
-                                    self.chain.sources)
+                                    self.chain.sources, retriable=self.stored)
 
     async def run(self) -> None:
         try:
@@ -293,7 +299,8 @@ class _Chain:
         except TLSVerifyError as exc:  # the puller: every upstream refused TLS
             raise UpstreamRefusedError(self.context.buffer_name,
                                        {", ".join(self.chain.upstreams): exc},
-                                       self.chain.credentials, self.chain.sources) from None
+                                       self.chain.credentials, self.chain.sources,
+                                       retriable=self.stored) from None
 
     async def _run(self) -> None:
         # The URI's credentials: the TLS context for https:// upstreams, the token.
@@ -449,6 +456,7 @@ class _Chain:
             sink.rollback()
             raise
         self.committed = window.scn
+        self.stored = True
 
     # -- schemas ---------------------------------------------------------------------
 
