@@ -340,10 +340,15 @@ class FailoverPuller:
             return UnknownSourceError(message)
         if code == "unknown_schema":
             return UnknownSchemaError(message)
-        if code == "unauthorized":
-            return UnauthorizedError(f"{self.service} answered 401 unauthorized: {message}")
-        if code == "forbidden":
-            return ForbiddenError(f"{self.service} answered 403 forbidden: {message}")
+        if code in ("unauthorized", "forbidden"):
+            # The server asked is the current one: named, as one line must say who.
+            try:
+                where = f"{self.service} {self.url}"
+            except LookupError:
+                where = self.service
+            if code == "unauthorized":
+                return UnauthorizedError(f"{where} answered 401 unauthorized: {message}")
+            return ForbiddenError(f"{where} answered 403 forbidden: {message}")
         if code == "source_quarantined":
             scn = doc.get("scn")
             return SourceQuarantinedError(

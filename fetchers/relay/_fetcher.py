@@ -145,7 +145,8 @@ class UpstreamRefusedError(SourceMisconfiguredError):
     def __init__(self, buffer: str, refusals: dict[str, DatabusError],
                  credentials: ClientCredentials, sources: Iterable[str], *,
                  retriable: bool = False) -> None:
-        parts = [f"{url}: {exc.message}" for url, exc in refusals.items()]
+        parts = [exc.message if url in exc.message else f"{url}: {exc.message}"
+                 for url, exc in refusals.items()]
         kinds = {type(exc) for exc in refusals.values()}
         if kinds == {UnauthorizedError} and credentials.token is None:
             fix = ("the upstream relay wants a reader's credential and this relay presents "
