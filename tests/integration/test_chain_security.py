@@ -57,12 +57,13 @@ async def fetcher_of(relay: RunningRelay, buffer: str) -> dict[str, Any]:
 
 
 async def wait_error(relay: RunningRelay, buffer: str, text: str) -> dict[str, Any]:
-    async def matching() -> dict[str, Any] | None:
+    async def matching() -> Any:
         fetcher = await fetcher_of(relay, buffer)
         return fetcher if text in (fetcher.get("last_error") or "") else None
 
-    return await async_wait_until(matching, f"fetcher of {buffer} to say {text!r}", 20,
-                                  max_interval=0.05)
+    found: dict[str, Any] = await async_wait_until(
+        matching, f"fetcher of {buffer} to say {text!r}", 20, max_interval=0.05)
+    return found
 
 
 def windows_of(body: bytes) -> list[int]:
@@ -191,7 +192,7 @@ def test_real_upstream_relay_with_tls_and_readers(tmp_path: Path, pki: PKI) -> N
                     async with session.get(f"{up_url}/v1/status") as resp:
                         top = (await resp.json())["buffers"]["src"]["max_scn"]
                     mine = (await down.json("/v1/status"))["buffers"]["copy"]["max_scn"]
-                    return top == 600 and mine == 600
+                    return bool(top == 600 and mine == 600)
 
                 await async_wait_until(caught_up, "the chain to catch up", 60)
                 assert await stream_body(down) == await stream_body_at(session, up_url,

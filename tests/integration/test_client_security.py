@@ -188,7 +188,7 @@ def test_status_over_tls_with_a_token(tmp_path: Path, pki: PKI) -> None:
             # The tables as well (not --json).
             code, out, err = await arun("status", "--relay", gate.url,
                                         "--ca-file", str(pki.ca), "--token", READER)
-            assert "src" in out and READER not in out + err
+            assert code == 0 and "src" in out and READER not in out + err
 
     asyncio.run(main_())
 
