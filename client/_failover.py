@@ -15,8 +15,9 @@ puller waits for one, as it waits when every server is down.
 TLS (DESIGN 18): a server whose certificate does not verify, or whose TLS handshake
 fails, is failed over like any other; but when every server of the list refused so
 (and an ``http://`` server that closed the connection without ever answering counts
-too: a TLS port asked in plain HTTP), retrying cannot help: ``failed`` raises
-``TLSVerifyError`` naming each server and why (databus.security._client_tools).
+too when a TLS handshake with it succeeds: a TLS port asked in plain HTTP), retrying
+cannot help: ``failed`` raises ``TLSVerifyError`` naming each server and why
+(databus.security._client_tools).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from databus.errors import (
     UnknownSourceError,
 )
 from databus.schemas import Schema
-from databus.security._client_tools import connection_problem
+from databus.security._client_tools import connection_problem, speaks_tls
 
 log = logging.getLogger("databus.client")
 T = TypeVar("T")
@@ -219,7 +220,7 @@ class FailoverPuller:
         self.last_error = error
         self._failures += 1
         failed_url = self.url
-        problem = self._tls_problem(failed_url, error)
+        problem = await self._tls_problem(failed_url, error)
         if problem is not None:
             self._tls_refused[failed_url] = problem
             if self.urls and set(self.urls) <= set(self._tls_refused):
@@ -264,11 +265,12 @@ class FailoverPuller:
             "Fix: %s", source, self.service, error.scn, error.reason or error.message,
             error.fix or "see the relay's status", kind=f"quarantined {source}")
 
-    def _tls_problem(self, url: str, error: BaseException) -> str | None:
+    async def _tls_problem(self, url: str, error: BaseException) -> str | None:
         """Why ``url`` refused at the TLS level (module docstring), or None."""
         if isinstance(error, aiohttp.ClientSSLError):
             return connection_problem(url, error) or f"{url}: {error}"
-        if isinstance(error, aiohttp.ServerDisconnectedError) and url not in self._answered:
+        if (isinstance(error, aiohttp.ServerDisconnectedError) and url not in self._answered
+                and url.lower().startswith("http://") and await speaks_tls(url)):
             return connection_problem(url, error)
         return None
 

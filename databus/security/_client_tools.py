@@ -32,7 +32,7 @@ from databus.errors import ConfigError, TLSVerifyError
 from databus.security._credentials import ClientCredentials
 
 __all__ = ["ADMIN_TOKEN_ENV", "TOKEN_ENV", "add_client_args", "check_files",
-           "connection_problem", "credentials_from", "tls_error"]
+           "connection_problem", "credentials_from", "speaks_tls", "tls_error"]
 
 # Where the command-line clients read the reader token from when --token is absent.
 TOKEN_ENV = "DATABUS_TOKEN"
@@ -143,6 +143,34 @@ def connection_problem(url: str, exc: BaseException) -> str | None:
                 return (f"{url} closed the connection without answering: if it serves TLS, "
                         "use https:// (and --ca-file)")
     return None
+
+
+async def speaks_tls(url: str, timeout: float = 2.0) -> bool:
+    """Whether the server of ``url`` (``http(s)://host:port``) completes a TLS
+    handshake (its certificate not checked): a plain ``http://`` request that it closed
+    without answering was then a request to a TLS port, not a server going away."""
+    import asyncio
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname:
+        return False
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        async with asyncio.timeout(timeout):
+            _, writer = await asyncio.open_connection(parts.hostname, parts.port or 80,
+                                                      ssl=context)
+    except (OSError, TimeoutError, ssl.SSLError):
+        return False
+    writer.close()
+    try:
+        async with asyncio.timeout(timeout):
+            await writer.wait_closed()
+    except (OSError, TimeoutError, ssl.SSLError):
+        pass
+    return True
 
 
 def tls_error(url: str, exc: BaseException) -> TLSVerifyError | None:

@@ -170,3 +170,23 @@ def test_chain_uri_builds_what_parse_reads() -> None:
 def test_connection_problem_is_none_for_what_tls_did_not_cause() -> None:
     assert connection_problem("https://h:1", ConnectionRefusedError(111, "refused")) is None
     assert connection_problem("https://h:1", TimeoutError()) is None
+
+
+def test_a_plain_server_closing_without_answer_is_not_taken_for_tls() -> None:
+    """A relay going away (accept, then close) is not a TLS port: the client retries
+    it rather than giving up (client/_failover.py, "TLS")."""
+    import asyncio
+
+    from databus.security._client_tools import speaks_tls
+
+    async def main() -> None:
+        async def close_at_once(reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> None:
+            writer.close()
+
+        server = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            assert not await speaks_tls(f"http://127.0.0.1:{port}", timeout=2)
+
+    asyncio.run(main())
