@@ -150,6 +150,36 @@ def test_upstream_certificate_that_does_not_verify_is_a_clear_error(
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("case", ["wrong_token", "no_token", "forbidden"])
+def test_an_empty_chained_buffer_refused_by_its_upstream_says_why(
+        tmp_path: Path, pki: PKI, case: str) -> None:
+    """Refused from the first request on (``initial_scn``, an empty buffer): the fix
+    named for each kind of refusal; nothing stored."""
+    async def main() -> None:
+        up_config = relay_config(tmp_path / "up", {"src": synthetic(30)}, workers=1)
+        async with running_relay(up_config) as up, \
+                TLSGate(up.url, pki, tokens=[TOKEN], forbidden=["known-but-not-granted"]
+                        ) as gate:
+            params = {"ca_file": str(pki.ca)}
+            if case != "no_token":
+                params["token"] = {"wrong_token": "not-the-token-1",
+                                   "forbidden": "known-but-not-granted"}[case]
+            down_config = relay_config(tmp_path / "down",
+                                       {"copy": secure_chain(gate.url, **params)},
+                                       workers=1)
+            async with running_relay(down_config) as down:
+                expected = {"wrong_token": "wrong, or it was revoked there",
+                            "no_token": "this relay presents none",
+                            "forbidden": "grant this relay's reader the sources"}[case]
+                fetcher = await wait_error(down, "copy", expected)
+                assert fetcher["state"] == "failed"
+                status = await down.json("/v1/status")
+                assert status["buffers"]["copy"]["max_scn"] is None
+                assert "not-the-token-1" not in json.dumps(status)
+
+    asyncio.run(main())
+
+
 @pytest.mark.skipif(not RELAY_SERVES_TLS, reason="needs relay TLS (merge): the relay "
                     "server's [relay.tls] and [[relay.readers]] are another part of issue 31")
 def test_real_upstream_relay_with_tls_and_readers(tmp_path: Path, pki: PKI) -> None:

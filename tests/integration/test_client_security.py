@@ -33,6 +33,7 @@ from tests.relay_harness import ADMIN_TOKEN, RunningRelay, relay_config, running
 
 SOURCES = "shop.items,shop.orders"
 READER = "reader-token-2b7e51"
+NOT_GRANTED = "known-but-not-granted-77"
 WINDOWS = 20
 
 
@@ -75,15 +76,18 @@ REFUSALS = {
     "wrong_host": "mismatch, certificate is not valid for '127.0.0.1'",
     "http_to_tls": "closed the connection without answering: if it serves TLS, use https://",
     "no_token": "401 unauthorized",
+    "forbidden": "403 forbidden",
 }
 
 
 def refusal_setup(case: str, pki: PKI) -> tuple[dict[str, Any], list[str], str | None]:
     """(gate options, extra CLI flags, env token) for one refusal ``case``."""
-    gate: dict[str, Any] = {"tokens": [READER]}
+    gate: dict[str, Any] = {"tokens": [READER], "forbidden": [NOT_GRANTED]}
     flags = ["--ca-file", str(pki.other_ca if case == "wrong_ca" else pki.ca)]
     if case == "wrong_host":
         gate["cert"] = pki.wrong_host
+    if case == "forbidden":
+        return gate, flags, NOT_GRANTED
     return gate, flags, None if case == "no_token" else READER
 
 
@@ -97,7 +101,7 @@ def assert_one_line(code: int, err: str, expected: str, url: str) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert expected in lines[0] and url in lines[0], lines[0]
-    assert READER not in err
+    assert READER not in err and NOT_GRANTED not in err
 
 
 # -- databus tail and DatabusClient -----------------------------------------------------
@@ -208,7 +212,7 @@ def test_status_shows_a_refusal_as_the_services_error(
             assert code == 1 and "Traceback" not in err, err
             entry = json.loads(out)["relays"][0]
             assert REFUSALS[case] in entry["error"], entry
-            assert READER not in out + err
+            assert READER not in out + err and NOT_GRANTED not in out + err
 
     asyncio.run(main_())
 

@@ -6,6 +6,7 @@ test PKI (``pki.server`` by default, or ``pki.wrong_host``), refuses a request w
 ``Authorization: Bearer`` token is not one of ``tokens`` with the relay's own JSON 401
 (``tokens=None``: every request passes), and forwards the others to ``upstream``,
 streaming responses as they come (a relay's streaming subscription goes through).
+A token in ``forbidden`` is known but granted nothing: the relay's JSON 403.
 ``revoke(token)`` drops a token and cuts every open response (as an upstream restarted
 without it would); ``grant(token)`` gives it back. ``authorizations`` records the
 header of every request, to check what the clients sent.
@@ -32,12 +33,14 @@ class TLSGate:
     """HTTPS and a token check in front of a plain relay (module docstring)."""
 
     def __init__(self, upstream: str, pki: PKI, *, tokens: Iterable[str] | None = (),
-                 cert: CertFiles | None = None, tls: bool = True) -> None:
+                 cert: CertFiles | None = None, tls: bool = True,
+                 forbidden: Iterable[str] = ()) -> None:
         self.upstream = upstream.rstrip("/")
         self.pki = pki
         self.tokens: set[str] | None = None if tokens is None else set(tokens)
         self.cert = cert or pki.server
         self.tls = tls
+        self.forbidden = set(forbidden)
         self.authorizations: list[str | None] = []
         self.refused = 0
         self._open: set[web.StreamResponse] = set()
@@ -97,6 +100,11 @@ class TLSGate:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         header = request.headers.get("Authorization")
         self.authorizations.append(header)
+        if header is not None and header.partition(" ")[2].strip() in self.forbidden:
+            self.refused += 1
+            return web.Response(status=403, content_type="application/json",
+                                text=json.dumps({"error": "forbidden", "message":
+                                                 "reader 'chain' is not granted shop.items"}))
         if not self._allowed(header):
             self.refused += 1
             message = ("this endpoint needs a reader's credential" if header is None
