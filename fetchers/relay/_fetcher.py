@@ -179,6 +179,9 @@ class RelayChainFetcher(Fetcher):
     def __init__(self, uri: str, context: FetcherContext) -> None:
         super().__init__(uri, context)
         self.chain = ChainURI.parse(uri)
+        if self.chain.secure:
+            # A missing or wrong ca_file/cert_file: the relay does not start (one line).
+            self.chain.credentials.ssl_context()
 
     def configured_sources(self) -> ConfiguredSources:
         return ConfiguredSources(names=frozenset(self.chain.sources))

@@ -190,3 +190,21 @@ def test_a_plain_server_closing_without_answer_is_not_taken_for_tls() -> None:
             assert not await speaks_tls(f"http://127.0.0.1:{port}", timeout=2)
 
     asyncio.run(main())
+
+
+def test_a_chained_relay_with_a_missing_ca_file_does_not_start(tmp_path: Path) -> None:
+    from databus.fetchers._api import FetcherContext
+    from databus.fetchers.relay import RelayChainFetcher
+    from databus.security import TLSFileError
+
+    class _Catalog:
+        def source_id(self, name: str) -> int:
+            return 1
+
+        def register_schema(self, name: str, schema: object) -> object:
+            return schema
+
+    uri = f"relay+https://h:1/?sources=db.t&ca_file={tmp_path}/missing.pem&token={TOKEN}"
+    with pytest.raises(TLSFileError, match="ca_file: no such file") as caught:
+        RelayChainFetcher(uri, FetcherContext("copy", 0, _Catalog()))  # type: ignore[arg-type]
+    assert TOKEN not in str(caught.value)
