@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import io
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from databus.client import CallbackResult, Consumer, DatabusClient
 from databus.relay.cluster._cli import probe_members
 from databus.security import ClientCredentials
 from tests.fixtures._certs import PKI
+from tests.fixtures.servers import EnsembleChroot
 from tests.integration.test_client_security_support import TLSGate
 from tests.relay_harness import ADMIN_TOKEN, RunningRelay, relay_config, running_relay
 
@@ -288,5 +290,48 @@ def test_cluster_status_probe_uses_the_credentials(tmp_path: Path, pki: PKI) -> 
             bad = ClientCredentials.of(ca_file=pki.other_ca)
             await asyncio.to_thread(probe_members, doc, bad, timeout=5)
             assert REFUSALS["wrong_ca"] in doc["clusters"][0]["members"][0]["probe"]
+
+    asyncio.run(main_())
+
+
+# -- discovery: https:// members on ZooKeeper ---------------------------------------------
+
+
+def test_discovered_https_members_are_read_with_the_credentials(
+        tmp_path: Path, pki: PKI, zookeeper_chroot: EnsembleChroot) -> None:
+    """A relay cluster's member registered with an https:// URL: DatabusClient(zookeeper=
+    ...) reads it with ca_file and token, ``cluster status --probe`` asks it with them."""
+    zk = zookeeper_chroot.client()
+    hosts = zookeeper_chroot.hosts
+
+    async def main_() -> None:
+        async with gated(tmp_path, pki, tokens=[READER]) as (_, gate):
+            zk.create("/databus/relays/shop/members/member-", json.dumps({
+                "url": gate.url, "mode": "independent", "updated_at": time.time(),
+                "buffers": {"src": {"role": "independent", "max_scn": WINDOWS}}}).encode(),
+                ephemeral=True, sequence=True, makepath=True)
+            client = DatabusClient(zookeeper=hosts, cluster="shop",
+                                   sources=SOURCES.split(","), start_from="earliest",
+                                   poll_wait_ms=200, ca_file=pki.ca, token=READER)
+            counter = _Count()
+            client.register(counter)
+            run = asyncio.create_task(client.run_async())
+            for _ in range(600):
+                if counter.events >= 3 * WINDOWS or run.done():
+                    break
+                await asyncio.sleep(0.025)
+            client.stop()
+            await run
+            assert counter.events == 3 * WINDOWS
+            assert set(gate.authorizations) == {f"Bearer {READER}"}
+            code, out, err = await arun("cluster", "status", "--zookeeper", hosts,
+                                        "--probe", "--ca-file", str(pki.ca), "--json",
+                                        "--token", READER)
+            member = json.loads(out)["clusters"][0]["members"][0]
+            assert code == 0 and member["url"] == gate.url and member["probe"] == "ready"
+            code, out, err = await arun("cluster", "status", "--zookeeper", hosts,
+                                        "--probe", "--ca-file", str(pki.other_ca))
+            assert code == 0 and REFUSALS["wrong_ca"] in out, out + err
+            assert READER not in out + err
 
     asyncio.run(main_())
