@@ -82,7 +82,7 @@ class RelayAdmin:
                                         context=self.context) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
-            raise _answer_error(exc) from None
+            raise _answer_error(exc, self.base) from None
         except (urllib.error.URLError, OSError) as exc:
             refused = tls_error(self.base, exc)
             if refused is not None:
@@ -108,10 +108,13 @@ class RelayAdmin:
         return dict(self.request("POST", path, {}, admin=True))
 
 
-def _answer_error(exc: urllib.error.HTTPError) -> RelayAnswerError:
+def _answer_error(exc: urllib.error.HTTPError, base: str) -> RelayAnswerError:
     try:
         doc = json.loads(exc.read())
         code, message = str(doc["error"]), str(doc.get("message", ""))
     except Exception:
         code, message = "http_error", f"HTTP {exc.code} without a JSON error body"
+    if exc.code in (401, 403):
+        # A refused credential: which relay refused it (the token is never in it).
+        message = f"{message} ({base})"
     return RelayAnswerError(exc.code, code, message)

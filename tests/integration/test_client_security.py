@@ -253,22 +253,32 @@ def test_dump_and_heal_send_the_reader_and_admin_tokens(
     asyncio.run(main_())
 
 
-@pytest.mark.parametrize("case", ["wrong_ca", "wrong_host", "http_to_tls"])
+@pytest.mark.parametrize("case", ["wrong_ca", "wrong_host", "http_to_tls", "no_token",
+                                  "forbidden"])
 @pytest.mark.parametrize("command", ["dump status", "dump cancel", "relay heal"])
 def test_dump_and_heal_refused_are_one_line(tmp_path: Path, pki: PKI, case: str,
                                             command: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    gate_options, flags, _ = refusal_setup(case, pki)
-    monkeypatch.setenv("DATABUS_TOKEN", READER)
-    monkeypatch.setenv("DATABUS_ADMIN_TOKEN", ADMIN_TOKEN)
+    gate_options, flags, token = refusal_setup(case, pki)
+    # The reads send the reader token (the admin token when there is none), the admin
+    # requests the admin token: here the one the gate refuses or does not grant.
+    monkeypatch.delenv("DATABUS_TOKEN", raising=False)
+    if token is not None:
+        monkeypatch.setenv("DATABUS_TOKEN", token)
+    refused_admin = {"no_token": "unknown-admin-token", "forbidden": NOT_GRANTED}
+    monkeypatch.setenv("DATABUS_ADMIN_TOKEN", refused_admin.get(case, ADMIN_TOKEN))
+    if case in refused_admin:
+        gate_options["tokens"] = [READER]
 
     async def main_() -> None:
         async with gated(tmp_path, pki, **gate_options) as (_, gate):
             url = url_for(case, gate)
             extra = ["--source", "shop.items"] if command == "relay heal" else []
             code, _, err = await arun(*command.split(), "--relay", url, *flags, *extra)
-            assert_one_line(code, err, REFUSALS[case], url)
-            assert ADMIN_TOKEN not in err
+            expected = {"no_token": "answered 401", "forbidden": "answered 403"}.get(
+                case, REFUSALS[case])
+            assert_one_line(code, err, expected, url)
+            assert ADMIN_TOKEN not in err and "unknown-admin-token" not in err
 
     asyncio.run(main_())
 
