@@ -110,7 +110,7 @@ def _verify_hint(reason: str) -> str:
                 "it lists")
     if "expired" in low or "not yet valid" in low:
         return "the certificate is out of its validity period: renew it"
-    return "give the CA that signs it with --ca-file (ca_file)"
+    return "the CA that signs it is not trusted here: give it as --ca-file, or ca_file="
 
 
 def connection_problem(url: str, exc: BaseException) -> str | None:
