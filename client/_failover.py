@@ -11,6 +11,13 @@ The list may change while the puller runs (relay discovery, ``client/_discovery.
 left it stays current until it fails (an open stream keeps going); the next server is
 then picked from the new list. With an empty list (a cluster with no members yet) the
 puller waits for one, as it waits when every server is down.
+
+TLS (DESIGN 18): a server whose certificate does not verify, or whose TLS handshake
+fails, is failed over like any other; but when every server of the list refused so
+(and an ``http://`` server that closed the connection without ever answering counts
+too when a TLS handshake with it succeeds: a TLS port asked in plain HTTP), retrying
+cannot help: ``failed`` raises ``TLSVerifyError`` naming each server and why
+(databus.security._client_tools).
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ from databus.errors import (
     ForbiddenError,
     ScnNotFoundError,
     SourceQuarantinedError,
+    TLSVerifyError,
     UnauthorizedError,
     UnknownSchemaError,
     UnknownSourceError,
 )
 from databus.schemas import Schema
+from databus.security._client_tools import connection_problem, speaks_tls
 
 log = logging.getLogger("databus.client")
 T = TypeVar("T")
@@ -107,6 +116,10 @@ class FailoverPuller:
         self.waiting_notes: dict[str, str] = {}
         self.failovers = 0
         self.last_error: BaseException | None = None
+        # Servers whose TLS refused the connection since the last answer (why, per
+        # URL), and the servers that answered at least once (module docstring, "TLS").
+        self._tls_refused: dict[str, str] = {}
+        self._answered: set[str] = set()
         # Sent as client_id with every stream request, so that relays can show this
         # consumer's lag (GET /v1/consumers); set by the owner (DatabusClient).
         self.client_id: str | None = None
@@ -207,14 +220,21 @@ class FailoverPuller:
         self.last_error = error
         self._failures += 1
         failed_url = self.url
+        problem = await self._tls_problem(failed_url, error)
+        if problem is not None:
+            self._tls_refused[failed_url] = problem
+            if self.urls and set(self.urls) <= set(self._tls_refused):
+                refused = "; ".join(self._tls_refused[u] for u in self.urls)
+                raise TLSVerifyError(f"no {self.service} could be reached over TLS: "
+                                     f"{refused}")
         if isinstance(error, SourceQuarantinedError):
             # Not the relay's failure: asked again (maybe of another relay, which may
             # not have it quarantined) with backoff, but not counted as a failover.
             self._note_quarantine(error)
         else:
             limited(log).warning("%s %s failed (%s); trying the next one", self.service,
-                                 failed_url, describe_failure(error, self.request_timeout),
-                                 kind=failed_url)
+                                 failed_url, problem or describe_failure(
+                                     error, self.request_timeout), kind=failed_url)
             self.failovers += 1
         self._catalogs.pop(failed_url, None)
         if self._leaving is not None:
@@ -245,10 +265,22 @@ class FailoverPuller:
             "Fix: %s", source, self.service, error.scn, error.reason or error.message,
             error.fix or "see the relay's status", kind=f"quarantined {source}")
 
+    async def _tls_problem(self, url: str, error: BaseException) -> str | None:
+        """Why ``url`` refused at the TLS level (module docstring), or None."""
+        if isinstance(error, aiohttp.ClientSSLError):
+            return connection_problem(url, error) or f"{url}: {error}"
+        if (isinstance(error, aiohttp.ServerDisconnectedError) and url not in self._answered
+                and url.lower().startswith("http://") and await speaks_tls(url)):
+            return connection_problem(url, error)
+        return None
+
     def served(self) -> None:
         """An answer without a quarantine error: the quarantine of the wanted sources,
         if any, is over."""
         self._failures = 0
+        self._tls_refused.clear()
+        if self._leaving is not None or self.urls:
+            self._answered.add(self.url)
         if self.quarantined:
             for source in self.quarantined:
                 if self.source_states.get(source) == "quarantined":
@@ -310,10 +342,15 @@ class FailoverPuller:
             return UnknownSourceError(message)
         if code == "unknown_schema":
             return UnknownSchemaError(message)
-        if code == "unauthorized":
-            return UnauthorizedError(f"{self.service} answered 401 unauthorized: {message}")
-        if code == "forbidden":
-            return ForbiddenError(f"{self.service} answered 403 forbidden: {message}")
+        if code in ("unauthorized", "forbidden"):
+            # The server asked is the current one: named, as one line must say who.
+            try:
+                where = f"{self.service} {self.url}"
+            except LookupError:
+                where = self.service
+            if code == "unauthorized":
+                return UnauthorizedError(f"{where} answered 401 unauthorized: {message}")
+            return ForbiddenError(f"{where} answered 403 forbidden: {message}")
         if code == "source_quarantined":
             scn = doc.get("scn")
             return SourceQuarantinedError(

@@ -5,6 +5,12 @@
                  [--client-id ID] [--no-streaming]
     databus tail --zookeeper zk1:2181,zk2:2181/chroot --cluster shop ...
 
+``https://`` relays (DESIGN 18): ``--ca-file`` (the CA that signs their
+certificates), ``--cert-file``/``--key-file`` (mutual TLS) and the reader token
+``--token`` (or ``DATABUS_TOKEN``, which keeps it out of the process list). A relay
+whose certificate does not verify, or that refuses the token (401, 403), ends the
+command with one line naming the relay and why (exit status 1).
+
 ``--zookeeper``/``--cluster`` find the relays among the members of a relay cluster
 (docs/clusters.md, "Discovery") and follow the membership while tailing; a ZooKeeper
 that does not answer within ``--zookeeper-timeout`` seconds is an error at start.
@@ -40,6 +46,7 @@ from databus.client._client import DatabusClient
 from databus.client._consumer import CallbackResult, Consumer
 from databus.client._events import DataEvent
 from databus.errors import ConfigError
+from databus.security._client_tools import add_client_args, credentials_from
 
 log = logging.getLogger("databus.tail")
 
@@ -70,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--no-streaming", dest="streaming", action="store_false",
                         help="long-poll the relay instead of following it with a "
                              "streaming subscription")
+    add_client_args(parser)
     parser.set_defaults(handler=run)
 
 
@@ -164,6 +172,7 @@ async def tail(args: argparse.Namespace, out: TextIO) -> None:
     if zookeeper is not None:
         discovery = {"zookeeper": zookeeper, "cluster": cluster,
                      "zookeeper_timeout": getattr(args, "zookeeper_timeout", 10.0)}
+    credentials = credentials_from(args)
     client = DatabusClient(
         args.relay or (),
         **discovery,
@@ -176,6 +185,9 @@ async def tail(args: argparse.Namespace, out: TextIO) -> None:
         # getattr: namespaces built by hand (embedders, tests) may not have it.
         client_id=getattr(args, "client_id", None),
         streaming=getattr(args, "streaming", True),
+        ca_file=credentials.ca_file, cert_file=credentials.cert_file,
+        key_file=credentials.key_file,
+        token=credentials.token.reveal() if credentials.token is not None else None,
     )
     printer = _Printer(out, args.count)
     printer.client = client

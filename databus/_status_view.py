@@ -5,6 +5,12 @@
     databus status --relay URL [URL ...] [--bootstrap URL [URL ...]]
                    [--replicator URL [URL ...]]
                    [--json | --watch [SECONDS]] [--timeout SECONDS]
+                   [--ca-file PEM] [--cert-file PEM --key-file PEM] [--token TOKEN]
+
+``https://`` services are verified against ``--ca-file`` (default: the system's CAs);
+the reader token (``--token``, or ``DATABUS_TOKEN``) goes with every request
+(DESIGN 18). A service that refuses it (401, 403) or whose certificate does not verify
+is shown as that service's error, like one that does not answer.
 
 Two halves. The pure half turns the JSON documents the services answer (a relay's
 ``/v1/status`` and ``/v1/consumers``, a bootstrap service's ``/v1/status``) into this
@@ -599,9 +605,14 @@ async def fetch_answer(session: aiohttp.ClientSession, base: str, path: str,
                 return Answer(doc=doc, status=resp.status)
     except TimeoutError:
         return Answer(error=f"no answer to {path} within {timeout:g} s")
-    except aiohttp.ClientConnectorError as exc:
-        return Answer(error=f"cannot connect: {exc.os_error.strerror or exc.os_error}")
     except (aiohttp.ClientError, OSError) as exc:
+        from databus.security._client_tools import connection_problem
+
+        problem = connection_problem(base, exc)
+        if problem is not None:
+            return Answer(error=problem)
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return Answer(error=f"cannot connect: {exc.os_error.strerror or exc.os_error}")
         return Answer(error=f"{path}: {type(exc).__name__}: {exc}")
 
 
@@ -661,6 +672,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       f"(default {DEFAULT_WATCH_S:g}) until Ctrl-C")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         metavar="SECONDS", help="per request (default %(default)g)")
+    from databus.security._client_tools import add_client_args
+
+    add_client_args(parser)
     parser.set_defaults(handler=run)
 
 
@@ -676,6 +690,11 @@ def run(args: argparse.Namespace) -> int:
     relays = [normalize_url(u) for u in args.relay]
     bootstraps = [normalize_url(u) for u in args.bootstrap]
     replicators = [normalize_url(u) for u in replicators_given]
+    from databus.security._client_tools import check_files, credentials_from
+
+    credentials = credentials_from(args)
+    check_files(credentials, [*relays, *bootstraps, *replicators])
+    args.credentials = credentials
     last = [1]  # the watch's exit status so far (Ctrl-C ends it inside asyncio.run)
     try:
         return asyncio.run(_main(relays, bootstraps, args, last, replicators))
@@ -688,9 +707,13 @@ async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse
     import aiohttp
     from rich.console import Console
 
+    from databus.security import NO_CREDENTIALS, client_session
+
     # Requests are bounded by fetch_answer's own timeout; aiohttp takes Basic auth from
-    # URLs that carry user:password.
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+    # URLs that carry user:password. The session presents the credentials (TLS, token).
+    credentials = getattr(args, "credentials", NO_CREDENTIALS)
+    async with client_session(credentials, limit=100,
+                              timeout=aiohttp.ClientTimeout(total=None)) as session:
         if args.json:
             document = await collect(session, relays, bootstraps, args.timeout,
                                      replicators)

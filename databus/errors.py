@@ -203,6 +203,16 @@ class NotLeaderError(DatabusError):
     http_status = 409
 
 
+class TLSVerifyError(DatabusError):
+    """A server's TLS certificate did not verify (signed by a CA the client was not
+    given, issued for another host name, expired), or the TLS handshake failed (a plain
+    HTTP server asked over https://, a client certificate refused). A client cannot fix
+    it by retrying: the message names the URL, the reason and the fix (``ca_file``)."""
+
+    code = "tls_error"
+    retriable = False
+
+
 class ConnectionLostError(DatabusError):
     """A server (relay, bootstrap, database) went away; the operation may be retried."""
 

@@ -3,8 +3,9 @@
 ``databus relay heal --relay URL --source NAME [--token TOKEN]``: take a quarantined
 source out of quarantine and dump it (DESIGN 17; ``POST /v1/admin/sources/{name}/heal``).
 The admin token comes from ``--token`` or ``DATABUS_ADMIN_TOKEN``, as for ``databus
-dump``. Exit 0 with what was done, 1 with the relay's error (``not_quarantined``,
-``unknown_source``, ...)."""
+dump``; an ``https://`` relay takes ``--ca-file`` (and ``--cert-file``/``--key-file``
+under mutual TLS; databus.security._client_tools). Exit 0 with what was done, 1 with
+the relay's error (``not_quarantined``, ``unknown_source``, ...)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       "http://127.0.0.1:11190")
     heal.add_argument("--source", required=True, help="the quarantined source (db.table)")
     heal.add_argument("--token", help="admin token (default: $DATABUS_ADMIN_TOKEN)")
+    from databus.security._client_tools import add_client_args
+
+    add_client_args(heal, admin=True)
     heal.set_defaults(handler=run_heal)
     resize = actions.add_parser(
         "resize", help="change a buffer's capacity, offline, keeping every window")
@@ -76,9 +80,10 @@ def run_heal(args: argparse.Namespace) -> int:
     import urllib.parse
 
     from databus.relay.dumps._admin_client import TOKEN_ENV, RelayAdmin
+    from databus.security._client_tools import credentials_from
 
     admin = RelayAdmin(args.relay, args.token or os.environ.get(TOKEN_ENV) or None,
-                       timeout=30.0)
+                       timeout=30.0, credentials=credentials_from(args))
     path = f"/v1/admin/sources/{urllib.parse.quote(args.source, safe='')}/heal"
     doc = admin.request("POST", path, {}, admin=True)
     dump = doc.get("dump") or {}

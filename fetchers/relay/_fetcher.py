@@ -29,6 +29,17 @@ SCN as that status document gives it, it has everything the upstream had read th
 (``FetcherContext.report_read_through``): a chained relay, and a cluster follower, are
 as fresh as their upstream, and unknown when it is unknown or cannot be asked.
 
+Credentials (DESIGN 18): ``relay+https://`` reads the upstreams over TLS and every
+request presents the URI's credentials (``ChainURI.credentials``: the aiohttp session
+of the run and the blocking ``initial_scn`` requests alike). An upstream that refuses
+them (401: a wrong or revoked token; 403: a source not granted to this relay's reader;
+a certificate that does not verify) is failed over like a dead one; when every
+upstream refused, the run ends with ``UpstreamRefusedError``, which says which and how
+to fix it. It is a ``SourceMisconfiguredError`` that the host retries: the fetcher is
+``failed`` (not ready, the message in ``last_error``), tried again at the backoff's
+pace, and ``running`` again once an upstream accepts the credential; it then resumes
+after this buffer's newest window, as after any restart, with nothing skipped.
+
 Failures: connection trouble, a 5xx, a bad body go to the next upstream (``RelayPuller``),
 with backoff after each full round. ``scn_not_found`` from one upstream tries the
 others; when every upstream answered it, ``UpstreamFellOffError`` (not retriable: the
@@ -60,7 +71,11 @@ from databus.errors import (
     ConfigError,
     ConnectionLostError,
     DatabusError,
+    ForbiddenError,
     SchemaError,
+    SourceMisconfiguredError,
+    TLSVerifyError,
+    UnauthorizedError,
     UnknownSourceError,
 )
 from databus.event import HEADER
@@ -74,8 +89,10 @@ from databus.fetchers.relay._windows import (
     remap_event,
 )
 from databus.schemas import Schema
+from databus.security import NO_CREDENTIALS, ClientCredentials, client_session
+from databus.security._client_tools import tls_error
 
-__all__ = ["RelayChainFetcher", "UpstreamFellOffError"]
+__all__ = ["RelayChainFetcher", "UpstreamFellOffError", "UpstreamRefusedError"]
 
 log = logging.getLogger("databus.fetchers.relay")
 
@@ -110,14 +127,61 @@ class UpstreamFellOffError(DatabusError):
         self.min_scn = min_scn
 
 
+# What refuses this relay's credential at an upstream (module docstring, "Credentials").
+_REFUSALS = (UnauthorizedError, ForbiddenError, TLSVerifyError)
+
+
+class UpstreamRefusedError(SourceMisconfiguredError):
+    """Every upstream relay refused this relay's credential: a wrong or revoked token
+    (401), sources not granted to its reader (403), or a certificate that does not
+    verify (module docstring, "Credentials"). A misconfiguration the host keeps
+    retrying with backoff, the fetcher ``failed`` meanwhile; ``retriable`` only when
+    the run that met it had stored windows (a credential revoked while reading): the
+    host then tries once more as after any failure, and the next refusal is this
+    error's ordinary kind."""
+
+    code = "upstream_refused"
+
+    def __init__(self, buffer: str, refusals: dict[str, DatabusError],
+                 credentials: ClientCredentials, sources: Iterable[str], *,
+                 retriable: bool = False) -> None:
+        parts = [exc.message if url in exc.message else f"{url}: {exc.message}"
+                 for url, exc in refusals.items()]
+        kinds = {type(exc) for exc in refusals.values()}
+        if kinds == {UnauthorizedError} and credentials.token is None:
+            fix = ("the upstream relay wants a reader's credential and this relay presents "
+                   "none: add token=${TOKEN} to this buffer's source URI (a token granted "
+                   "by a [[relay.readers]] entry of the upstream)")
+        elif UnauthorizedError in kinds:
+            fix = ("the upstream relay refused this relay's token: it is wrong, or it was "
+                   "revoked there. Grant it again at the upstream ([[relay.readers]]) or "
+                   "put a granted one in this buffer's source URI (token=)")
+        elif ForbiddenError in kinds:
+            fix = (f"grant this relay's reader the sources {', '.join(sources)} at the "
+                   "upstream (its [[relay.readers]] sources)")
+        else:
+            fix = ("give the CA that signs the upstream's certificate as ca_file= in this "
+                   "buffer's source URI, and name the upstream as its certificate does")
+        super().__init__(
+            f"buffer {buffer}: the upstream relay refused this relay "
+            f"({'; '.join(parts)}). Fix: {fix}. Retrying with backoff; once an upstream "
+            "accepts, reading resumes after this buffer's newest window",
+            retriable=retriable)
+        self.refusals = refusals
+
+
 class RelayChainFetcher(Fetcher):
-    """``relay+http://host:port[,host:port...]/?sources=...&filter=...`` (module docstring)."""
+    """``relay+http(s)://host:port[,host:port...]/?sources=...&filter=...`` (module
+    docstring)."""
 
     scheme: ClassVar[str] = "relay+http"
 
     def __init__(self, uri: str, context: FetcherContext) -> None:
         super().__init__(uri, context)
         self.chain = ChainURI.parse(uri)
+        if self.chain.secure:
+            # A missing or wrong ca_file/cert_file: the relay does not start (one line).
+            self.chain.credentials.ssl_context()
 
     def configured_sources(self) -> ConfiguredSources:
         return ConfiguredSources(names=frozenset(self.chain.sources))
@@ -128,10 +192,16 @@ class RelayChainFetcher(Fetcher):
         """The upstream buffer's ``prev_scn`` (None when it never started): an empty
         buffer here starts where the upstream's history starts."""
         errors: list[str] = []
+        refusals: dict[str, DatabusError] = {}
+        credentials = self.chain.credentials
         for upstream in self.chain.upstreams:
             try:
-                sources = _get_json(f"{upstream}/v1/sources")
-                status = _get_json(f"{upstream}/v1/status")
+                sources = _get_json(f"{upstream}/v1/sources", credentials)
+                status = _get_json(f"{upstream}/v1/status", credentials)
+            except _REFUSALS as exc:
+                refusals[upstream] = exc
+                errors.append(f"{upstream}: {exc}")
+                continue
             except (OSError, ValueError) as exc:
                 errors.append(f"{upstream}: {exc}")
                 continue
@@ -143,6 +213,9 @@ class RelayChainFetcher(Fetcher):
                               f"{buffer!r} ({exc})")
                 continue
             return prev if prev >= 0 else None
+        if len(refusals) == len(self.chain.upstreams):
+            raise UpstreamRefusedError(self.context.buffer_name, refusals, credentials,
+                                       self.chain.sources)
         raise ConnectionLostError("no upstream relay answered /v1/sources and /v1/status: "
                                   + "; ".join(errors))
 
@@ -206,6 +279,10 @@ class _Chain:
         self.known_fps = {fp for fps in registered.values() for fp in fps}
         self.synced: set[str] = set()  # upstreams whose schemas were copied this run
         self.markers_dropped = False
+        # Upstreams that refused this relay's credential since the last answer, and
+        # whether this run stored a window (UpstreamRefusedError.retriable).
+        self.refusals: dict[str, DatabusError] = {}
+        self.stored = False
 
     def _committed_position(self) -> Checkpoint:
         return Checkpoint.flexible() if self.committed is None else Checkpoint.after(self.committed)
@@ -215,9 +292,23 @@ class _Chain:
         self.assembler.reset()
         self.position = self._committed_position()
 
+    def refused(self, exc: DatabusError) -> UpstreamRefusedError:
+        return UpstreamRefusedError(self.context.buffer_name, {**self.refusals} or
+                                    {"upstream": exc}, self.chain.credentials,
+                                    self.chain.sources, retriable=self.stored)
+
     async def run(self) -> None:
-        connector = aiohttp.TCPConnector(limit=4)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        try:
+            await self._run()
+        except TLSVerifyError as exc:  # the puller: every upstream refused TLS
+            raise UpstreamRefusedError(self.context.buffer_name,
+                                       {", ".join(self.chain.upstreams): exc},
+                                       self.chain.credentials, self.chain.sources,
+                                       retriable=self.stored) from None
+
+    async def _run(self) -> None:
+        # The URI's credentials: the TLS context for https:// upstreams, the token.
+        async with client_session(self.chain.credentials, limit=4) as session:
             puller = RelayPuller(
                 list(self.chain.upstreams), list(self.chain.sources), session,
                 filter_json=self.chain.filter_json, backoff_initial=0.1,
@@ -269,6 +360,10 @@ class _Chain:
             except FellOffRelay as exc:
                 await self._fell_off(puller, exc)
                 continue
+            except _REFUSALS as exc:
+                await self._refused(puller, exc)
+                continue
+            self.refusals.clear()
             if puller.failovers != before and self.assembler.open_scn is not None:
                 # Reconnected inside a window: read that window again from its start.
                 log.info("buffer %s: upstream connection cut inside window %s; reading it "
@@ -279,6 +374,8 @@ class _Chain:
                 continue
             try:
                 await self._take(batch, session)
+            except _REFUSALS as exc:  # copying the schemas
+                await self._refused(puller, exc)
             except (DatabusError, aiohttp.ClientError, OSError, TimeoutError, ValueError,
                     KeyError, TypeError) as exc:
                 if isinstance(exc, DatabusError) and not exc.retriable:
@@ -286,6 +383,18 @@ class _Chain:
                 await puller.close_stream()
                 self.restart_window()
                 await puller.failed(exc)
+
+    async def _refused(self, puller: RelayPuller, exc: DatabusError) -> None:
+        """``puller.url`` refused this relay's credential: the next upstream is tried
+        (with the puller's backoff); when every one refused, the run ends."""
+        self.refusals[puller.url] = exc
+        if set(self.refusals) >= set(puller.urls):
+            raise self.refused(exc)
+        limited(log).warning("buffer %s: upstream %s refused this relay (%s); trying "
+                             "another upstream", self.context.buffer_name, puller.url, exc)
+        await puller.close_stream()
+        self.restart_window()
+        await puller.failed(exc)
 
     async def _fell_off(self, puller: RelayPuller, exc: FellOffRelay) -> None:
         self.fell_off.add(puller.url)
@@ -351,6 +460,7 @@ class _Chain:
             sink.rollback()
             raise
         self.committed = window.scn
+        self.stored = True
 
     # -- schemas ---------------------------------------------------------------------
 
@@ -379,6 +489,7 @@ class _Chain:
     async def _copy_schemas(self, upstream: str, session: aiohttp.ClientSession) -> None:
         timeout = aiohttp.ClientTimeout(total=30)
         async with session.get(f"{upstream}/v1/sources", timeout=timeout) as resp:
+            await _raise_refusal(resp, upstream)
             resp.raise_for_status()
             doc: Any = await read_json(resp, upstream)
         current = {str(e["name"]): e.get("schema_fingerprint") for e in doc["sources"]}
@@ -387,6 +498,7 @@ class _Chain:
                                    timeout=timeout) as resp:
                 if resp.status == 404:
                     continue  # not there yet (the puller reports unknown sources)
+                await _raise_refusal(resp, upstream)
                 resp.raise_for_status()
                 versions = (await read_json(resp, upstream))["versions"]  # type: ignore[index]
             schemas: list[Schema] = []
@@ -440,6 +552,27 @@ def upstream_read_through(buffer_doc: Any, committed: int | None) -> int | None:
     return int(through * 1e9)
 
 
+def _refusal(status: int, body: bytes, upstream: str) -> DatabusError | None:
+    """401 and 403 as the errors the client rebuilds (``databus.errors``)."""
+    if status not in (401, 403):
+        return None
+    try:
+        doc = json.loads(body)
+        message = str(doc.get("message", "")) if isinstance(doc, dict) else ""
+    except ValueError:
+        message = ""
+    if status == 401:
+        return UnauthorizedError(f"{upstream} answered 401 unauthorized: {message}")
+    return ForbiddenError(f"{upstream} answered 403 forbidden: {message}")
+
+
+async def _raise_refusal(resp: aiohttp.ClientResponse, upstream: str) -> None:
+    if resp.status in (401, 403):
+        refusal = _refusal(resp.status, await resp.content.read(MAX_JSON_BYTES), upstream)
+        if refusal is not None:
+            raise refusal
+
+
 async def _get_json_async(session: aiohttp.ClientSession, url: str) -> Any:
     timeout = aiohttp.ClientTimeout(total=_STATUS_TIMEOUT_S)
     async with session.get(url, timeout=timeout,
@@ -449,10 +582,23 @@ async def _get_json_async(session: aiohttp.ClientSession, url: str) -> Any:
         return await read_json(resp, url)
 
 
-def _get_json(url: str) -> Any:
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+def _get_json(url: str, credentials: ClientCredentials = NO_CREDENTIALS) -> Any:
+    """GET ``url`` as JSON, presenting ``credentials``; 401/403 and TLS refusals as
+    their errors, anything else wrong as ``OSError``/``ValueError``."""
+    request = urllib.request.Request(url, headers={"Accept": "application/json",
+                                                   **credentials.headers()})
+    base = url.split("/v1/", 1)[0]
     try:
-        with urllib.request.urlopen(request, timeout=_STATUS_TIMEOUT_S) as resp:
+        with urllib.request.urlopen(request, timeout=_STATUS_TIMEOUT_S,
+                                    context=credentials.ssl_for(url)) as resp:
             return json.loads(resp.read(MAX_JSON_BYTES + 1))
     except urllib.error.HTTPError as exc:
+        refusal = _refusal(exc.code, exc.read(MAX_JSON_BYTES), base)
+        if refusal is not None:
+            raise refusal from None
         raise OSError(f"HTTP {exc.code}") from None
+    except OSError as exc:
+        refused = tls_error(base, exc)
+        if refused is not None:
+            raise refused from None
+        raise

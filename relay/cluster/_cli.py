@@ -4,8 +4,11 @@ them (DESIGN 15, docs/clusters.md "``databus cluster status``").
 ::
 
     databus cluster status --zookeeper HOSTS [--cluster NAME ...] [--json] [--timeout S]
+                           [--probe [--ca-file PEM] [--cert-file PEM --key-file PEM]
+                            [--token TOKEN]]
 
-It reads ZooKeeper only (no relay is asked anything), under the connect string's chroot:
+It reads ZooKeeper only (no relay is asked anything, unless ``--probe``), under the
+connect string's chroot:
 
     /databus/relays/<cluster>/members/member-<seq>     each member's JSON: url, mode,
                                                        per buffer role, epoch, max SCN
@@ -22,6 +25,12 @@ Three parts: ``read_snapshot`` (kazoo, imported lazily; read-only, it creates no
 is 0, or 1 when a buffer of a leader-follower cluster has no leader (or a cluster
 asked for does not exist; ZooKeeper unreachable is an error, also 1). ``--cluster``
 names relay or bootstrap clusters (they have names of their own), repeatable.
+
+``--probe`` also asks every relay member's URL (as it registered it, ``http://`` or
+``https://``) for ``/readyz``, presenting the TLS and token flags (DESIGN 18;
+databus.security._client_tools), and shows each answer in a ``PROBE`` column:
+``ready``, ``not ready``, or why it could not be asked (a certificate that does not
+verify, a refused connection), one line each; it does not change the exit status.
 
 Bootstrap clusters (``[bootstrap.cluster]``, ``bootstrap/_cluster.py``) are read
 without depending on that module: every node under ``/databus/bootstrap/<cluster>/``
@@ -44,6 +53,13 @@ from databus._json import dumps as dumps_json
 from databus._tables import text_table
 from databus.coordination import ReadOnlyZooKeeper, lock_order, read_only_session
 from databus.errors import ConfigError
+from databus.security import ClientCredentials
+from databus.security._client_tools import (
+    add_client_args,
+    check_files,
+    connection_problem,
+    credentials_from,
+)
 from databus.security._zookeeper import parse_zookeeper
 
 __all__ = ["exit_status", "lock_order", "read_snapshot", "register", "render", "summarize"]
@@ -74,16 +90,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status.add_argument("--timeout", type=float, default=10.0, metavar="S",
                         help="give up when ZooKeeper does not answer within S seconds "
                              "(default 10)")
+    status.add_argument("--probe", action="store_true",
+                        help="also ask each relay member's /readyz (with the TLS and token "
+                             "flags below)")
+    add_client_args(status)
     status.set_defaults(handler=_status)
 
 
 def _status(args: argparse.Namespace) -> int:
+    credentials = credentials_from(args) if args.probe else None
     return status(args.zookeeper, args.cluster, as_json=args.json, timeout=args.timeout,
-                  out=sys.stdout)
+                  out=sys.stdout, probe=credentials)
 
 
 def status(zookeeper: str, clusters: str | Sequence[str] | None, *, as_json: bool = False,
-           timeout: float = 10.0, out: TextIO = sys.stdout) -> int:
+           timeout: float = 10.0, out: TextIO = sys.stdout,
+           probe: ClientCredentials | None = None) -> int:
     """Print the status of ``clusters`` (names of relay or bootstrap clusters; None:
     every one) and return the exit status."""
     from databus.client._discovery import validate_discovery
@@ -94,12 +116,60 @@ def status(zookeeper: str, clusters: str | Sequence[str] | None, *, as_json: boo
     snapshot = read_snapshot(zookeeper, names, timeout=timeout)
     doc = summarize(snapshot, now=time.time())
     doc["zookeeper"] = parse_zookeeper(zookeeper).display  # never the password
+    if probe is not None:
+        probe_members(doc, probe, timeout=timeout)
     if as_json:
         out.write(dumps_json(doc, indent=2, sort_keys=True) + "\n")
     else:
         out.write(render(doc))
     out.flush()
     return exit_status(doc)
+
+
+# -- probing the members ----------------------------------------------------------------
+
+
+def probe_url(url: str, credentials: ClientCredentials, timeout: float) -> str:
+    """``ready``, ``not ready (HTTP <status>)``, or why ``url``'s ``/readyz`` could not
+    be asked, in one line (never a token)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{url.rstrip('/')}/readyz",
+                                     headers=credentials.headers())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout,
+                                    context=credentials.ssl_for(url)) as resp:
+            resp.read(1 << 16)
+            return "ready" if resp.status == 200 else f"not ready (HTTP {resp.status})"
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            return f"refused (HTTP {exc.code}): check --token"
+        return f"not ready (HTTP {exc.code})"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        problem = connection_problem(url, exc)
+        if problem is not None:
+            return problem
+        return f"cannot ask: {getattr(exc, 'reason', None) or exc}"
+
+
+def probe_members(doc: dict[str, Any], credentials: ClientCredentials, *,
+                  timeout: float) -> None:
+    """Add ``probe`` (``probe_url``'s answer) to every relay member of ``doc`` with a
+    URL, all asked at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    members = [m for c in doc.get("clusters", []) for m in c["members"]
+               if isinstance(m.get("url"), str) and m["url"].startswith(("http://",
+                                                                          "https://"))]
+    check_files(credentials, [m["url"] for m in members])
+    if not members:
+        return
+    with ThreadPoolExecutor(max_workers=min(16, len(members))) as pool:
+        answers = list(pool.map(lambda m: probe_url(m["url"], credentials, timeout),
+                                members))
+    for member, answer in zip(members, answers, strict=True):
+        member["probe"] = answer
 
 
 # -- reading ZooKeeper ----------------------------------------------------------------
@@ -291,8 +361,10 @@ def render(doc: Mapping[str, Any]) -> str:
         out.append(f"relay cluster {c['name']} ({c['mode']}), {count} member"
                    f"{'' if count == 1 else 's'}\n")
         if c["members"]:
-            out.append(text_table(["MEMBER", "MODE", "UPDATED"], [
+            probed = any("probe" in m for m in c["members"])
+            out.append(text_table(["MEMBER", "MODE", "UPDATED"] + (["PROBE"] if probed else []), [
                 [m["url"], m["mode"], None if m["age_s"] is None else f"{m['age_s']:.1f} s ago"]
+                + ([m.get("probe")] if probed else [])
                 for m in c["members"]]))
         for b in c["buffers"]:
             if b["leader_follower"]:

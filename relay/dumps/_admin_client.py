@@ -1,6 +1,12 @@
 """A blocking HTTP client of a relay's dump endpoints (``docs/dumps.md``): what
 ``databus dump`` and the replicator's ``initial_copy = "dump"`` use. No event loop:
 a CLI and a start-up step need none.
+
+``https://`` relays and relays with readers (DESIGN 18): ``credentials`` (a
+``ClientCredentials``) give the TLS context (``ssl_for``) and the reader token sent
+with the reads (``GET /v1/dumps``); the admin token goes with the admin requests, and
+with the reads too when no reader token is given. A certificate that does not verify
+is ``TLSVerifyError`` in one line (the URL and why), never a traceback.
 """
 
 from __future__ import annotations
@@ -13,11 +19,13 @@ from typing import Any
 
 from databus._redact import register_secret
 from databus.errors import ConfigError, ConnectionLostError, DatabusError
+from databus.security import NO_CREDENTIALS, ClientCredentials
+from databus.security._client_tools import ADMIN_TOKEN_ENV, tls_error
 
 __all__ = ["TOKEN_ENV", "RelayAdmin", "RelayAnswerError"]
 
 # Where ``databus dump`` reads the admin token from.
-TOKEN_ENV = "DATABUS_ADMIN_TOKEN"
+TOKEN_ENV = ADMIN_TOKEN_ENV
 
 
 class RelayAnswerError(DatabusError):
@@ -34,7 +42,8 @@ class RelayAnswerError(DatabusError):
 class RelayAdmin:
     """The dump endpoints of one relay, over plain blocking HTTP (a CLI needs no loop)."""
 
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 10.0,
+                 credentials: ClientCredentials = NO_CREDENTIALS) -> None:
         if "://" not in url:
             url = "http://" + url
         parts = urllib.parse.urlsplit(url)
@@ -44,8 +53,11 @@ class RelayAdmin:
         self.base = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.credentials = credentials
         if token:
             register_secret(token)
+        # A missing or wrong CA or certificate file: one line now, not at the request.
+        self.context = credentials.ssl_for(self.base)
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None,
                 *, admin: bool = False) -> Any:
@@ -59,14 +71,22 @@ class RelayAdmin:
                 raise ConfigError(f"this command needs the relay's admin token: set "
                                   f"{TOKEN_ENV} (or pass --token)")
             headers["Authorization"] = f"Bearer {self.token}"
+        elif self.credentials.token is not None:
+            headers.update(self.credentials.headers())
+        elif self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(self.base + path, data=data, headers=headers,
                                      method=method)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as response:
+            with urllib.request.urlopen(req, timeout=self.timeout,
+                                        context=self.context) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
-            raise _answer_error(exc) from None
+            raise _answer_error(exc, self.base) from None
         except (urllib.error.URLError, OSError) as exc:
+            refused = tls_error(self.base, exc)
+            if refused is not None:
+                raise refused from None
             reason = getattr(exc, "reason", exc)
             raise ConnectionLostError(f"cannot reach the relay at {self.base}: {reason}",
                                       retriable=True) from None
@@ -88,10 +108,13 @@ class RelayAdmin:
         return dict(self.request("POST", path, {}, admin=True))
 
 
-def _answer_error(exc: urllib.error.HTTPError) -> RelayAnswerError:
+def _answer_error(exc: urllib.error.HTTPError, base: str) -> RelayAnswerError:
     try:
         doc = json.loads(exc.read())
         code, message = str(doc["error"]), str(doc.get("message", ""))
     except Exception:
         code, message = "http_error", f"HTTP {exc.code} without a JSON error body"
+    if exc.code in (401, 403):
+        # A refused credential: which relay refused it (the token is never in it).
+        message = f"{message} ({base})"
     return RelayAnswerError(exc.code, code, message)

@@ -14,8 +14,15 @@ API (docs/dumps.md). The admin commands (start, pause, resume, cancel) need the 
 admin token: ``DATABUS_ADMIN_TOKEN`` in the environment, or ``--token`` (visible to
 other users in ``ps``: prefer the variable). pause, resume and cancel act on the dump
 ``ID``, or on the one active dump that covers ``--sources``, or on the only active
-dump. ``--wait`` follows a dump with a progress bar until it ends; the exit status is 0
-when it is done, 1 when it failed or was cancelled.
+dump.
+
+TLS and readers (DESIGN 18): every command but ``setup`` takes ``--ca-file``,
+``--cert-file``/``--key-file`` for ``https://`` relays; ``status`` takes the reader
+token as ``--token`` (or ``DATABUS_TOKEN``), the admin commands take it as
+``--reader-token`` for their reads (``--token`` stays the admin token there, and is
+sent with the reads when no reader token is given). ``--wait`` follows a dump with a
+progress bar until it ends; the exit status is 0 when it is done, 1 when it failed or
+was cancelled.
 
 The relay's JSON errors are printed as ``relay answered <status> <code>: <message>``;
 an unreachable relay is one line, never a traceback.
@@ -34,6 +41,7 @@ from typing import Any, TextIO
 from databus.errors import ConfigError
 from databus.relay.dumps._admin_client import TOKEN_ENV, RelayAdmin
 from databus.schemas import Schema
+from databus.security._client_tools import add_client_args, credentials_from
 
 __all__ = ["register"]
 
@@ -64,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.add_argument("--relay", required=True, help="relay URL, e.g. http://127.0.0.1:11190")
         if admin:
             p.add_argument("--token", help=f"admin token (default: ${TOKEN_ENV})")
+        add_client_args(p, admin=admin)
 
     start = actions.add_parser("start", help="start a dump on a relay")
     relay_args(start, admin=True)
@@ -106,8 +115,9 @@ def _sources(text: str | None) -> list[str]:
 
 
 def _admin(args: argparse.Namespace) -> RelayAdmin:
+    """The relay's client for an admin command: ``--token`` is the admin token."""
     token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV) or None
-    return RelayAdmin(args.relay, token)
+    return RelayAdmin(args.relay, token, credentials=credentials_from(args))
 
 
 # -- setup -----------------------------------------------------------------------------
@@ -185,7 +195,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    admin = RelayAdmin(args.relay)
+    admin = RelayAdmin(args.relay, credentials=credentials_from(args))
     if args.wait:
         ident = args.id or _pick(admin.dumps(), _sources(args.sources), "follow")["id"]
         return _follow(admin, ident)
