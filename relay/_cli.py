@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       "http://127.0.0.1:11190")
     heal.add_argument("--source", required=True, help="the quarantined source (db.table)")
     heal.add_argument("--token", help="admin token (default: $DATABUS_ADMIN_TOKEN)")
+    from databus.relay.dumps._cli import tls_args
+
+    tls_args(heal)
     heal.set_defaults(handler=run_heal)
     resize = actions.add_parser(
         "resize", help="change a buffer's capacity, offline, keeping every window")
@@ -76,9 +79,10 @@ def run_heal(args: argparse.Namespace) -> int:
     import urllib.parse
 
     from databus.relay.dumps._admin_client import TOKEN_ENV, RelayAdmin
+    from databus.relay.dumps._cli import credentials_of
 
     admin = RelayAdmin(args.relay, args.token or os.environ.get(TOKEN_ENV) or None,
-                       timeout=30.0)
+                       timeout=30.0, credentials=credentials_of(args))
     path = f"/v1/admin/sources/{urllib.parse.quote(args.source, safe='')}/heal"
     doc = admin.request("POST", path, {}, admin=True)
     dump = doc.get("dump") or {}

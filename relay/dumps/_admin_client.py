@@ -13,6 +13,7 @@ from typing import Any
 
 from databus._redact import register_secret
 from databus.errors import ConfigError, ConnectionLostError, DatabusError
+from databus.security import NO_CREDENTIALS, ClientCredentials
 
 __all__ = ["TOKEN_ENV", "RelayAdmin", "RelayAnswerError"]
 
@@ -34,7 +35,8 @@ class RelayAnswerError(DatabusError):
 class RelayAdmin:
     """The dump endpoints of one relay, over plain blocking HTTP (a CLI needs no loop)."""
 
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 10.0,
+                 credentials: ClientCredentials = NO_CREDENTIALS) -> None:
         if "://" not in url:
             url = "http://" + url
         parts = urllib.parse.urlsplit(url)
@@ -44,6 +46,9 @@ class RelayAdmin:
         self.base = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        # TLS trust and a client certificate for https:// relays (DESIGN 18); the admin
+        # token is the credential (it also opens /v1/dumps under a metrics_token).
+        self.credentials = credentials
         if token:
             register_secret(token)
 
@@ -59,10 +64,17 @@ class RelayAdmin:
                 raise ConfigError(f"this command needs the relay's admin token: set "
                                   f"{TOKEN_ENV} (or pass --token)")
             headers["Authorization"] = f"Bearer {self.token}"
+        elif self.token:
+            # /v1/dumps is an operational page: the admin token opens it (metrics_token).
+            headers["Authorization"] = f"Bearer {self.token}"
+        elif self.credentials.token is not None:
+            headers.update(self.credentials.headers())
         req = urllib.request.Request(self.base + path, data=data, headers=headers,
                                      method=method)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as response:
+            with urllib.request.urlopen(req, timeout=self.timeout,
+                                        context=self.credentials.ssl_for(self.base)
+                                        ) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             raise _answer_error(exc) from None

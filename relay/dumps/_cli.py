@@ -34,6 +34,7 @@ from typing import Any, TextIO
 from databus.errors import ConfigError
 from databus.relay.dumps._admin_client import TOKEN_ENV, RelayAdmin
 from databus.schemas import Schema
+from databus.security import ClientCredentials
 
 __all__ = ["register"]
 
@@ -64,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.add_argument("--relay", required=True, help="relay URL, e.g. http://127.0.0.1:11190")
         if admin:
             p.add_argument("--token", help=f"admin token (default: ${TOKEN_ENV})")
+        tls_args(p)
 
     start = actions.add_parser("start", help="start a dump on a relay")
     relay_args(start, admin=True)
@@ -105,9 +107,23 @@ def _sources(text: str | None) -> list[str]:
     return [s.strip() for s in (text or "").split(",") if s.strip()]
 
 
+def tls_args(p: argparse.ArgumentParser) -> None:
+    """``--ca-file``/``--cert-file``/``--key-file`` for an https:// relay (DESIGN 18)."""
+    p.add_argument("--ca-file", help="the CA that signs the relay's certificate "
+                   "(https:// relays; default: the system's CAs)")
+    p.add_argument("--cert-file", help="client certificate (mutual TLS)")
+    p.add_argument("--key-file", help="the client certificate's key")
+
+
+def credentials_of(args: argparse.Namespace) -> ClientCredentials:
+    return ClientCredentials.of(ca_file=getattr(args, "ca_file", None),
+                                cert_file=getattr(args, "cert_file", None),
+                                key_file=getattr(args, "key_file", None))
+
+
 def _admin(args: argparse.Namespace) -> RelayAdmin:
     token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV) or None
-    return RelayAdmin(args.relay, token)
+    return RelayAdmin(args.relay, token, credentials=credentials_of(args))
 
 
 # -- setup -----------------------------------------------------------------------------
@@ -185,7 +201,9 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    admin = RelayAdmin(args.relay)
+    # The admin token, when set, opens /v1/dumps on a relay with a metrics_token.
+    admin = RelayAdmin(args.relay, os.environ.get(TOKEN_ENV) or None,
+                       credentials=credentials_of(args))
     if args.wait:
         ident = args.id or _pick(admin.dumps(), _sources(args.sources), "follow")["id"]
         return _follow(admin, ident)

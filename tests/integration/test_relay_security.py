@@ -311,3 +311,25 @@ def test_tokens_are_never_shown(tmp_path: Path, pki: PKI, caplog: pytest.LogCapt
                 assert secret not in text
 
     with_relay(tmp_path, pki, body)
+
+
+def test_the_dump_admin_client_talks_tls(tmp_path: Path, pki: PKI) -> None:
+    """``databus dump``/``relay heal``'s client: the relay's CA from ``--ca-file``; the
+    admin token opens ``/v1/dumps`` under a metrics token."""
+    from databus.errors import ConnectionLostError
+    from databus.relay.dumps import RelayAdmin
+    from databus.relay.dumps._admin_client import RelayAnswerError
+    from databus.security import ClientCredentials
+    from tests.relay_harness import ADMIN_TOKEN
+
+    async def body(secure: SecureRelay) -> None:
+        trusted = ClientCredentials.of(ca_file=pki.ca)
+        admin = RelayAdmin(secure.url, ADMIN_TOKEN, credentials=trusted)
+        assert await asyncio.to_thread(admin.dumps) == []
+        with pytest.raises(RelayAnswerError) as refused:
+            await asyncio.to_thread(RelayAdmin(secure.url, credentials=trusted).dumps)
+        assert refused.value.status == 401
+        with pytest.raises(ConnectionLostError):
+            await asyncio.to_thread(RelayAdmin(secure.url, ADMIN_TOKEN).dumps)
+
+    with_relay(tmp_path, pki, body)
