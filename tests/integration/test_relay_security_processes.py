@@ -139,6 +139,7 @@ def test_workers_serve_tls_readers_and_a_renewed_certificate(tmp_path: Path,
     plain = client_context(pki.ca)
     svc = pki.client("svc-orders")
     mtls = client_context(pki.ca, svc.cert, svc.key)
+    main_pid = proc.pid
     try:
         async def main() -> None:
             # Until both processes serve (the worker's header says which answered).
@@ -150,6 +151,7 @@ def test_workers_serve_tls_readers_and_a_renewed_certificate(tmp_path: Path,
                 if status == 200:
                     workers_seen.add(headers.get("X-Databus-Worker", "main"))
             assert len(workers_seen) == 2, workers_seen
+            consumers_by: set[str] = set()
             for _ in range(8):
                 status, _, doc = await _get(base + "/v1/stream", plain)
                 assert status == 401, doc
@@ -163,6 +165,7 @@ def test_workers_serve_tls_readers_and_a_renewed_certificate(tmp_path: Path,
                 # with the certificate's CN, judged there.
                 status, headers, doc = await _get(base + "/v1/consumers", mtls)
                 assert status == 200, doc
+                consumers_by.add(headers["X-Databus-Worker"])
                 # A CN claimed in a header is believed from no client.
                 status, _, doc = await _get(base + "/v1/consumers", plain,
                                             {"X-Databus-Forwarded-Cn": "svc-orders"})
@@ -172,6 +175,14 @@ def test_workers_serve_tls_readers_and_a_renewed_certificate(tmp_path: Path,
                 status, _, _ = await _get(base + "/metrics", plain,
                                           {"Authorization": f"Bearer {METRICS_TOKEN}"})
                 assert status == 200
+            # Both processes answered a certificate reader's forwarded request.
+            for _ in range(40):
+                if len(consumers_by) == 2:
+                    break
+                status, headers, doc = await _get(base + "/v1/consumers", mtls)
+                assert status == 200, doc
+                consumers_by.add(headers["X-Databus-Worker"])
+            assert len(consumers_by) == 2 and str(main_pid) in consumers_by, consumers_by
             for _ in range(4):
                 answer = await asyncio.to_thread(_plain_http, port)
                 assert b"shop" not in answer and b" 200 " not in answer
