@@ -333,3 +333,30 @@ def test_the_dump_admin_client_talks_tls(tmp_path: Path, pki: PKI) -> None:
             await asyncio.to_thread(RelayAdmin(secure.url, ADMIN_TOKEN).dumps)
 
     with_relay(tmp_path, pki, body)
+
+
+def test_cluster_members_read_peers_with_the_cluster_credentials(tmp_path: Path,
+                                                                  pki: PKI) -> None:
+    """``ClusterMember.http_json`` (a follower reading its leader's /v1/status and
+    /v1/sources) presents ``[relay.cluster]`` ca_file and token."""
+    from databus.config import RelayClusterConfig
+    from databus.relay.cluster._member import ClusterMember
+
+    def member(**credentials: Any) -> ClusterMember:
+        return ClusterMember(RelayClusterConfig(zookeeper="127.0.0.1:1/x", name="c",
+                                                **credentials), "https://me:1")
+
+    async def body(secure: SecureRelay) -> None:
+        good = member(ca_file=pki.ca, token=Secret(TOKENS["shop"]))
+        status = await asyncio.to_thread(good.http_json, secure.url + "/v1/status")
+        assert status["buffers"]["shop"]["max_scn"] == WINDOWS
+        sources = await asyncio.to_thread(good.http_json, secure.url + "/v1/sources")
+        assert {s["name"] for s in sources["sources"]} == {"shop.orders", "shop.items"}
+        with pytest.raises(OSError):  # urllib's HTTPError 401 is an OSError
+            await asyncio.to_thread(member(ca_file=pki.ca).http_json,
+                                    secure.url + "/v1/sources")
+        with pytest.raises(OSError):  # the relay's certificate is not trusted
+            await asyncio.to_thread(member(token=Secret(TOKENS["shop"])).http_json,
+                                    secure.url + "/v1/sources")
+
+    with_relay(tmp_path, pki, body)
