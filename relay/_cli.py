@@ -148,6 +148,10 @@ def run(args: argparse.Namespace) -> int:
         # databus._serving, not web.run_app: connection limits, timeouts, JSON errors.
         log.info("event loop: %s", loop.describe())
         app = create_app(relay)
+        if reloader is not None:
+            from databus.relay._server import TLS_RELOADER
+
+            app[TLS_RELOADER] = reloader
         unix_path = None
         if listeners is not None:
             from databus.relay._workers import enable_workers

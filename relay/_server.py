@@ -97,7 +97,7 @@ from databus.relay.quarantine._api import add_quarantine_routes, quarantine_stop
 from databus.relay.quarantine._read import guard
 from databus.relay.quarantine._record import Quarantine
 from databus.schemas import Schema
-from databus.security import Reader, check_operational, reader, require
+from databus.security import CertificateReloader, Reader, check_operational, reader, require
 from databus.security import install as install_guard
 
 log = logging.getLogger("databus.relay.http")
@@ -113,6 +113,8 @@ DEFAULT_WAIT_MS = 0
 NARROWED_HEADER = "X-Databus-Narrowed"
 
 RELAY = web.AppKey("relay", Relay)
+# The main process's certificate reloader (``[relay.tls]``), shown in /v1/status.
+TLS_RELOADER = web.AppKey("tls_reloader", CertificateReloader)
 # What the read endpoints use: the relay itself, or a worker process's read-only view
 # of its files (relay/_worker.py), which builds its app with ``install_read_side`` too.
 READER = web.AppKey("reader", RelayReader)
@@ -593,6 +595,10 @@ async def status(request: web.Request) -> web.Response:
     down = [c for c in components_of(doc) if not c["ready"]]
     doc["ready"] = not down
     doc["not_ready"] = down
+    reloader = request.app.get(TLS_RELOADER)
+    if reloader is not None:
+        # The main process's view; each worker reloads the same files on its own.
+        doc["tls"] = {"reloads": reloader.reloads, "error": reloader.error}
     return json_response(doc)
 
 

@@ -208,6 +208,13 @@ def test_workers_serve_tls_readers_and_a_renewed_certificate(tmp_path: Path,
                 break
             time.sleep(0.2)
         assert set(seen) == {wanted}, (seen, wanted)
+
+        async def tls_status() -> Any:
+            return (await _get(base + "/v1/status", plain,
+                               {"Authorization": f"Bearer {METRICS_TOKEN}"}))[2]["tls"]
+
+        tls = asyncio.run(tls_status())
+        assert tls["reloads"] >= 1 and tls["error"] is None, tls
     finally:
         proc.terminate()
         proc.wait(timeout=30)
