@@ -57,6 +57,7 @@ __all__ = [
     "strip_markers",
     "tls_for",
     "trust_forwarded_cn",
+    "unrestricted",
 ]
 
 # The verified client certificate CN of a request a worker forwards (internal only).
@@ -90,12 +91,17 @@ def guard_for(config: RelayConfig) -> Guard:
                  admin_token=config.admin_token)
 
 
+def unrestricted(grant: Grant) -> bool:
+    """Whether ``grant`` allows every source (anonymous on an open relay, or ``*``)."""
+    return grant.everything or "*" in grant.patterns
+
+
 def may_hold(grant: Grant, catalog_names: Iterable[str],
              configured: ConfiguredSources | None) -> bool:
     """Whether a buffer whose catalog holds ``catalog_names`` and whose fetcher's
     configuration is ``configured`` (None: unknown) holds, or may hold later, a source
     ``grant`` allows."""
-    if grant.everything or any(grant.allows(n) for n in catalog_names):
+    if unrestricted(grant) or any(grant.allows(n) for n in catalog_names):
         return True
     if configured is None:
         return False
@@ -134,7 +140,7 @@ def strip_markers(result: ReadResult, grant: Grant) -> ReadResult:
     allow (a marker that does not decode is taken out too). Markers are control events
     counted by no EOW and no checkpoint, so what remains is served unchanged."""
     data = result.data
-    if grant.everything or not data:
+    if unrestricted(grant) or not data:
         return result
     view = memoryview(data)
     keep: list[tuple[int, int]] = []

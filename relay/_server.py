@@ -69,7 +69,13 @@ from databus.errors import (
     UnknownSourceError,
 )
 from databus.filters import SourceFilter
-from databus.relay._access import guard_for, may_hold, strip_markers, trust_forwarded_cn
+from databus.relay._access import (
+    guard_for,
+    may_hold,
+    strip_markers,
+    trust_forwarded_cn,
+    unrestricted,
+)
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
 from databus.relay._catalog import did_you_mean
 from databus.relay._consumers import (
@@ -107,10 +113,11 @@ DEFAULT_MAX_BYTES = 1 << 20
 ABSURD_MAX_BYTES = 1 << 31
 DEFAULT_WAIT_MS = 0
 
-# Set on a stream response that was narrowed to the reader's grant (no ``sources``
-# named): its windows lack the events of sources not granted, so their EOW counts and
-# checksums cannot be checked by the consumer.
-NARROWED_HEADER = "X-Databus-Narrowed"
+# Set on every stream response to a reader not granted every source (DESIGN 18): its
+# windows may lack events of sources it may not see (a request naming none is narrowed
+# to its grant, and /v1/sources lists only granted ones), so EOW counts and checksums,
+# which cover every event of a window, must not be checked against what it gets.
+RESTRICTED_HEADER = "X-Databus-Restricted"
 
 RELAY = web.AppKey("relay", Relay)
 # The main process's certificate reloader (``[relay.tls]``), shown in /v1/status.
@@ -223,7 +230,7 @@ def _buffer_for(relay: RelayReader, request: web.Request, who: Reader
         raise BadRequest("this relay has several buffers: name the sources to stream")
     filters = {name: (_source_buffer(relay, name)[1], f) for name, f in spec.filters.items()}
     needs_key = any(f.needs_key for _, f in filters.values())
-    narrowed = not located and not grant.everything
+    narrowed = not located and not unrestricted(grant)
     if narrowed:
         held = [e for e in catalog.sources() if e.buffer == buffer_name]
         if not may_hold(grant, (e.name for e in held),
@@ -284,17 +291,18 @@ async def stream(request: web.Request) -> web.StreamResponse:
     # client make the relay write hundreds of heartbeats a second.
     heartbeat_ms = min(max(int_param(request, "heartbeat_ms", cfg.stream_heartbeat_ms, 0,
                                      3_600_000), MIN_HEARTBEAT_MS), MAX_HEARTBEAT_MS)
-    buffer_name, select, late, narrowed = _buffer_for(relay, request, who)
+    buffer_name, select, late, _ = _buffer_for(relay, request, who)
     buffer = relay.buffers[buffer_name]
     waiting = waiting_note(relay, buffer_name, late) if late else ""
     # Shared reads are per reader when grants differ: what one may see is not another's.
     filter_key = (request.query.get("sources", ""), request.query.get("filter", ""),
-                  "" if who.grant.everything else who.name)
+                  "" if unrestricted(who.grant) else who.name)
     quarantine = quarantine_stop(request, relay, buffer_name, who.grant)
     bound = _granted_read(buffer, select, who)
     if follow:
         return await _follow(request, buffer_name, buffer, bound, filter_key, checkpoint,
-                             max_bytes, heartbeat_ms, quarantine, narrowed)
+                             max_bytes, heartbeat_ms, quarantine,
+                             restricted=not unrestricted(who.grant))
     notifier = request.app[NOTIFIERS][buffer_name]
     stats = request.app[STATS]
     shared = request.app[SHARED_READS][buffer_name]
@@ -345,8 +353,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
         headers["X-Databus-Pending-Event-Size"] = str(pending)
     if waiting:
         headers["X-Databus-Waiting"] = waiting
-    if narrowed:
-        headers[NARROWED_HEADER] = "1"
+    if not unrestricted(who.grant):
+        headers[RESTRICTED_HEADER] = "1"
     size = sum(len(p) for p in pieces)
     stats.bytes_served += size
     stats.events_served += events
@@ -364,7 +372,7 @@ def _granted_read(buffer: EventBuffer, select: CompiledFilter | None,
     """``buffer.read`` with the request's filter, without the in-band markers of
     sources ``who`` may not read (relay/_access.py)."""
     bound = functools.partial(buffer.read, select=select)
-    if who.grant.everything:
+    if unrestricted(who.grant):
         return bound
     grant = who.grant
 
@@ -378,7 +386,7 @@ async def _follow(
     request: web.Request, buffer_name: str, buffer: EventBuffer,
     bound: Callable[..., ReadResult], filter_key: tuple[str, ...], checkpoint: Checkpoint,
     max_bytes: int, heartbeat_ms: int, quarantine: Callable[[], Quarantine | None],
-    narrowed: bool = False,
+    *, restricted: bool = False,
 ) -> web.StreamResponse:
     """A streaming subscription (relay/_streaming.py): one chunked response that stays
     open. A checkpoint already off the buffer is refused before the response starts,
@@ -412,7 +420,7 @@ async def _follow(
                                  else state.prev_scn),
         "X-Databus-Max-Scn": str(state.max_scn if state.max_scn is not None
                                  else state.prev_scn),
-        **({NARROWED_HEADER: "1"} if narrowed else {}),
+        **({RESTRICTED_HEADER: "1"} if restricted else {}),
     })
     response.enable_chunked_encoding()
     serving = app.get(SERVING)
@@ -561,7 +569,7 @@ async def schema_by_fingerprint(request: web.Request) -> web.Response:
     relay = request.app[READER]
     registry = relay.catalog.registry
     fingerprint = parse_fingerprint(request.match_info["fingerprint"])
-    if not who.grant.everything and not any(
+    if not unrestricted(who.grant) and not any(
             s.fingerprint == fingerprint
             for e in relay.catalog.sources() if who.grant.allows(e.name)
             for s in registry.versions(e.name)):
@@ -632,7 +640,7 @@ async def consumers(request: web.Request) -> web.Response:
     listed = registry.snapshot({n: st.max_scn for n, st in states.items()},
                                relay.window_time,
                                {n: st.min_scn for n, st in states.items()})
-    if not who.grant.everything and "*" not in who.grant.patterns:
+    if not unrestricted(who.grant):
         listed = [c for c in listed if c["reader"] == who.name]  # its own only
     return json_response({
         "consumers": listed,

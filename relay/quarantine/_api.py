@@ -51,7 +51,7 @@ def quarantine_stop(request: web.Request, relay: RelayReader, buffer: str,
     if mode == "pass":
         return _no_quarantine
     names = sources_param(request)
-    if grant is None or grant.everything:
+    if grant is None or grant.everything or "*" in grant.patterns:
         return lambda: including(relay.quarantines.active(buffer), names)
     return lambda: including({s: q for s, q in relay.quarantines.active(buffer).items()
                               if grant.allows(s)}, names)

@@ -30,7 +30,7 @@ from databus.config import ReaderConfig, Secret, TLSConfig
 from databus.event import iter_events
 from databus.relay._access import tls_for
 from databus.relay._relay import Relay
-from databus.relay._server import NARROWED_HEADER, create_app
+from databus.relay._server import RESTRICTED_HEADER, create_app
 from databus.security import client_context
 from tests.fixtures._certs import PKI
 from tests.relay_harness import relay_config
@@ -191,13 +191,13 @@ def test_a_subscription_without_sources_is_narrowed_to_the_grant(tmp_path: Path,
                 async with secure.session(TOKENS["orders"]) as session, \
                         session.get(secure.url + "/v1/stream", params=params) as resp:
                     assert resp.status == 200
-                    assert resp.headers[NARROWED_HEADER] == "1"
+                    assert resp.headers[RESTRICTED_HEADER] == "1"
                     body = b""
                     while max((h.scn for _, h in iter_events(body)), default=0) < WINDOWS:
                         body += await asyncio.wait_for(resp.content.readany(), 10)
             else:
                 status, headers, body = await secure.get("/v1/stream", TOKENS["orders"], **params)
-                assert status == 200 and headers[NARROWED_HEADER] == "1"
+                assert status == 200 and headers[RESTRICTED_HEADER] == "1"
             got = data_sources(body)
             assert got and set(got) == {known["shop.orders"]}, follow
             assert len(got) == data_sources(everything).count(known["shop.orders"])
@@ -205,6 +205,10 @@ def test_a_subscription_without_sources_is_narrowed_to_the_grant(tmp_path: Path,
         status, headers, body = await secure.get("/v1/stream", TOKENS["shop"],
                                                  max_bytes=str(1 << 22))
         assert status == 200 and data_sources(body) == data_sources(everything)
+        # Explicit sources too: a restricted reader's windows are never checked whole.
+        assert (await secure.get("/v1/stream", TOKENS["orders"],
+                                 sources="shop.orders"))[1][RESTRICTED_HEADER] == "1"
+        assert RESTRICTED_HEADER not in (await secure.get("/v1/stream", TOKENS["all"]))[1]
         listed = await secure.json("/v1/sources", TOKENS["orders"])
         assert [s["name"] for s in listed["sources"]] == ["shop.orders"]
 
