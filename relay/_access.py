@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import ssl
+import struct
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
@@ -135,29 +136,37 @@ def _marker_source(data: bytes | memoryview, pos: int, source_id: int, total: in
         return None
 
 
+# Where an event's total length and source id sit in its header (databus/event.py).
+_LENGTH_AND_SOURCE = struct.Struct(">I18xh")
+_LENGTH_OFFSET = 12
+
+
 def strip_markers(result: ReadResult, grant: Grant) -> ReadResult:
     """``result`` without the dump and quarantine markers of sources ``grant`` does not
     allow (a marker that does not decode is taken out too). Markers are control events
-    counted by no EOW and no checkpoint, so what remains is served unchanged."""
+    counted by no EOW and no checkpoint, so what remains is served unchanged.
+
+    The walk reads two header fields per event (the read that made ``result`` checked
+    the events); only markers are decoded (and their CRCs checked)."""
     data = result.data
     if unrestricted(grant) or not data:
         return result
     view = memoryview(data)
+    unpack = _LENGTH_AND_SOURCE.unpack_from
     keep: list[tuple[int, int]] = []
     start = pos = 0
     size = len(data)
-    changed = False
     while pos + HEADER_SIZE <= size:
-        header = decode_header(data, pos)
-        total = header.total_length
-        if header.source_id in _MARKERS:
-            source = _marker_source(view, pos, header.source_id, total)
+        total, source_id = unpack(data, pos + _LENGTH_OFFSET)
+        if total < HEADER_SIZE:
+            break  # not an event: leave the rest as the read made it
+        if source_id in _MARKERS:
+            source = _marker_source(view, pos, source_id, total)
             if source is None or not grant.allows(source):
                 keep.append((start, pos))
                 start = pos + total
-                changed = True
         pos += total
-    if not changed:
+    if not keep:
         return result
     keep.append((start, size))
     return dataclasses.replace(result, data=b"".join(view[a:b] for a, b in keep if b > a))
