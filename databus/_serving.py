@@ -52,6 +52,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -662,14 +663,16 @@ class AppRunner(web.AppRunner):
 def run_app(app: web.Application, *, host: str, port: int,
             on_listen: Callable[[str, int], None],
             loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
-            sockets: Sequence[socket.socket] = (), unix_path: str | None = None) -> str:
+            sockets: Sequence[socket.socket] = (), unix_path: str | None = None,
+            ssl_context: ssl.SSLContext | None = None) -> str:
     """Serve ``app`` until SIGINT or SIGTERM (what ``web.run_app`` does, with limits),
     on the loop ``loop_factory`` makes (uvloop's, databus._event_loop; None: asyncio's).
     ``sockets``: listen on these bound sockets instead of ``host:port``; ``unix_path``:
-    also on a unix socket there. Returns the name of the signal that ended it."""
+    also on a unix socket there; ``ssl_context``: serve HTTPS on the TCP sockets.
+    Returns the name of the signal that ended it."""
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(_serve(app, host, port, on_listen, sockets=sockets,
-                                 unix_path=unix_path))
+                                 unix_path=unix_path, ssl_context=ssl_context))
 
 
 def listen_sockets(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
@@ -708,7 +711,8 @@ def listen_sockets(host: str, port: int, backlog: int = 128) -> list[socket.sock
 
 async def _serve(app: web.Application, host: str, port: int,
                  on_listen: Callable[[str, int], None], *,
-                 sockets: Sequence[socket.socket] = (), unix_path: str | None = None) -> str:
+                 sockets: Sequence[socket.socket] = (), unix_path: str | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> str:
     # Bound before the app starts (runner.setup() runs its startup: fetchers, fencing
     # tokens, leases): a port in use fails here, having started nothing.
     if not sockets:
@@ -717,7 +721,7 @@ async def _serve(app: web.Application, host: str, port: int,
     await runner.setup()
     try:
         for sock in sockets:
-            await web.SockSite(runner, sock).start()
+            await web.SockSite(runner, sock, ssl_context=ssl_context).start()
         if unix_path is not None:
             await web.UnixSite(runner, unix_path).start()
             # The same API as the TCP port, for this user only (admin still needs its token).
