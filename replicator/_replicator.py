@@ -463,7 +463,7 @@ class Replicator:
             return None
         from aiohttp import web
 
-        from databus._http import json_errors, json_response
+        from databus._http import STATS, HttpStats, json_errors, json_response
         from databus._readiness import readiness_response
         from databus._serving import ListenError
         from databus.config import redact_uri
@@ -502,7 +502,8 @@ class Replicator:
 
         # A missing or wrong certificate file fails here, in one line, before anything.
         tls = server_context(cfg.tls, "replicate.tls") if cfg.tls is not None else None
-        app = web.Application(middlewares=[json_errors])
+        app = web.Application(middlewares=[json_errors])  # 401 as a JSON error
+        app[STATS] = HttpStats()
         install(app, Guard(metrics_token=cfg.metrics_token))
         if tls is not None and cfg.tls is not None:
             reloader = CertificateReloader(cfg.tls, tls, "replicate.tls")
