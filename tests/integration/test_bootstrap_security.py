@@ -416,3 +416,62 @@ def test_a_refused_producer_says_so_and_does_not_hammer_the_relay(
                     assert token not in json.dumps(doc)
 
     asyncio.run(main())
+
+
+@_async
+async def test_a_reader_proves_itself_by_its_client_certificate(tmp_path: Path,
+                                                                pki: PKI) -> None:
+    gate = Gate({ALL: "ok"})
+    config = relay_config(tmp_path, {"shop": synthetic(100)}, readers=relay_readers(gate))
+    replica = pki.client("replica-1")
+    async with tls_relay(config, pki, gate) as relay, tls_bootstrap(
+            tmp_path, pki, relay.url,
+            tls={"cert_file": str(pki.server.cert), "key_file": str(pki.server.key),
+                 "client_ca_file": str(pki.ca)},
+            readers=[{"name": "everything", "token": ALL, "sources": ["shop.*"]},
+                     {"name": "replica", "client_cert_cn": "replica-1",
+                      "sources": ["shop.a"]}]) as service:
+        await wait_applied(service, 100)
+
+        async def sources(creds: ClientCredentials) -> tuple[int, Any]:
+            async with client_session(creds) as session, session.get(
+                    service.url + "/v1/bootstrap/sources") as resp:
+                return resp.status, await resp.json()
+
+        status, doc = await sources(ClientCredentials.of(
+            ca_file=pki.ca, cert_file=replica.cert, key_file=replica.key))
+        assert status == 200 and [s["name"] for s in doc["sources"]] == ["shop.a"]
+        # A certificate the listener's CA did not sign is refused at the handshake; one it
+        # signed for a CN no reader has, and none at all, are 401.
+        stranger = pki.other_client("replica-1")
+        with pytest.raises(aiohttp.ClientError):
+            await sources(ClientCredentials.of(ca_file=pki.ca, cert_file=stranger.cert,
+                                               key_file=stranger.key))
+        unknown = pki.client("nobody")
+        for creds in (ClientCredentials.of(ca_file=pki.ca, cert_file=unknown.cert,
+                                           key_file=unknown.key),
+                      ClientCredentials.of(ca_file=pki.ca)):
+            status, doc = await sources(creds)
+            assert (status, doc["error"]) == (401, "unauthorized")
+        # A token still works beside certificates (CERT_OPTIONAL).
+        status, doc = await sources(ClientCredentials.of(ca_file=pki.ca, token=ALL))
+        assert status == 200 and len(doc["sources"]) == 2
+
+
+def test_a_missing_certificate_file_fails_the_start_in_one_line(tmp_path: Path,
+                                                                pki: PKI) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "bootstrap.toml"
+    config.write_text("\n".join([
+        "[bootstrap]", f'storage = "sqlite:///{tmp_path / "b.db"}"', "port = 0",
+        'run = ["server"]', "[bootstrap.tls]", f'cert_file = "{tmp_path / "nope.crt"}"',
+        f'key_file = "{pki.server.key}"']) + "\n")
+    run = subprocess.run([str(Path(sys.executable).with_name("databus")), "bootstrap",
+                          "--config", str(config)], capture_output=True, timeout=60)
+    said = (run.stdout + run.stderr).decode()
+    assert run.returncode != 0
+    assert "bootstrap.tls.cert_file" in said and "nope.crt" in said, said
+    assert "Traceback" not in said and len(said.strip().splitlines()) == 1, said
+    assert not (tmp_path / "b.db").exists()  # nothing opened
