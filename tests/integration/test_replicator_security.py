@@ -213,3 +213,99 @@ def test_the_dump_request_presents_the_reader_token_and_the_admin_token(
 
     asyncio.run(main())
     src.close()
+
+
+def test_daemons_end_to_end_over_tls_with_readers(tmp_path: Path, pki: PKI) -> None:
+    """``databus relay`` with ``[relay.tls]`` and ``[[relay.readers]]``, ``databus
+    bootstrap`` whose producer reads it with its token, ``databus replicate`` reading
+    both with its own: the target ends equal to the source, and the relay refuses a
+    request without a token.
+
+    Skipped while the relay serves neither TLS nor its readers (they are the relay
+    side of issue 31, another branch): it runs by itself once they are merged."""
+    import ssl
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from tests.relay_harness import start_databus
+    from tests.waiting import wait_until
+
+    src = SqliteSource(tmp_path / "shop.db", DDL)
+    src.install("orders")
+    rng = random.Random(11)
+    workload(src, rng, 30)
+    relay_port, boot_port, repl_port = free_port(), free_port(), free_port()
+    tls = [f'cert_file = "{pki.server.cert}"', f'key_file = "{pki.server.key}"']
+    (tmp_path / "relay.toml").write_text("\n".join([
+        "[relay]", f'data_dir = "{tmp_path / "relay"}"', f"port = {relay_port}",
+        "[relay.tls]", *tls,
+        "[[relay.buffers]]", 'name = "src"', "capacity_mb = 4",
+        f'source = "{src.uri("orders")}"',
+        "[[relay.readers]]", 'name = "bootstrap"', 'token = "tok-e2e-producer"',
+        'sources = ["shop.*"]',
+        "[[relay.readers]]", 'name = "replicator"', 'token = "tok-e2e-replicator"',
+        'sources = ["shop.orders"]']) + "\n")
+    (tmp_path / "bootstrap.toml").write_text("\n".join([
+        "[bootstrap]", f'storage = "sqlite:///{tmp_path / "boot.db"}"', f"port = {boot_port}",
+        "[bootstrap.tls]", *tls,
+        "[bootstrap.producer]", f'relays = ["https://localhost:{relay_port}"]',
+        "poll_wait_ms = 100", f'ca_file = "{pki.ca}"', 'token = "tok-e2e-producer"',
+        "[[bootstrap.readers]]", 'name = "replicator"', 'token = "tok-e2e-replicator"',
+        'sources = ["shop.*"]']) + "\n")
+    target = tmp_path / "replica.db"
+    (tmp_path / "replicate.toml").write_text("\n".join([
+        "[replicate]", 'name = "shop-copy"', f'relays = ["https://localhost:{relay_port}"]',
+        f'bootstrap = ["https://localhost:{boot_port}"]', f'target = "sqlite:///{target}"',
+        f'ca_file = "{pki.ca}"', 'token = "tok-e2e-replicator"', "batch_ms = 50",
+        f"metrics_port = {repl_port}", 'metrics_token = "tok-e2e-metrics"',
+        "[replicate.tls]", *tls,
+        "[[replicate.tables]]", 'source = "shop.orders"']) + "\n")
+    context = ssl.create_default_context(cafile=str(pki.ca))
+
+    def status_of(url: str, token: str | None = None) -> int:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                        timeout=10, context=context) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(start_databus(["relay", "--config", str(tmp_path / "relay.toml")],
+                                   relay_port, tmp_path / "relay.log"))
+        relay = f"https://localhost:{relay_port}"
+        try:
+            status_of(relay + "/healthz")
+        except (urllib.error.URLError, ssl.SSLError, OSError):
+            pytest.skip("the relay does not serve [relay.tls] on this branch (issue 31, "
+                        "relay side): runs once it does")
+        if status_of(relay + "/v1/sources") != 401:
+            pytest.skip("the relay does not enforce [[relay.readers]] on this branch "
+                        "(issue 31, relay side): runs once it does")
+        assert status_of(relay + "/v1/sources", "tok-e2e-replicator") == 200
+        procs.append(start_databus(["bootstrap", "--config", str(tmp_path / "bootstrap.toml")],
+                                   boot_port, tmp_path / "bootstrap.log"))
+        procs.append(start_databus(["replicate", "--config", str(tmp_path / "replicate.toml")],
+                                   repl_port, tmp_path / "replicate.log"))
+        wait_until(lambda: target.exists() and _equal(target, src), "the target equal to "
+                   "the source", 60, ignore=(sqlite3.OperationalError,))
+        workload(src, rng, 10)
+        wait_until(lambda: _equal(target, src), "the target following the source", 60,
+                   ignore=(sqlite3.OperationalError,))
+        status_url = f"https://localhost:{repl_port}/v1/status"
+        assert status_of(status_url) == 401
+        assert status_of(status_url, "tok-e2e-metrics") == 200
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+        src.close()
+
+
+def _equal(target: Path, src: SqliteSource) -> bool:
+    return target_rows(target) == source_rows(src) and target_scn(target, "shop-copy") \
+        is not None
