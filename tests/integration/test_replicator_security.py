@@ -309,3 +309,15 @@ def test_daemons_end_to_end_over_tls_with_readers(tmp_path: Path, pki: PKI) -> N
 def _equal(target: Path, src: SqliteSource) -> bool:
     return target_rows(target) == source_rows(src) and target_scn(target, "shop-copy") \
         is not None
+
+
+def test_a_missing_status_certificate_stops_the_replicator_before_the_target(
+        tmp_path: Path, pki: PKI) -> None:
+    from databus.security import TLSFileError
+
+    config = replicate_config(pki, tmp_path / "replica.db", "https://localhost:1",
+                              tls={"cert_file": str(tmp_path / "nope.crt"),
+                                   "key_file": str(pki.server.key)})
+    with pytest.raises(TLSFileError, match=r"replicate\.tls\.cert_file.*nope\.crt"):
+        asyncio.run(Replicator(config).run_async())
+    assert not (tmp_path / "replica.db").exists()  # the target was not opened
