@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from databus.bootstrap._service import build_app, open_configured_storage
+    from databus.bootstrap._service import build_app, listener_tls, open_configured_storage
 
     config = load_config(args.config).bootstrap
     if config is None:
@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     port = config.port if args.port is None else args.port
     # Chosen before anything is opened: a config asking for a missing uvloop fails here.
     loop = choose_event_loop(config.event_loop, "bootstrap.event_loop")
+    # [bootstrap.tls]: a missing or wrong certificate file fails here, in one line.
+    tls = listener_tls(config)
     # Safe start (DESIGN 17): the port, then the store, then this process's hold on the
     # producer and the applier, all before either takes its fencing token (when the
     # service starts). A second service started by mistake on a used port or on a store
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                  ", ".join(config.run))
         # databus._serving, not web.run_app: connection limits, timeouts, JSON errors.
         log.info("event loop: %s", loop.describe())
-        app = build_app(config, storage)
+        app = build_app(config, storage, tls)
     except BaseException:
         for each in holds:
             each.release()
@@ -73,10 +75,12 @@ def run(args: argparse.Namespace) -> int:
             sock.close()
         raise
     try:
+        # ssl_context: databus._serving.run_app serves HTTPS on the sockets with it.
+        scheme = "https" if tls is not None else "http"
         got = run_app(app, host=host, port=port, loop_factory=loop.factory,
-                      sockets=sockets,
+                      sockets=sockets, ssl_context=tls,
                       on_listen=lambda h, p: log.info("bootstrap service listening on "
-                                                      "http://%s:%d", h, p))
+                                                      "%s://%s:%d", scheme, h, p))
         log.info("bootstrap service stopped (%s)", got)
     finally:
         for each in holds:

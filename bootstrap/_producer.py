@@ -9,6 +9,14 @@ always the last whole window, so a crash re-pulls exactly what was not committed
 
 The first start on an empty store begins right after the relay's ``prev_scn`` (read
 from ``/v1/status``), which becomes the log floor: everything after it is in the log.
+
+It presents ``[bootstrap.producer]``'s credentials to the relays (DESIGN 18): their CA
+for ``https://``, a client certificate, a reader token. A relay that refuses them (401:
+no or a wrong or revoked credential; 403: a source the reader is not granted) puts the
+producer in state ``unauthorized`` or ``forbidden``, with the relay's answer and the fix
+in its status, ``/readyz`` and one log line; it asks again every ``auth_retry_s``
+seconds (30), not in a loop, so a fix on the relay's side is picked up without a
+restart.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 
 import aiohttp
 
+from databus._limited_log import limited
 from databus._redact import redact
 from databus.batch import WindowFrames, check_windows, frame_windows, restamp, scan
 from databus.bootstrap._component import BackgroundComponent, ComponentStatus
@@ -33,10 +42,30 @@ from databus.bootstrap._storage import BootstrapStorage, FencedError, LogBatch
 from databus.checkpoint import Checkpoint
 from databus.client import FellOffRelay, RelayPuller
 from databus.client._headers import read_json
-from databus.errors import DatabusError, EventFormatError, SourceError
+from databus.config import redact_uri
+from databus.errors import (
+    DatabusError,
+    EventFormatError,
+    ForbiddenError,
+    SourceError,
+    UnauthorizedError,
+)
 from databus.event import EOW_SOURCE_ID
+from databus.security import NO_CREDENTIALS, ClientCredentials, client_session
 
 log = logging.getLogger("databus.bootstrap.producer")
+
+# Seconds between two attempts while the relays refuse the producer's credential.
+AUTH_RETRY_S = 30.0
+
+_AUTH_FIX = {
+    "unauthorized": "give [bootstrap.producer] the credential of a reader the relay knows "
+                    "(token = \"${ENV}\", or cert_file/key_file under mutual TLS; see "
+                    "[[relay.readers]] and docs/security.md)",
+    "forbidden": "grant that reader the producer's sources in the relay's [[relay.readers]] "
+                 "sources (every source of the buffer when bootstrap.producer.sources is "
+                 "empty), or narrow bootstrap.producer.sources",
+}
 
 
 @dataclass
@@ -173,8 +202,12 @@ class LogProducer(BackgroundComponent):
         poll_wait_ms: int = 1000,
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
+        credentials: ClientCredentials = NO_CREDENTIALS,
+        auth_retry_s: float = AUTH_RETRY_S,
     ) -> None:
         self.storage = storage
+        self.credentials = credentials
+        self.auth_retry_s = auth_retry_s
         self.relays = list(relays)
         self.sources = list(sources)
         self.start_scn = start_scn
@@ -191,10 +224,16 @@ class LogProducer(BackgroundComponent):
         while True:
             try:
                 await self.take_fence()  # before the checkpoint is read
-                async with aiohttp.ClientSession() as session:
+                # The credentials on every request: TLS context and reader token.
+                async with client_session(self.credentials) as session:
                     await self._pull(session)
             except asyncio.CancelledError:
                 raise
+            except (UnauthorizedError, ForbiddenError) as exc:
+                self._refused(exc)
+                await asyncio.sleep(self.auth_retry_s)
+                delay = self.backoff_initial
+                continue
             except DatabusError as exc:
                 if not exc.retriable:
                     self._gave_up(exc)
@@ -206,6 +245,19 @@ class LogProducer(BackgroundComponent):
                 return
             await asyncio.sleep(delay)
             delay = min(self.backoff_max, delay * 2)
+
+    def _refused(self, exc: UnauthorizedError | ForbiddenError) -> None:
+        """A relay refused the credential: the state says which refusal, the message
+        the relay's answer and the fix; one log line (rate-limited)."""
+        state = "unauthorized" if isinstance(exc, UnauthorizedError) else "forbidden"
+        self.status.errors += 1
+        self.status.state = state
+        relays = ", ".join(redact_uri(r) for r in self.relays)
+        self.status.last_error = redact(f"{relays}: {exc.message}. Fix: {_AUTH_FIX[state]}")
+        limited(self.log).error("%s: the relay refused the producer's credential (%s); "
+                                "asking again in %g s", self.task_name,
+                                self.status.last_error, self.auth_retry_s,
+                                kind=f"{self.task_name} {state}")
 
     async def _pull(self, session: aiohttp.ClientSession) -> None:
         storage = self.storage

@@ -23,7 +23,8 @@ from databus._readiness import component_families as shared_families
 __all__ = ["STATES", "component_families", "components_of"]
 
 READY = ("running", "standby")
-_PART = ("starting", "running", "retrying", "standby", "fenced", "failed", "stopped")
+_PART = ("starting", "running", "retrying", "standby", "fenced", "failed", "stopped",
+         "unauthorized", "forbidden")
 STATES = {"producer": _PART, "applier": _PART, "zookeeper": ("connected", "disconnected")}
 
 _WHAT = {"producer": "appends the relay's windows to the log",
@@ -39,6 +40,12 @@ _FIX = {
               "\"Runbook: not ready / second instance\")",
     "failed": "fix the cause in the message, then restart the bootstrap service",
     "stopped": "the service is stopping; start it again",
+    # The producer's credential, refused by the relay (DESIGN 18): it asks again every
+    # 30 s, so a fix on the relay's side needs no restart; one in its config does.
+    "unauthorized": "the relay refused the producer's credential: set a reader's token "
+                    "(or client certificate) in [bootstrap.producer] (docs/security.md)",
+    "forbidden": "the relay's reader for the producer's credential is not granted its "
+                 "sources: grant them in [[relay.readers]] (docs/security.md)",
 }
 
 

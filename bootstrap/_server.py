@@ -5,6 +5,16 @@
 - ``GET /v1/status``, ``GET /metrics``, ``GET /healthz``, ``GET /readyz``
 - ``POST /v1/admin/retain`` (bearer token): run retention now
 
+Who may read what (DESIGN 18, docs/bootstrap.md "Security"): with ``[[bootstrap.readers]]``
+every read (``stream``, ``sources``, ``schemas``) needs a reader's credential (401), and
+reads only the sources it is granted (403): a stream naming a source not granted, or a
+filter naming one, is refused; a stream naming no source is narrowed to the granted
+ones (refused when that is none); ``sources`` lists the granted ones; a schema of no
+granted source is refused. Whether a source the reader is not granted exists is never
+said. ``/v1/status`` and ``/metrics`` take ``check_operational`` (the metrics token, the
+admin token or a reader's credential when a metrics token is set); ``/healthz`` and
+``/readyz`` are open; admin keeps the admin token.
+
 Store calls block, so each runs in a worker thread; the store gives every thread its
 own connection.
 """
@@ -26,6 +36,7 @@ from databus._event_loop import running_loop_name
 from databus._http import (
     STATS,
     BadRequest,
+    Forbidden,
     HttpStats,
     NotFound,
     admin_body,
@@ -47,6 +58,7 @@ from databus.bootstrap._readiness import component_families, components_of
 from databus.bootstrap._serve import Bootstrapper
 from databus.config import Secret
 from databus.schemas import Schema
+from databus.security import Reader, check_operational, reader, require
 
 EVENTS_CONTENT_TYPE = "application/x-databus-events"
 DEFAULT_MAX_BYTES = 1 << 20
@@ -76,12 +88,31 @@ async def _blocking(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(fn, *args)
 
 
+async def _granted_sources(who: Reader, boot: Bootstrapper, names: list[str],
+                           filtered: list[str]) -> list[str]:
+    """The sources a stream request of ``who`` reads: those it names, each granted
+    (else 403, before the store is asked whether they exist); when it names none, the
+    store's sources it is granted, in the order the store would serve them all."""
+    require(who, names)
+    require(who, filtered)  # a filter never widens: it may only name granted sources
+    if names or who.grant.everything:
+        return names
+    known = await _blocking(boot.storage.source_ids)
+    granted = who.grant.narrow(sorted(known, key=known.__getitem__))
+    if not granted:
+        raise Forbidden(f"reader {who.name!r} is granted no source of this bootstrap "
+                        "service")
+    return granted
+
+
 async def stream(request: web.Request) -> web.StreamResponse:
     boot = request.app[BOOTSTRAPPER]
     info = request.app[INFO]
+    who = reader(request)  # 401 before anything else is looked at
     checkpoint = checkpoint_param(request)
     names = sources_param(request)
     spec = filter_param(request)
+    names = await _granted_sources(who, boot, names, list(spec.filters))
     # Clients send their client_id here too; the bootstrap service does not track
     # consumers, but holds the parameter to the relay's rules (400 when over-long).
     client_id_param(request)
@@ -109,6 +140,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
 
 
 async def sources(request: web.Request) -> web.Response:
+    """The sources of the store the reader is granted (all of them without readers)."""
+    who = reader(request)
     storage = request.app[BOOTSTRAPPER].storage
     ids, schemas = await asyncio.gather(_blocking(storage.source_ids),
                                         _blocking(storage.schemas))
@@ -116,16 +149,25 @@ async def sources(request: web.Request) -> web.Response:
     for fingerprint, source, _ in schemas:  # oldest first: the last one wins
         latest[source] = fingerprint
     out = [{"name": name, "id": sid, "schema_fingerprint": fp_text(latest.get(name))}
-           for name, sid in sorted(ids.items(), key=lambda item: item[1])]
+           for name, sid in sorted(ids.items(), key=lambda item: item[1])
+           if who.grant.allows(name)]
     return json_response({"sources": out})
 
 
 async def schema_by_fingerprint(request: web.Request) -> web.Response:
+    who = reader(request)
     fingerprint = parse_fingerprint(request.match_info["fingerprint"])
     storage = request.app[BOOTSTRAPPER].storage
     text = await _blocking(storage.schema, fingerprint)
     if text is None:
         raise NotFound(f"no schema with fingerprint {fp_text(fingerprint)}")
+    if not who.grant.everything:
+        # A schema is a source's: readable by a reader granted a source that has it.
+        owners = {source for fp, source, _ in await _blocking(storage.schemas)
+                  if fp == fingerprint}
+        if not who.grant.narrow(owners):
+            raise Forbidden(f"reader {who.name!r} is not granted the source of schema "
+                            f"{fp_text(fingerprint)}")
     schema = Schema(text)
     return json_response({"fingerprint": fp_text(fingerprint), "name": schema.name,
                               "schema": json.loads(schema.to_json())})
@@ -188,6 +230,7 @@ def _components(app: web.Application) -> dict[str, Any]:
 
 
 async def status(request: web.Request) -> web.Response:
+    check_operational(request)
     return json_response(await status_doc(request.app))
 
 
@@ -268,6 +311,7 @@ class BootstrapCollector(Collector):
 
 
 async def metrics(request: web.Request) -> web.Response:
+    check_operational(request)
     collector = request.app[COLLECTOR]
     collector.status = await status_doc(request.app)
     # No await from here on: the page is the document just read.

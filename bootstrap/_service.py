@@ -4,7 +4,10 @@ task; the aiohttp app's ``cleanup_ctx`` starts them and closes them in reverse."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -18,8 +21,51 @@ from databus.bootstrap._serve import Bootstrapper, ServePolicy
 from databus.bootstrap._server import DEFAULT_MAX_BYTES, ServiceInfo, create_app
 from databus.bootstrap._storage import BootstrapStorage, open_storage
 from databus.config import BootstrapConfig
+from databus.security import CertificateReloader, Guard, Readers, server_context
+from databus.security import install as install_guard
 
 log = logging.getLogger("databus.bootstrap")
+
+# How often the listener's certificate files are looked at (a renewal is served to new
+# connections within this time, without a restart).
+CERT_CHECK_S = 5.0
+
+
+def listener_tls(config: BootstrapConfig) -> ssl.SSLContext | None:
+    """The listener's TLS context from ``[bootstrap.tls]`` (None: plain HTTP);
+    ``TLSFileError`` in one line when a file is missing or wrong (before anything is
+    bound or opened)."""
+    if config.tls is None:
+        return None
+    return server_context(config.tls, "bootstrap.tls")
+
+
+def advertised_url(config: BootstrapConfig) -> str:
+    """Where clients reach this service: ``cluster.advertise_url``, else
+    ``http(s)://host:port`` (https with ``[bootstrap.tls]``)."""
+    if config.cluster is not None and config.cluster.advertise_url:
+        return config.cluster.advertise_url
+    scheme = "https" if config.tls is not None else "http"
+    return f"{scheme}://{config.host}:{config.port}"
+
+
+def _watch_certificates(app: web.Application, reloader: CertificateReloader,
+                        interval: float) -> None:
+    """Look at the certificate files every ``interval`` seconds while the app runs."""
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await asyncio.to_thread(reloader.check)
+
+    async def watching(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(watch(), name="databus-bootstrap-tls-reload")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.cleanup_ctx.append(watching)
 
 
 def open_configured_storage(config: BootstrapConfig) -> BootstrapStorage:
@@ -29,15 +75,26 @@ def open_configured_storage(config: BootstrapConfig) -> BootstrapStorage:
     return open_storage(config.storage, **options)
 
 
-def build_app(config: BootstrapConfig, storage: BootstrapStorage) -> web.Application:
+def build_app(config: BootstrapConfig, storage: BootstrapStorage,
+              tls: ssl.SSLContext | None = None, *,
+              cert_check_s: float = CERT_CHECK_S) -> web.Application:
     """The service as an aiohttp app; without "server" in ``run`` it still answers
-    /v1/status, /metrics and /healthz so the process can be watched."""
+    /v1/status, /metrics and /healthz so the process can be watched. ``tls``: the
+    context the listener serves with (``listener_tls``), whose files are looked at
+    every ``cert_check_s`` seconds and loaded again when they change."""
     srv = config.server
     bootstrapper = Bootstrapper(storage, ServePolicy(
         strategy=srv.strategy, breakeven_ratio=srv.breakeven_ratio,
         ratio_sample_rows=srv.ratio_sample_rows, batch_rows=srv.batch_rows))
     info = ServiceInfo(admin_token=config.admin_token, max_bytes_cap=srv.max_bytes_cap)
     app = create_app(bootstrapper, info, serve_streams="server" in config.run)
+    # Who may read what (DESIGN 18): readers, and the token of /metrics and /v1/status.
+    install_guard(app, Guard(readers=Readers(config.readers),
+                             metrics_token=config.metrics_token,
+                             admin_token=config.admin_token))
+    if tls is not None and config.tls is not None:
+        _watch_certificates(app, CertificateReloader(config.tls, tls, "bootstrap.tls"),
+                            cert_check_s)
     # Connection limits and the stream memory budget (databus/_serving.py).
     install(app, ServingLimits.of(srv), stream_paths=("/v1/bootstrap/stream",),
             default_max_bytes=DEFAULT_MAX_BYTES, max_bytes_cap=srv.max_bytes_cap)
@@ -45,7 +102,8 @@ def build_app(config: BootstrapConfig, storage: BootstrapStorage) -> web.Applica
     if "producer" in config.run:
         p = config.producer
         producer = LogProducer(storage, p.relays, sources=p.sources, start_scn=p.start_scn,
-                               max_bytes=p.max_bytes, poll_wait_ms=p.poll_wait_ms)
+                               max_bytes=p.max_bytes, poll_wait_ms=p.poll_wait_ms,
+                               credentials=p.credentials)
         info.components["producer"] = producer.status.to_json
     if "applier" in config.run:
         a, r = config.applier, config.retention
@@ -83,7 +141,7 @@ def _clustered(app: web.Application, config: BootstrapConfig, storage: Bootstrap
 
     cluster = config.cluster
     assert cluster is not None
-    url = cluster.advertise_url or f"http://{config.host}:{config.port}"
+    url = advertised_url(config)
     components: dict[str, BackgroundComponent] = {}
     if producer is not None:
         components["producer"] = producer

@@ -106,7 +106,8 @@ async def assess(config: ReplicateConfig, target: Any,
     reports: list[TableReport] = []
     try:
         schemas: dict[str, Schema] = await fetch_schemas(
-            await relay_urls(config), [t.source for t in config.tables])
+            await relay_urls(config), [t.source for t in config.tables],
+            credentials=config.credentials)
     except DatabusError as exc:
         return [TableReport(t.source, findings=[Finding(f"no schema from the relays: {exc}",
                                                         True)]) for t in config.tables]

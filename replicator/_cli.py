@@ -93,7 +93,8 @@ async def _assess(config: ReplicateConfig) -> list[TableReport]:
     from databus.replicator._status import bootstrap_rows
     from databus.replicator.targets import open_target
 
-    rows = await bootstrap_rows(config.bootstrap) if config.bootstrap else None
+    rows = (await bootstrap_rows(config.bootstrap, credentials=config.credentials)
+            if config.bootstrap else None)
     if config.bootstrap and rows is None:
         log.warning("no bootstrap service answered: no row estimates")
     return await assess(config, open_target(config.target), bootstrap_rows=rows)

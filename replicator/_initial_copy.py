@@ -12,17 +12,32 @@ A crash before the first batch reached the target leaves no position: the next s
 asks for another dump (the first one goes on in the relay until it ends; ``databus dump
 cancel`` stops it). After that the target's own position rules, and the relay's dump
 resumes after its last chunk across relay restarts, so nothing is asked twice.
+
+Every request presents the replicator's credentials (DESIGN 18): the TLS context of
+``https://`` relays, the reader token on reads (``/v1/sources``, ``/v1/status``) and
+the relay's admin token on the dump request; a refusal is ``UnauthorizedError`` or
+``ForbiddenError``, which stops the replicator with the fix.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from databus.checkpoint import Checkpoint
 from databus.config import ReplicateConfig
-from databus.errors import ConnectionLostError, DatabusError
-from databus.relay.dumps import RelayAdmin
+from databus.errors import (
+    ConnectionLostError,
+    DatabusError,
+    ForbiddenError,
+    UnauthorizedError,
+)
+from databus.relay.dumps import RelayAdmin, RelayAnswerError
+from databus.security import NO_CREDENTIALS, ClientCredentials
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +59,7 @@ def request_dump(config: ReplicateConfig, relays: tuple[str, ...]) -> DumpStarte
     sources = [t.source for t in config.tables]
     last: DatabusError | None = None
     for url in relays:
-        admin = RelayAdmin(url, token)
+        admin = CredentialedAdmin(url, token, config.credentials)
         try:
             return _request(admin, url, sources)
         except ConnectionLostError as exc:  # another relay may answer
@@ -70,3 +85,60 @@ def _request(admin: RelayAdmin, url: str, sources: list[str]) -> DumpStarted:
              "(progress: databus dump status --relay %s %s)", dump["id"], ", ".join(sources),
              url, max_scn, url, dump["id"])
     return DumpStarted(url, str(dump["id"]), start)
+
+
+class CredentialedAdmin(RelayAdmin):
+    """``RelayAdmin`` presenting a reader's credentials: the TLS context for
+    ``https://``, the reader token on reads, the admin token on admin requests."""
+
+    def __init__(self, url: str, token: str | None = None,
+                 credentials: ClientCredentials = NO_CREDENTIALS, *,
+                 timeout: float = 10.0) -> None:
+        super().__init__(url, token, timeout=timeout)
+        self.credentials = credentials
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                *, admin: bool = False) -> Any:
+        if admin and not self.token:
+            raise DatabusError("initial_copy = \"dump\" needs relay_admin_token")
+        auth = ({"Authorization": f"Bearer {self.token}"} if admin
+                else self.credentials.headers())
+        return self._send(method, path, body, auth)
+
+    def _send(self, method: str, path: str, body: dict[str, Any] | None,
+              auth: dict[str, str]) -> Any:
+        headers = {"Accept": "application/json", **auth}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(self.base + path, data=data, headers=headers,
+                                     method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout,
+                                        context=self.credentials.ssl_for(self.base)
+                                        ) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise _refusal(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ConnectionLostError(f"cannot reach the relay at {self.base}: {reason}",
+                                      retriable=True) from None
+        except ValueError:
+            raise RelayAnswerError(200, "bad_response",
+                                   f"{self.base}{path} did not answer JSON") from None
+
+
+def _refusal(exc: urllib.error.HTTPError) -> DatabusError:
+    """The error of a relay's answer: 401/403 as their own classes."""
+    try:
+        doc = json.loads(exc.read())
+        code, message = str(doc["error"]), str(doc.get("message", ""))
+    except Exception:
+        code, message = "http_error", f"HTTP {exc.code} without a JSON error body"
+    if exc.code == 401:
+        return UnauthorizedError(f"relay answered 401 unauthorized: {message}")
+    if exc.code == 403:
+        return ForbiddenError(f"relay answered 403 forbidden: {message}")
+    return RelayAnswerError(exc.code, code, message)

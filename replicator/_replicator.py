@@ -18,11 +18,12 @@ the consumer's lock, and a batch is only ever applied between windows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from databus._limited_log import limited
@@ -36,7 +37,7 @@ from databus.client import (
 )
 from databus.client._headers import read_json
 from databus.config import ReplicateConfig
-from databus.errors import DatabusError
+from databus.errors import DatabusError, ForbiddenError, UnauthorizedError
 from databus.replicator._fold import Folder, TableFold
 from databus.replicator._model import Batch, Dialect, TableMap
 from databus.replicator._reconcile import SchemaChangeStopped
@@ -44,10 +45,21 @@ from databus.replicator._schema_sync import SchemaSync
 from databus.replicator._status import ReplicationStats, estimate_copies
 from databus.replicator.targets import Target
 from databus.schemas import Schema
+from databus.security import NO_CREDENTIALS, ClientCredentials, client_session
 
 __all__ = ["ReplicationStopped", "Replicator", "TargetPosition"]
 
 log = logging.getLogger("databus.replicator")
+
+# A relay or bootstrap service refused the replicator's credential (DESIGN 18): what to
+# change; the replicator stops (state "stopped" with this fix) rather than retrying.
+CREDENTIAL_FIX = {
+    "unauthorized": "give [replicate] the credential of a reader the relays and bootstrap "
+                    "services know (token = \"${ENV}\", or cert_file/key_file under "
+                    "mutual TLS; docs/security.md), then restart",
+    "forbidden": "grant that reader the replicated tables' sources in [[relay.readers]] "
+                 "(and [[bootstrap.readers]]), then restart",
+}
 
 
 class ReplicationStopped(DatabusError):
@@ -359,9 +371,11 @@ class Replicator:
         serving = await self._serve_status()
         try:
             await self._run_target()
-        except (ReplicationStopped, SchemaChangeStopped) as exc:
+        except (ReplicationStopped, SchemaChangeStopped, UnauthorizedError,
+                ForbiddenError) as exc:
             fix = (exc.fix if isinstance(exc, SchemaChangeStopped)
-                   else "fix the cause the message names, then restart")
+                   else CREDENTIAL_FIX.get(exc.code,
+                                           "fix the cause the message names, then restart"))
             self.stats.stopped(exc.code, str(exc), fix)
             if serving is not None:
                 log.error("replication %s stopped: %s; status stays on %s until the "
@@ -393,7 +407,8 @@ class Replicator:
             await asyncio.to_thread(target.ensure_state)
             relays = await relay_urls(cfg)
             schemas = await fetch_schemas(relays, [t.source for t in cfg.tables],
-                                          versions=self.sync.versions)
+                                          versions=self.sync.versions,
+                                          credentials=cfg.credentials)
             maps = await asyncio.to_thread(self._prepare_tables, schemas)
             position = TargetPosition(await self._first_position(relays))
             client = DatabusClient(
@@ -403,6 +418,9 @@ class Replicator:
                 max_request_bytes=cfg.max_request_bytes,
                 # Retries of an unavailable target happen inside the callback.
                 callback_timeout=7 * 86400.0, name=f"databus-replicate-{cfg.name}",
+                # What it presents to relays and bootstrap services (DESIGN 18).
+                ca_file=cfg.ca_file, cert_file=cfg.cert_file, key_file=cfg.key_file,
+                token=cfg.token.reveal() if cfg.token is not None else None,
             )
             dialect = target.dialect
             consumer = ApplyConsumer(cfg, target, maps, position, self._remap,
@@ -416,8 +434,9 @@ class Replicator:
                 client.stop()  # asked to stop while starting: before the first window
             self.stats.state = "running"
             # The copy's estimated size, from the bootstrap service (replicator/_status.py).
-            estimating = (asyncio.create_task(estimate_copies(consumer.stats, cfg.bootstrap))
-                          if cfg.bootstrap else None)
+            estimating = (asyncio.create_task(estimate_copies(
+                consumer.stats, cfg.bootstrap, credentials=cfg.credentials))
+                if cfg.bootstrap else None)
             try:
                 await client.run_async()
             except DatabusError:
@@ -435,18 +454,28 @@ class Replicator:
 
     async def _serve_status(self) -> Any:
         """``/v1/status``, ``/metrics``, ``/healthz`` and ``/readyz`` on ``metrics_port``
-        (None: off), from the start (state ``starting`` until the client runs)."""
+        (None: off), from the start (state ``starting`` until the client runs). With
+        ``[replicate.tls]`` over HTTPS (the certificate files looked at every few
+        seconds, loaded again when they change); with ``metrics_token``, ``/v1/status``
+        and ``/metrics`` need it (401), ``/healthz`` and ``/readyz`` stay open."""
         cfg = self.config
         if not cfg.metrics_port:
             return None
         from aiohttp import web
 
-        from databus._http import json_response
+        from databus._http import STATS, HttpStats, json_errors, json_response
         from databus._readiness import readiness_response
         from databus._serving import ListenError
         from databus.config import redact_uri
         from databus.replicator._readiness import components_of
         from databus.replicator._status import metrics_page, status_document
+        from databus.security import (
+            CertificateReloader,
+            Guard,
+            check_operational,
+            install,
+            server_context,
+        )
 
         stats = self.stats
 
@@ -460,16 +489,34 @@ class Replicator:
             return readiness_response(components_of(document()))
 
         async def status(request: web.Request) -> web.Response:
+            check_operational(request)
             return json_response(document())
 
         async def metrics(request: web.Request) -> web.Response:
+            check_operational(request)
             return web.Response(body=metrics_page(document),
                                 content_type="text/plain", charset="utf-8")
 
         async def healthz(request: web.Request) -> web.Response:
             return json_response({"status": stats.state})
 
-        app = web.Application()
+        # A missing or wrong certificate file fails here, in one line, before anything.
+        tls = server_context(cfg.tls, "replicate.tls") if cfg.tls is not None else None
+        app = web.Application(middlewares=[json_errors])  # 401 as a JSON error
+        app[STATS] = HttpStats()
+        install(app, Guard(metrics_token=cfg.metrics_token))
+        if tls is not None and cfg.tls is not None:
+            reloader = CertificateReloader(cfg.tls, tls, "replicate.tls")
+
+            async def watch_certificates(app: web.Application) -> AsyncIterator[None]:
+                task = asyncio.create_task(_check_every(reloader, CERT_CHECK_S),
+                                           name="databus-replicate-tls-reload")
+                yield
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+            app.cleanup_ctx.append(watch_certificates)
         app.router.add_get("/v1/status", status)
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/healthz", healthz)
@@ -477,7 +524,8 @@ class Replicator:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:
-            await web.TCPSite(runner, cfg.metrics_host, cfg.metrics_port).start()
+            await web.TCPSite(runner, cfg.metrics_host, cfg.metrics_port,
+                              ssl_context=tls).start()
         except OSError as exc:  # a port in use: one line, nothing opened yet
             await runner.cleanup()
             raise ListenError(f"cannot listen on {cfg.metrics_host}:{cfg.metrics_port} "
@@ -487,7 +535,8 @@ class Replicator:
             raise
         # Logged once this process holds the replication (``_run_target``): a second
         # one started by mistake says one line, its error.
-        self._status_url = f"http://{cfg.metrics_host}:{cfg.metrics_port}/v1/status"
+        scheme = "https" if tls is not None else "http"
+        self._status_url = f"{scheme}://{cfg.metrics_host}:{cfg.metrics_port}/v1/status"
         return runner
 
     async def _first_position(self, relays: tuple[str, ...]
@@ -524,6 +573,17 @@ class Replicator:
         old = self.consumer.maps[source]
         new = self.sync.follow(source, schema, old.key)
         return make_fold(new, self.target.dialect)
+
+
+# How often the status server's certificate files are looked at.
+CERT_CHECK_S = 5.0
+
+
+async def _check_every(reloader: Any, interval: float) -> None:
+    """``reloader.check()`` every ``interval`` seconds (a ``CertificateReloader``)."""
+    while True:
+        await asyncio.sleep(interval)
+        await asyncio.to_thread(reloader.check)
 
 
 def _stop_of(fatal: BaseException) -> ReplicationStopped | SchemaChangeStopped:
@@ -571,7 +631,8 @@ class _NoSchemaYet(DatabusError):
 
 
 async def fetch_schemas(relays: tuple[str, ...], sources: list[str],
-                        wait_s: float = 15.0, versions: dict[str, list[int]] | None = None
+                        wait_s: float = 15.0, versions: dict[str, list[int]] | None = None,
+                        credentials: ClientCredentials = NO_CREDENTIALS
                         ) -> dict[str, Schema]:
     """The newest schema of each source, from the first relay that answers; the
     fingerprints of every version, oldest first, into ``versions`` when given.
@@ -579,14 +640,15 @@ async def fetch_schemas(relays: tuple[str, ...], sources: list[str],
     A relay that has just started knows a source's schema only once its fetcher
     has read it: that answer is asked again for up to ``wait_s`` seconds before
     it counts as an error, so that a replicator started beside its relay does not
-    fail on the race.
+    fail on the race. ``credentials`` are presented to every relay; when no relay
+    answers and the last refused them, that refusal (401/403) is raised as it is.
     """
     import aiohttp
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with client_session(credentials, timeout=timeout) as session:
         while True:
             last: BaseException | None = None
             waiting = False
@@ -597,6 +659,8 @@ async def fetch_schemas(relays: tuple[str, ...], sources: list[str],
                         DatabusError) as exc:
                     last = exc
                     waiting = waiting or isinstance(exc, _NoSchemaYet)
+            if isinstance(last, UnauthorizedError | ForbiddenError):
+                raise last
             if not waiting or loop.time() >= deadline:
                 raise DatabusError(f"no relay gave the source schemas: {last}")
             await asyncio.sleep(0.2)
@@ -611,6 +675,10 @@ async def _schemas_from(session: Any, relay: str, sources: list[str],
             doc: Any = await read_json(resp, relay)
             if resp.status != 200:
                 detail = doc.get("message") if isinstance(doc, dict) else doc
+                if resp.status in (401, 403):
+                    refused = UnauthorizedError if resp.status == 401 else ForbiddenError
+                    raise refused(f"relay {relay} answered {resp.status} for the schemas "
+                                  f"of {source}: {detail}")
                 raise DatabusError(f"relay answered {resp.status} for {source}: {detail}")
         listed = doc["versions"]
         if not listed:

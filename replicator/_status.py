@@ -34,6 +34,7 @@ from databus.client._headers import read_json
 from databus.errors import DatabusError
 from databus.replicator._progress import CopyView, Start, start_kind, status_fields
 from databus.replicator._readiness import STATES, components_of
+from databus.security import NO_CREDENTIALS, ClientCredentials, client_session
 
 __all__ = ["ReplicationStats", "bootstrap_rows", "estimate_copies", "status_document"]
 
@@ -282,18 +283,20 @@ def _copy_metrics(name: str, copy: dict[str, Any]) -> Iterator[Metric]:
 # -- the copy's estimate, from the bootstrap service --------------------------------------
 
 
-async def bootstrap_rows(urls: Sequence[str], *, timeout_s: float = 10.0
+async def bootstrap_rows(urls: Sequence[str], *, timeout_s: float = 10.0,
+                         credentials: ClientCredentials = NO_CREDENTIALS
                          ) -> dict[str, int] | None:
     """Live rows per source in the bootstrap snapshot, from the first bootstrap service
     that answers its ``/v1/status`` (``snapshot_rows``: the store counts them, one
     query per source, docs/bootstrap.md); None when none answers. No new endpoint is
-    needed, and nothing is written."""
+    needed, and nothing is written. ``credentials``: the replicator's, presented to each
+    (a bootstrap service with a metrics token takes a reader's credential there)."""
     import aiohttp
 
     from databus.config import redact_uri
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with client_session(credentials, timeout=timeout) as session:
         for url in urls:
             try:
                 async with session.get(f"{url.rstrip('/')}/v1/status") as resp:
@@ -308,7 +311,8 @@ async def bootstrap_rows(urls: Sequence[str], *, timeout_s: float = 10.0
 
 
 async def estimate_copies(stats: ReplicationStats, urls: Sequence[str], *,
-                          poll_s: float = 0.2, retry_s: float = 2.0) -> None:
+                          poll_s: float = 0.2, retry_s: float = 2.0,
+                          credentials: ClientCredentials = NO_CREDENTIALS) -> None:
     """Runs beside the client: gives each copy from empty its estimate, asked when the
     copy begins (the client's callbacks run in its runner thread, so they are polled
     rather than awaited)."""
@@ -317,7 +321,7 @@ async def estimate_copies(stats: ReplicationStats, urls: Sequence[str], *,
         copy = stats.copy_to_estimate()
         if copy is None:
             continue
-        rows = await bootstrap_rows(urls)
+        rows = await bootstrap_rows(urls, credentials=credentials)
         if rows is None:
             stats.copy_estimate_failed(copy)
             await asyncio.sleep(retry_s)

@@ -39,9 +39,13 @@ def _load_chain(context: ssl.SSLContext, cert: Path, key: Path, setting: str) ->
     try:
         context.load_cert_chain(os.fspath(cert), os.fspath(key))
     except FileNotFoundError as exc:
-        raise TLSFileError(f"{setting}: no such file: {exc.filename}") from None
+        # load_cert_chain's error names no file (filename None): find the missing one.
+        missing = exc.filename or next((p for p in (cert, key) if not p.exists()), cert)
+        raise TLSFileError(f"{setting}: no such file: {missing}") from None
     except PermissionError as exc:
-        raise TLSFileError(f"{setting}: cannot read {exc.filename}: permission denied"
+        unreadable = exc.filename or next(
+            (p for p in (cert, key) if not os.access(p, os.R_OK)), cert)
+        raise TLSFileError(f"{setting}: cannot read {unreadable}: permission denied"
                            ) from None
     except (ssl.SSLError, OSError) as exc:
         raise TLSFileError(f"{setting}: {cert} and {key} are not a PEM certificate "

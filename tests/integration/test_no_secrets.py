@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import socket
 import ssl
@@ -26,6 +27,7 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
 import pymysql
@@ -385,3 +387,121 @@ def raw_request_tls(port: int, context: ssl.SSLContext, request: bytes) -> bytes
         except (TimeoutError, ConnectionError, ssl.SSLError):
             pass
     return b"".join(chunks)
+
+
+def _token(prefix: str) -> str:
+    """A reader token with URL delimiters in it, each piece unique to this run; ASCII
+    (a header value is sent as bytes: a client encodes it as Latin-1, the server
+    compares UTF-8)."""
+    h = uuid.uuid4().hex
+    return f"{prefix}%zz{h[:6]}@Tk{h[6:12]}:re/ad{h[12:18]}"
+
+
+def test_reader_and_metrics_tokens_never_show(tmp_path: Path, pki: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31: the bootstrap's reader tokens and metrics token, its producer's token,
+    the replicator's token and its metrics token, each set from the environment, are
+    in no log line and no answer, while requests come with none, wrong and right ones
+    (TLS everywhere it is served)."""
+    from tests.unit.test_replicator_sqlite import DDL, workload
+    from tests.unit.test_txlog_support import SqliteSource
+
+    secrets = {name: _token(tag) for name, tag in [
+        ("bootstrap reader token", "Rd"), ("second reader token", "Rd2"),
+        ("bootstrap metrics token", "Mt"), ("producer token", "Pr"),
+        ("replicator token", "Rp"), ("replicator metrics token", "RMt")]}
+    envs = {name: f"DBZ_T31_{i}" for i, name in enumerate(secrets)}
+    for name, value in secrets.items():
+        monkeypatch.setenv(envs[name], value)
+
+    def env(name: str) -> str:
+        return toml_str("${" + envs[name] + "}")
+
+    src = SqliteSource(tmp_path / "shop.db", DDL)
+    src.install("orders")
+    workload(src, random.Random(3), 20)
+    relay_port, boot_port, repl_port = free_port(), free_port(), free_port()
+    # The relay knows the producer's token (the replicator's is not a reader there: once
+    # the relay enforces its readers, the replicator is refused and says so).
+    (tmp_path / "relay.toml").write_text("\n".join([
+        "[relay]", f"data_dir = {toml_str(str(tmp_path / 'relay'))}", f"port = {relay_port}",
+        "[[relay.buffers]]", 'name = "src"', "capacity_mb = 4",
+        f"source = {toml_str(src.uri('orders'))}",
+        "[[relay.readers]]", 'name = "bootstrap"', f"token = {env('producer token')}",
+        'sources = ["shop.*"]']) + "\n")
+    tls = [f"cert_file = {toml_str(str(pki.server.cert))}",
+           f"key_file = {toml_str(str(pki.server.key))}"]
+    (tmp_path / "bootstrap.toml").write_text("\n".join([
+        "[bootstrap]", f"storage = {toml_str('sqlite:///' + str(tmp_path / 'boot.db'))}",
+        f"port = {boot_port}", f"metrics_token = {env('bootstrap metrics token')}",
+        "[bootstrap.producer]", f'relays = ["http://127.0.0.1:{relay_port}"]',
+        "poll_wait_ms = 100", f"token = {env('producer token')}",
+        "[bootstrap.tls]", *tls,
+        "[[bootstrap.readers]]", 'name = "everything"',
+        f"token = {env('bootstrap reader token')}", 'sources = ["*"]',
+        "[[bootstrap.readers]]", 'name = "other"', f"token = {env('second reader token')}",
+        'sources = ["other.*"]']) + "\n")
+    (tmp_path / "replicate.toml").write_text("\n".join([
+        "[replicate]", 'name = "copy"', f'relays = ["http://127.0.0.1:{relay_port}"]',
+        f'bootstrap = ["https://localhost:{boot_port}"]',
+        f"target = {toml_str('sqlite:///' + str(tmp_path / 'replica.db'))}",
+        f"ca_file = {toml_str(str(pki.ca))}", f"token = {env('replicator token')}",
+        f"metrics_port = {repl_port}", f"metrics_token = {env('replicator metrics token')}",
+        "[replicate.tls]", *tls,
+        "[[replicate.tables]]", 'source = "shop.orders"']) + "\n")
+    logs = {name: tmp_path / f"{name}.log" for name in ("relay", "bootstrap", "replicate")}
+    procs = []
+    outputs: dict[str, str] = {}
+    context = ssl.create_default_context(cafile=str(pki.ca))
+
+    def https(port: int, path: str, token: str | None) -> str:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        request = urllib.request.Request(f"https://localhost:{port}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=context) as resp:
+                return f"{resp.status} {resp.read().decode('utf-8', 'replace')}"
+        except urllib.error.HTTPError as exc:
+            return f"{exc.code} {exc.read().decode('utf-8', 'replace')}"
+
+    try:
+        procs.append(start_databus(["--log-level", "DEBUG", "relay", "--config",
+                                    str(tmp_path / "relay.toml")], relay_port, logs["relay"]))
+        procs.append(start_databus(["--log-level", "DEBUG", "bootstrap", "--config",
+                                    str(tmp_path / "bootstrap.toml")], boot_port,
+                                   logs["bootstrap"]))
+        procs.append(start_databus(["--log-level", "DEBUG", "replicate", "--config",
+                                    str(tmp_path / "replicate.toml")], repl_port,
+                                   logs["replicate"]))
+        right = secrets["bootstrap reader token"]
+        wait_until(lambda: '"applied_scn": null' not in https(
+            boot_port, "/v1/status", secrets["bootstrap metrics token"]),
+            "the bootstrap applying the relay's windows")
+        for name, port, paths, good in [
+                ("bootstrap", boot_port, ("/v1/bootstrap/sources", "/v1/status", "/metrics",
+                                          "/v1/bootstrap/stream?checkpoint=%7B%22window_scn"
+                                          "%22%3A-1%7D&sources=shop.orders",
+                                          "/v1/bootstrap/schemas/0000000000000001", "/readyz"),
+                 (right, secrets["second reader token"], secrets["bootstrap metrics token"])),
+                ("replicator", repl_port, ("/v1/status", "/metrics", "/readyz", "/healthz"),
+                 (secrets["replicator metrics token"],))]:
+            for path in paths:
+                for token in (None, *good, *(t[:-1] for t in good), *(t + "x" for t in good)):
+                    outputs[f"{name} {path} {token is None}"] = https(port, path, token)
+        status = https(boot_port, "/v1/status", right)
+        assert status.startswith("200 "), status
+        outputs["bootstrap status"] = status
+        outputs["replicator status"] = https(repl_port, "/v1/status",
+                                             secrets["replicator metrics token"])
+        assert outputs["replicator status"].startswith("200 "), outputs["replicator status"]
+        # The secrets were in use: the wrong-token answers were refusals.
+        assert outputs["bootstrap /v1/bootstrap/sources True"].startswith("401 ")
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+        src.close()
+    for name, path in logs.items():
+        assert_clean(path.read_text("utf-8", "replace"), secrets, f"the {name} log")
+    for where, text in outputs.items():
+        assert_clean(text, secrets, f"the answer to {where}")
