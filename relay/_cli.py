@@ -110,6 +110,13 @@ def run(args: argparse.Namespace) -> int:
         return run_worker(config, args.worker)
     host = args.host or config.host
     port = config.port if args.port is None else args.port
+    from databus.relay._access import check_anonymous, tls_for
+
+    if host != config.host:
+        check_anonymous(config, host)  # relay.host was checked with the config
+    # The certificate files read now: a wrong one fails here, in one line.
+    ssl_context, reloader = tls_for(config)
+    scheme = "https" if ssl_context is not None else "http"
     # Chosen before anything is opened: a config asking for a missing uvloop fails here.
     loop = choose_event_loop(config.event_loop, "relay.event_loop")
     # Safe start (DESIGN 17): the port first, then the data dir, before any file in it
@@ -146,9 +153,10 @@ def run(args: argparse.Namespace) -> int:
                 app, relay, count=processes - 1, config_path=os.path.abspath(args.config),
                 host=host, port=port, log_level=args.log_level, listeners=listeners)
         got = run_app(app, host=host, port=port, loop_factory=loop.factory,
-                      sockets=sockets, unix_path=unix_path,
-                      on_listen=lambda h, p: log.info("relay listening on http://%s:%d",
-                                                      h, p))
+                      sockets=sockets, unix_path=unix_path, ssl_context=ssl_context,
+                      reload_tls=reloader.check if reloader is not None else None,
+                      on_listen=lambda h, p: log.info("relay listening on %s://%s:%d",
+                                                      scheme, h, p))
         log.info("relay stopped (%s)", got)
     finally:
         held.release()

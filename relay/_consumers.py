@@ -46,6 +46,8 @@ from aiohttp import web
 
 from databus._http import BadRequest, client_id_param, query_param, sources_param
 from databus.checkpoint import LATEST_SCN, WHOLE_WINDOW, Checkpoint
+from databus.security import ANONYMOUS
+from databus.security._server import READER
 
 DEFAULT_MAX_CONSUMERS = 1000
 DEFAULT_EXPIRY_S = 300.0
@@ -161,6 +163,7 @@ class _Consumer:
     sources: tuple[str, ...] = ()
     address: str | None = None
     streaming: bool = False
+    reader: str = ANONYMOUS  # the configured reader it authenticated as (DESIGN 18)
     rate: _Rate = field(default_factory=_Rate)
 
 
@@ -187,20 +190,22 @@ class ConsumerRegistry:
         self._landing_records = landing_records
         self._lock = threading.Lock()
         # Least recently seen first: eviction and expiry both pop from the front.
-        self._consumers: OrderedDict[tuple[str, str], _Consumer] = OrderedDict()
+        # Keyed by (reader, client id, buffer): a reader cannot move another's entry.
+        self._consumers: OrderedDict[tuple[str, str, str], _Consumer] = OrderedDict()
         self._landings: dict[str, _Landings] = {}
         self._times: dict[tuple[str, int], int] = {}
         self.evicted_total = 0
 
     def observe(self, client_id: str, *, buffer: str, checkpoint: Checkpoint, events: int,
                 nbytes: int, filter_json: str | None, sources: tuple[str, ...],
-                address: str | None, streaming: bool) -> None:
+                address: str | None, streaming: bool, reader: str = ANONYMOUS) -> None:
         """A response (or one streamed write) served ``events`` data events in ``nbytes``
-        to ``client_id`` from ``buffer``, ending at ``checkpoint``."""
+        to ``client_id`` (authenticated as ``reader``) from ``buffer``, ending at
+        ``checkpoint``."""
         if self.max_consumers == 0:
             return
         now, wall = self._clock(), self._wall()
-        key = (client_id, buffer)
+        key = (reader, client_id, buffer)
         with self._lock:
             self._expire(now)
             entry = self._consumers.get(key)
@@ -208,7 +213,8 @@ class ConsumerRegistry:
                 while len(self._consumers) >= self.max_consumers:
                     self._consumers.popitem(last=False)
                     self.evicted_total += 1
-                entry = _Consumer(client_id, buffer, first_seen=wall, first_seen_at=now)
+                entry = _Consumer(client_id, buffer, first_seen=wall, first_seen_at=now,
+                                  reader=reader)
                 self._consumers[key] = entry
             else:
                 self._consumers.move_to_end(key)
@@ -254,7 +260,7 @@ class ConsumerRegistry:
             doc["lag_seconds"] = self._lag_seconds(
                 c, max_scns.get(c.buffer), (min_scns or {}).get(c.buffer), window_time)
             out.append(doc)
-        out.sort(key=lambda d: (d["client_id"], d["buffer"]))
+        out.sort(key=lambda d: (d["client_id"], d["buffer"], d["reader"]))
         return out
 
     def _lag_seconds(self, c: _Consumer, max_scn: int | None, min_scn: int | None,
@@ -302,6 +308,7 @@ class ConsumerRegistry:
         return {
             "client_id": c.client_id,
             "buffer": c.buffer,
+            "reader": c.reader,
             "address": c.address,
             "filter": c.filter_doc,
             "sources": list(c.sources),
@@ -400,11 +407,13 @@ def served_recorder(request: web.Request, *, buffer_name: str, streaming: bool
     except BadRequest:
         return _record_nothing
     address = peer_address(request)
+    who = request.get(READER)
+    reader = who.name if who is not None else ANONYMOUS
 
     def record(checkpoint: Checkpoint, events: int, nbytes: int) -> None:
         registry.observe(client_id, buffer=buffer_name, checkpoint=checkpoint, events=events,
                          nbytes=nbytes, filter_json=filter_json, sources=sources,
-                         address=address, streaming=streaming)
+                         address=address, streaming=streaming, reader=reader)
 
     return record
 

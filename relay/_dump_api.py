@@ -30,6 +30,7 @@ from databus.errors import ConfigError, UnknownSourceError
 from databus.relay._relay import Relay
 from databus.relay.dumps import DumpRequest
 from databus.relay.dumps._engine import MAX_CHUNK_ROWS, MAX_DELAY_MS, MAX_PARALLELISM
+from databus.security import check_operational
 
 __all__ = ["add_dump_routes"]
 
@@ -122,9 +123,11 @@ def add_dump_routes(app: web.Application, relay_key: web.AppKey[Relay]) -> None:
         return json_response(relay.dumps.get(dump.id), status=201)
 
     async def listing(request: web.Request) -> web.Response:
+        check_operational(request)  # an operational page, like /metrics (no row data)
         return json_response({"dumps": relay_of(request).dumps.list_dumps()})
 
     async def one(request: web.Request) -> web.Response:
+        check_operational(request)
         return json_response(relay_of(request).dumps.get(dump_id(request)))
 
     def control(action: str) -> Any:

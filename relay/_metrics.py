@@ -139,10 +139,11 @@ class RelayCollector(Collector):
         consumers = self.consumers.snapshot(max_scns, self.relay.window_time, min_scns)
         for name, text in _CONSUMER_GAUGES:
             gauge = GaugeMetricFamily(f"{P}consumer_{name}", text,
-                                      labels=["client_id", "buffer"])
+                                      labels=["client_id", "buffer", "reader"])
             for c in consumers:
                 if c[name] is not None:  # lag_seconds: absent while unknown
-                    gauge.add_metric([c["client_id"], c["buffer"]], float(c[name]))
+                    gauge.add_metric([c["client_id"], c["buffer"], c["reader"]],
+                                     float(c[name]))
             yield gauge
         yield GaugeMetricFamily(f"{P}consumers_tracked", "Consumers tracked now",
                                 value=float(len(consumers)))

@@ -35,6 +35,7 @@ from databus._event_loop import running_loop_name
 from databus._http import (
     STATS,
     BadRequest,
+    Forbidden,
     HttpStats,
     admin_body,
     bool_param,
@@ -68,6 +69,7 @@ from databus.errors import (
     UnknownSourceError,
 )
 from databus.filters import SourceFilter
+from databus.relay._access import guard_for, may_hold, strip_markers, trust_forwarded_cn
 from databus.relay._buffer import BufferCorruptedError, EventBuffer, ReadResult
 from databus.relay._catalog import did_you_mean
 from databus.relay._consumers import (
@@ -95,6 +97,8 @@ from databus.relay.quarantine._api import add_quarantine_routes, quarantine_stop
 from databus.relay.quarantine._read import guard
 from databus.relay.quarantine._record import Quarantine
 from databus.schemas import Schema
+from databus.security import Reader, check_operational, reader, require
+from databus.security import install as install_guard
 
 log = logging.getLogger("databus.relay.http")
 
@@ -102,6 +106,11 @@ EVENTS_CONTENT_TYPE = "application/x-databus-events"
 DEFAULT_MAX_BYTES = 1 << 20
 ABSURD_MAX_BYTES = 1 << 31
 DEFAULT_WAIT_MS = 0
+
+# Set on a stream response that was narrowed to the reader's grant (no ``sources``
+# named): its windows lack the events of sources not granted, so their EOW counts and
+# checksums cannot be checked by the consumer.
+NARROWED_HEADER = "X-Databus-Narrowed"
 
 RELAY = web.AppKey("relay", Relay)
 # What the read endpoints use: the relay itself, or a worker process's read-only view
@@ -172,8 +181,8 @@ def waiting_note(relay: RelayReader, buffer: str, late: Iterable[str]) -> str:
     return "; ".join(notes).encode("ascii", "replace").decode()[:1000]
 
 
-def _buffer_for(relay: RelayReader, request: web.Request
-                ) -> tuple[str, CompiledFilter | None, frozenset[str]]:
+def _buffer_for(relay: RelayReader, request: web.Request, who: Reader
+                ) -> tuple[str, CompiledFilter | None, frozenset[str], bool]:
     """The buffer a stream request reads, which of its data events the request wants
     (None: all), compiled for ``EventBuffer.read``, and the named sources that have no
     table yet (for ``waiting_note``).
@@ -183,9 +192,18 @@ def _buffer_for(relay: RelayReader, request: web.Request
     the schema migration. One named by a pattern has no id yet, so the filter looks ids
     it does not know up by name, once per id (``FilterPlan.resolve``): the relay gives
     a source its id before it writes an event with it, so events of the table created
-    meanwhile pass."""
+    meanwhile pass.
+
+    Readers (DESIGN 18, relay/_access.py): a named source or a filter of a source
+    ``who`` is not granted is 403 ``forbidden``; a request that names no source is
+    narrowed to the granted sources of the buffer (by name, so a table created later
+    under a ``db.*`` grant is served too), 403 when the buffer holds none. The last
+    item returned says whether it was narrowed."""
     names = sources_param(request)
     spec = filter_param(request)
+    grant = who.grant
+    require(who, names)
+    require(who, spec.filters)
     catalog = relay.catalog
     if names:
         located = {n: _source_buffer(relay, n) for n in names}
@@ -203,10 +221,20 @@ def _buffer_for(relay: RelayReader, request: web.Request
         raise BadRequest("this relay has several buffers: name the sources to stream")
     filters = {name: (_source_buffer(relay, name)[1], f) for name, f in spec.filters.items()}
     needs_key = any(f.needs_key for _, f in filters.values())
-    if not located and not filters:
-        return buffer_name, None, frozenset()
-    everything = not located
-    wanted = {i for _, i in located.values() if i is not None}
+    narrowed = not located and not grant.everything
+    if narrowed:
+        held = [e for e in catalog.sources() if e.buffer == buffer_name]
+        if not may_hold(grant, (e.name for e in held),
+                        relay.fetchers.configured_sources().get(buffer_name)):
+            raise Forbidden(f"reader {who.name!r} is granted no source of buffer "
+                            f"{buffer_name}")
+    if not located and not filters and not narrowed:
+        return buffer_name, None, frozenset(), False
+    everything = not located and not narrowed
+    if narrowed:
+        wanted = {e.id for e in held if grant.allows(e.name)}
+    else:
+        wanted = {i for _, i in located.values() if i is not None}
     late_names = frozenset(n for n, (_, i) in located.items() if i is None)
     late_filters = {n: f for n, (i, f) in filters.items() if i is None}
 
@@ -215,21 +243,24 @@ def _buffer_for(relay: RelayReader, request: web.Request
             name = catalog.by_id(source_id).name
         except UnknownSourceError:
             return everything, None
+        if narrowed:
+            return grant.allows(name), late_filters.get(name)
         return everything or name in late_names, late_filters.get(name)
 
     plan = FilterPlan(
         wanted=None if everything else frozenset(wanted),
         filters={i: f for i, f in filters.values() if i is not None},
-        resolve=late if late_names or late_filters else None,
+        resolve=late if late_names or late_filters or narrowed else None,
         needs_key=needs_key,
     )
-    return buffer_name, compile_filter(plan), late_names
+    return buffer_name, compile_filter(plan), late_names, narrowed
 
 
 # -- handlers -----------------------------------------------------------------------
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
+    who = reader(request)  # 401 before anything else
     relay = request.app[READER]
     cfg = relay.config
     checkpoint = checkpoint_param(request)
@@ -251,19 +282,21 @@ async def stream(request: web.Request) -> web.StreamResponse:
     # client make the relay write hundreds of heartbeats a second.
     heartbeat_ms = min(max(int_param(request, "heartbeat_ms", cfg.stream_heartbeat_ms, 0,
                                      3_600_000), MIN_HEARTBEAT_MS), MAX_HEARTBEAT_MS)
-    buffer_name, select, late = _buffer_for(relay, request)
+    buffer_name, select, late, narrowed = _buffer_for(relay, request, who)
     buffer = relay.buffers[buffer_name]
     waiting = waiting_note(relay, buffer_name, late) if late else ""
-    filter_key = (request.query.get("sources", ""), request.query.get("filter", ""))
-    quarantine = quarantine_stop(request, relay, buffer_name)
+    # Shared reads are per reader when grants differ: what one may see is not another's.
+    filter_key = (request.query.get("sources", ""), request.query.get("filter", ""),
+                  "" if who.grant.everything else who.name)
+    quarantine = quarantine_stop(request, relay, buffer_name, who.grant)
+    bound = _granted_read(buffer, select, who)
     if follow:
-        return await _follow(request, buffer_name, buffer, select, filter_key, checkpoint,
-                             max_bytes, heartbeat_ms, quarantine)
+        return await _follow(request, buffer_name, buffer, bound, filter_key, checkpoint,
+                             max_bytes, heartbeat_ms, quarantine, narrowed)
     notifier = request.app[NOTIFIERS][buffer_name]
     stats = request.app[STATS]
     shared = request.app[SHARED_READS][buffer_name]
     deadline = time.monotonic() + wait_ms / 1000
-    bound = functools.partial(buffer.read, select=select)
 
     def read(position: Checkpoint, *, max_bytes: int) -> ReadResult:
         stop = quarantine()  # asked at each read: a heal lifts it, a failure sets it
@@ -310,6 +343,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
         headers["X-Databus-Pending-Event-Size"] = str(pending)
     if waiting:
         headers["X-Databus-Waiting"] = waiting
+    if narrowed:
+        headers[NARROWED_HEADER] = "1"
     size = sum(len(p) for p in pieces)
     stats.bytes_served += size
     stats.events_served += events
@@ -322,10 +357,26 @@ async def stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _granted_read(buffer: EventBuffer, select: CompiledFilter | None,
+                  who: Reader) -> Callable[..., ReadResult]:
+    """``buffer.read`` with the request's filter, without the in-band markers of
+    sources ``who`` may not read (relay/_access.py)."""
+    bound = functools.partial(buffer.read, select=select)
+    if who.grant.everything:
+        return bound
+    grant = who.grant
+
+    def read(checkpoint: Checkpoint, *, max_bytes: int) -> ReadResult:
+        return strip_markers(bound(checkpoint, max_bytes=max_bytes), grant)
+
+    return read
+
+
 async def _follow(
     request: web.Request, buffer_name: str, buffer: EventBuffer,
-    select: CompiledFilter | None, filter_key: tuple[str, str], checkpoint: Checkpoint,
+    bound: Callable[..., ReadResult], filter_key: tuple[str, ...], checkpoint: Checkpoint,
     max_bytes: int, heartbeat_ms: int, quarantine: Callable[[], Quarantine | None],
+    narrowed: bool = False,
 ) -> web.StreamResponse:
     """A streaming subscription (relay/_streaming.py): one chunked response that stays
     open. A checkpoint already off the buffer is refused before the response starts,
@@ -337,7 +388,6 @@ async def _follow(
     shared = app[SHARED_READS][buffer_name]
     stats = app[STATS]
     notifier = app[NOTIFIERS][buffer_name]
-    bound = functools.partial(buffer.read, select=select)
 
     def read(position: Checkpoint, limit: int) -> SharedRead:
         stop = quarantine()
@@ -360,6 +410,7 @@ async def _follow(
                                  else state.prev_scn),
         "X-Databus-Max-Scn": str(state.max_scn if state.max_scn is not None
                                  else state.prev_scn),
+        **({NARROWED_HEADER: "1"} if narrowed else {}),
     })
     response.enable_chunked_encoding()
     serving = app.get(SERVING)
@@ -472,6 +523,7 @@ def _at_tail(buffer: EventBuffer, checkpoint: Checkpoint) -> bool:
 
 
 async def sources(request: web.Request) -> web.Response:
+    grant = reader(request).grant
     relay = request.app[READER]
     quarantined = {(b, s) for b in relay.buffers for s in relay.quarantines.active(b)}
     out = [
@@ -486,6 +538,7 @@ async def sources(request: web.Request) -> web.Response:
             "state": "quarantined" if (e.buffer, e.name) in quarantined else e.state,
         }
         for e in relay.catalog.sources()
+        if grant.allows(e.name)
     ]
     return json_response({"sources": out})
 
@@ -502,16 +555,28 @@ def _schema_json(schema: Schema) -> dict[str, Any]:
 
 
 async def schema_by_fingerprint(request: web.Request) -> web.Response:
-    registry = request.app[READER].catalog.registry
-    schema = registry.get(parse_fingerprint(request.match_info["fingerprint"]))
+    who = reader(request)
+    relay = request.app[READER]
+    registry = relay.catalog.registry
+    fingerprint = parse_fingerprint(request.match_info["fingerprint"])
+    if not who.grant.everything and not any(
+            s.fingerprint == fingerprint
+            for e in relay.catalog.sources() if who.grant.allows(e.name)
+            for s in registry.versions(e.name)):
+        # Whether it exists elsewhere is not said either.
+        raise Forbidden(f"reader {who.name!r} is granted no source with schema "
+                        f"{fp_text(fingerprint)}")
+    schema = registry.get(fingerprint)
     return json_response(_schema_json(schema))
 
 
 async def schemas_of_source(request: web.Request) -> web.Response:
+    who = reader(request)
     relay = request.app[READER]
     name = source_param(request)
     if name is None:
         raise BadRequest("give ?source=NAME, or GET /v1/schemas/{fingerprint}")
+    require(who, [name])
     relay.catalog.source(name)  # 404 for an unknown source
     versions = relay.catalog.registry.versions(name)
     return json_response(
@@ -520,6 +585,7 @@ async def schemas_of_source(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
+    check_operational(request)
     doc = request.app[RELAY].status()
     # The loop this server actually runs on (relay.event_loop, DATABUS_EVENT_LOOP).
     doc["event_loop"] = running_loop_name()
@@ -547,17 +613,21 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    check_operational(request)
     return metrics_response(request.app[METRICS])
 
 
 async def consumers(request: web.Request) -> web.Response:
     """``GET /v1/consumers``: every consumer seen on /v1/stream lately, with its lag
     (relay/_consumers.py; docs/relay.md, "Consumers")."""
+    who = reader(request)
     relay, registry = request.app[RELAY], request.app[CONSUMERS]
     states = {name: b.state() for name, b in relay.buffers.items()}
     listed = registry.snapshot({n: st.max_scn for n, st in states.items()},
                                relay.window_time,
                                {n: st.min_scn for n, st in states.items()})
+    if not who.grant.everything and "*" not in who.grant.patterns:
+        listed = [c for c in listed if c["reader"] == who.name]  # its own only
     return json_response({
         "consumers": listed,
         "tracked": len(listed),
@@ -586,6 +656,7 @@ def install_read_side(app: web.Application, reader: RelayReader) -> None:
     it, so a key these handlers read belongs here. ``NOTIFIERS`` is filled by the app's
     lifecycle: how an app learns that a window landed differs."""
     cfg = reader.config
+    install_guard(app, guard_for(cfg))
     # Connection limits and the stream memory budget (databus/_serving.py); they take
     # full effect when served through databus._serving's runner, as ``databus relay`` is.
     install(app, ServingLimits.of(cfg), stream_paths=("/v1/stream",),
@@ -617,7 +688,7 @@ def _always_alive() -> DatabusError | None:
 
 def create_app(relay: Relay) -> web.Application:
     """The relay's aiohttp application. Starting it starts the relay's fetchers."""
-    app = web.Application(middlewares=[json_errors])
+    app = web.Application(middlewares=[json_errors, trust_forwarded_cn])
     cfg = relay.config
     install_read_side(app, relay)
     app[RELAY] = relay

@@ -39,6 +39,7 @@ from databus.checkpoint import Checkpoint
 from databus.config import RelayConfig
 from databus.errors import ConfigError, DatabusError
 from databus.fetchers._api import ConfiguredSources
+from databus.relay._access import FORWARDED_CN, tls_for
 from databus.relay._catalog import CATALOG_FILENAME, FollowerCatalog
 from databus.relay._consumers import CONSUMERS, ConsumerRegistry
 from databus.relay._fetcher_host import configured_buffer
@@ -56,6 +57,7 @@ from databus.relay._workers import (
     worker_sockets,
 )
 from databus.relay.quarantine._record import QUARANTINE_FILENAME, QuarantineView
+from databus.security import ANONYMOUS, peer_cn
 
 __all__ = ["MainUnavailable", "WorkerRelay", "WorkerSpec", "create_worker_app", "run_worker"]
 
@@ -66,6 +68,7 @@ _HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
     "trailer", "trailers", "transfer-encoding", "upgrade", "content-length",
 })
+_FORWARDED_CN = FORWARDED_CN.lower()
 # A forwarded request (status, metrics, consumers, admin, dumps) gets this long.
 FORWARD_TIMEOUT_S = 30.0
 # The worker looks at the files this often even without a wake-up (a lost one costs
@@ -176,19 +179,20 @@ class ForwardingConsumers(ConsumerRegistry):
 
     def __init__(self) -> None:
         super().__init__(max_consumers=0)
-        self._pending: dict[tuple[str, str], dict[str, Any]] = {}
+        self._pending: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     def observe(self, client_id: str, *, buffer: str, checkpoint: Checkpoint, events: int,
                 nbytes: int, filter_json: str | None, sources: tuple[str, ...],
-                address: str | None, streaming: bool) -> None:
-        seen = self._pending.get((client_id, buffer))
+                address: str | None, streaming: bool, reader: str = ANONYMOUS) -> None:
+        seen = self._pending.get((reader, client_id, buffer))
         if seen is not None:
             events += seen["events"]
             nbytes += seen["nbytes"]
-        self._pending[(client_id, buffer)] = {
+        self._pending[(reader, client_id, buffer)] = {
             "client_id": client_id, "buffer": buffer, "checkpoint": checkpoint.dumps(),
             "events": events, "nbytes": nbytes, "filter_json": filter_json,
-            "sources": list(sources), "address": address, "streaming": streaming}
+            "sources": list(sources), "address": address, "streaming": streaming,
+            "reader": reader}
 
     def window_landed(self, buffer: str, scn: int) -> None:
         """Landing times are the main process's (lag is computed there)."""
@@ -235,9 +239,15 @@ async def forward(request: web.Request) -> web.StreamResponse:
         raise down
     session = request.app[MAIN]
     headers = CIMultiDict((k, v) for k, v in request.headers.items()
-                          if k.lower() not in _HOP_BY_HOP)
+                          if k.lower() not in _HOP_BY_HOP and k.lower() != _FORWARDED_CN)
     if request.remote:
         headers["X-Forwarded-For"] = request.remote
+    # The bearer token goes as it came; the client certificate, which only this process
+    # saw verified, as its CN (believed by the main process on this unix socket only:
+    # relay/_access.py).
+    cn = peer_cn(request)
+    if cn:
+        headers[FORWARDED_CN] = cn
     # Bounded as the main process bounds it (every forwarded body is an admin one).
     body = await read_body(request) if request.body_exists else None
     try:
@@ -402,6 +412,8 @@ def run_worker(config: RelayConfig, spec_text: str) -> int:
     # Bound now, when it is about to serve: the kernel hashes connections to these
     # sockets from here on (relay/_workers.py, Listeners).
     listeners = worker_sockets(spec.listen)
+    ssl_context, reloader = tls_for(config)  # each process reloads its own context
     run_app(app, host=config.host, port=config.port, loop_factory=loop.factory,
-            sockets=listeners, on_listen=ready)
+            sockets=listeners, on_listen=ready, ssl_context=ssl_context,
+            reload_tls=reloader.check if reloader is not None else None)
     return 0

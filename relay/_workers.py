@@ -78,6 +78,7 @@ from databus.relay._liveness import (
     stale_after_s,
 )
 from databus.relay._relay import Relay
+from databus.security import ANONYMOUS
 
 __all__ = [
     "CHANNEL_LINE_LIMIT",
@@ -458,7 +459,7 @@ class WorkerPool:
                     checkpoint=Checkpoint.loads(seen["checkpoint"]), events=seen["events"],
                     nbytes=seen["nbytes"], filter_json=seen["filter_json"],
                     sources=tuple(seen["sources"]), address=seen["address"],
-                    streaming=seen["streaming"])
+                    streaming=seen["streaming"], reader=str(seen.get("reader", ANONYMOUS)))
 
     def _add_stats(self, worker: _Worker, stats: dict[str, Any]) -> None:
         own = self.stats

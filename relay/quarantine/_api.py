@@ -31,23 +31,30 @@ from databus.errors import ConfigError
 from databus.relay._relay import Relay, RelayReader
 from databus.relay.quarantine._read import QUARANTINE_MODES, including
 from databus.relay.quarantine._record import Quarantine
+from databus.security import Grant
 
 __all__ = ["add_quarantine_routes", "quarantine_stop"]
 
 _MAX_NAME = 200
 
 
-def quarantine_stop(request: web.Request, relay: RelayReader, buffer: str
-                    ) -> Callable[[], Quarantine | None]:
+def quarantine_stop(request: web.Request, relay: RelayReader, buffer: str,
+                    grant: Grant | None = None) -> Callable[[], Quarantine | None]:
     """What a stream request stops at (relay/quarantine/_read.py): the first quarantine
-    among the sources it includes, asked at each read; never with ``quarantine=pass``."""
+    among the sources it includes, asked at each read; never with ``quarantine=pass``.
+    ``grant``: the reader's (DESIGN 18); a request naming no source includes only the
+    sources granted, so a quarantine of another source neither stops it nor is named
+    to it."""
     mode = query_param(request, "quarantine") or "error"
     if mode not in QUARANTINE_MODES:
         raise BadRequest(f"quarantine must be one of {', '.join(QUARANTINE_MODES)}")
     if mode == "pass":
         return _no_quarantine
     names = sources_param(request)
-    return lambda: including(relay.quarantines.active(buffer), names)
+    if grant is None or grant.everything:
+        return lambda: including(relay.quarantines.active(buffer), names)
+    return lambda: including({s: q for s, q in relay.quarantines.active(buffer).items()
+                              if grant.allows(s)}, names)
 
 
 def _no_quarantine() -> Quarantine | None:
