@@ -179,15 +179,17 @@ class RelayProcess:
 
     ``tls``: (cert_file, key_file) of ``[relay.tls]`` (HTTPS); ``ca_file``: the CA
     that signed that certificate, which clients verify it with. ``reader_token``: one
-    ``[[relay.readers]]`` (name ``bench``, every source) with that bearer token; the
-    token goes into the temp dir's TOML only, never into a log line. ``extra_toml``:
+    ``[[relay.readers]]`` (name ``bench``, granted ``reader_sources``, default every
+    source) with that bearer token; the token goes into the temp dir's TOML only,
+    never into a log line. ``extra_toml``:
     more TOML appended as it is."""
 
     def __init__(self, source_uri: str, capacity_mb: int, *, buffer: str = "bench",
                  keep_dir: bool = False, workers: int = 1,
                  event_loop: str | None = None,
                  tls: tuple[Path, Path] | None = None, ca_file: Path | None = None,
-                 reader_token: str | None = None, extra_toml: str = "") -> None:
+                 reader_token: str | None = None, reader_sources: tuple[str, ...] = ("*",),
+                 extra_toml: str = "") -> None:
         has_workers = "workers" in relay_config_fields()
         if workers != 1 and not has_workers:
             raise WorkersUnsupported(
@@ -208,7 +210,8 @@ class RelayProcess:
             security += (f'\n[relay.tls]\ncert_file = "{tls[0]}"\n'
                          f'key_file = "{tls[1]}"\n')
         if reader_token is not None:
-            security += ('\n[[relay.readers]]\nname = "bench"\nsources = ["*"]\n'
+            security += ('\n[[relay.readers]]\nname = "bench"\n'
+                         f"sources = {json.dumps(list(reader_sources))}\n"
                          f'token = "{reader_token}"\n')
         self.config_path = self.dir / "relay.toml"
         self.config_path.touch(mode=0o600)

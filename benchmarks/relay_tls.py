@@ -3,19 +3,22 @@ without it, measured in the same run (issue 31: goal >= 0.7 of the throughput).
 
     .venv/bin/python benchmarks/relay_tls.py [--quick] [--duration 3] [--repeat 2]
         [--consumers 1,10] [--rate 1000] [--events 20000] [--part throughput,latency]
-        [--workers 1] [--event-loop asyncio|uvloop] [--consumer-loop asyncio|uvloop]
+        [--kinds plain,tls,tls+reader] [--grant '*'] [--workers 1]
+        [--event-loop asyncio|uvloop] [--consumer-loop asyncio|uvloop] [--profile]
 
 Setup: a throwaway CA and a server certificate for 127.0.0.1 (``make_pki`` of
-tests/fixtures/_certs.py, EC P-256, needs ``cryptography``) in a temp dir. Two kinds
-of ``databus relay --config`` child processes, the same synthetic source (2.5 KB
-events, one event per window), ``--workers`` serving processes (default 1), the
-relay's default event loop (uvloop when installed, as ``make venv`` does) unless
+tests/fixtures/_certs.py, EC P-256, needs ``cryptography``) in a temp dir. Kinds of
+``databus relay --config`` child processes (``--kinds``), the same synthetic source
+(2.5 KB events, one event per window), ``--workers`` serving processes (default 1),
+the relay's default event loop (uvloop when installed, as ``make venv`` does) unless
 ``--event-loop`` says otherwise:
 
-- ``plain``: HTTP, no readers (anonymous reading on loopback);
-- ``tls``: ``[relay.tls]`` (cert_file, key_file) and one ``[[relay.readers]]`` (every
-  source, a random bearer token). Its clients send ``Authorization: Bearer <token>``
-  and verify the relay against the CA (``databus.security.client_context(ca)``).
+- ``plain``: HTTP, no readers (anonymous reading on loopback): the reference;
+- ``tls``: ``[relay.tls]`` (cert_file, key_file), no readers: what TLS alone costs;
+- ``tls+reader``: ``[relay.tls]`` and one ``[[relay.readers]]`` (``sources`` from
+  ``--grant``, default ``["*"]``; a random bearer token): the issue's figure. Its
+  clients send ``Authorization: Bearer <token>``; the clients of both TLS kinds verify
+  the relay against the CA (``databus.security.client_context(ca)``).
 
 1. Streaming throughput: both relays run side by side, each prefilled by the
    synthetic fetcher (``rate=0&limit=--events``; the benchmark waits until the
@@ -26,10 +29,11 @@ relay's default event loop (uvloop when installed, as ``make venv`` does) unless
    checks) and counted; once a stream has brought every event of the buffer (a
    pass), it is closed and a new one opened (a new connection: for TLS a new
    handshake, no session resumption). Bytes and data events counted for
-   ``--duration`` seconds: aggregate MB/s (10**6 B) and events/s. Runs of the two
-   relays alternate (plain first in odd repeats, TLS first in even ones); each figure
+   ``--duration`` seconds: aggregate MB/s (10**6 B) and events/s. Runs of the relays
+   alternate (in the order above in odd repeats, reversed in even ones); each figure
    is the best of ``--repeat`` runs (another job only ever lowers a figure); ratio =
-   best TLS / best plain at that consumer count. Relay CPU seconds per GB = CPU time
+   best of a TLS kind / best plain at that consumer count (the goal: tls+reader >=
+   0.7). Relay CPU seconds per GB = CPU time
    of the relay's processes (``tree_cpu_seconds``) over the run / GB delivered. Before
    the runs, one pass of each relay is read in this process with the same walk: both
    must bring --events data events (the TLS relay's bytes are the plain relay's).
@@ -42,15 +46,19 @@ relay's default event loop (uvloop when installed, as ``make venv`` does) unless
    ``--warmup``, every data event whose last byte arrives within ``--duration``
    seconds counts: latency = receipt time (``time.time_ns()`` after the read) minus
    the event header's ``timestamp_ns`` (the synthetic fetcher's ``time.time_ns()``
-   just before it appends the window). p50 and p99 for plain and TLS; the TLS / plain
-   p99 ratio. Each configuration runs ``--repeat`` times (a new relay each repeat,
-   plain and TLS alternating); kept is the lowest p99 among the quiet runs (other
+   just before it appends the window). p50 and p99 per kind; each TLS kind's p99 /
+   plain's. Each configuration runs ``--repeat`` times (a new relay each repeat, the
+   kinds alternating as above); kept is the lowest p99 among the quiet runs (other
    jobs and steal under ``--quiet-cores``), else among all runs.
 
 Noise: the machine is shared; the load average is printed at the start and the end,
 and each row shows the cores the relay used and those taken by other jobs and the
 hypervisor's steal meanwhile ("others", softirq work left out: loopback TCP, mostly
 the run's own).
+
+``--profile`` adds one throughput run of each kind at the highest consumer count with
+py-spy sampling the relay's main process (needs ``py-spy`` in the venv) and prints its
+top frames.
 """
 
 from __future__ import annotations
@@ -85,6 +93,8 @@ from _relay_proc import (
     machine_cpu,
     run_on,
     softirq_seconds,
+    start_pyspy,
+    summarize_pyspy,
 )
 from relay_latency import ConfigResult, _consume_stream, _cpu_of, percentile
 from relay_throughput import RunResult, _run_clients
@@ -92,7 +102,8 @@ from relay_throughput import RunResult, _run_clients
 MIB = 1 << 20
 CTX = mp.get_context("fork")
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("plain", "tls")
+KINDS = ("plain", "tls", "tls+reader")
+ISSUE = "tls+reader"  # the configuration of the issue's figure
 LATEST = json.dumps({"window_scn": -2})
 # From offset 12 of an event header: total_length u32, (scn), timestamp_ns i64,
 # (partition_id), source_id i16 (as relay_latency reads it).
@@ -125,12 +136,20 @@ def make_pki() -> Pki:
 
 def new_relay(kind: str, uri: str, capacity_mb: int, pki: Pki,
               args: argparse.Namespace) -> RelayProcess:
+    """plain: HTTP, no readers; tls: HTTPS, no readers; tls+reader: HTTPS and one
+    reader (a random token, granted ``--grant``)."""
     if kind == "plain":
         return RelayProcess(uri, capacity_mb, workers=args.workers,
                             event_loop=args.event_loop)
+    token = secrets.token_urlsafe(24) if kind == "tls+reader" else None
     return RelayProcess(uri, capacity_mb, workers=args.workers, event_loop=args.event_loop,
-                        tls=(pki.cert, pki.key), ca_file=pki.ca,
-                        reader_token=secrets.token_urlsafe(24))
+                        tls=(pki.cert, pki.key), ca_file=pki.ca, reader_token=token,
+                        reader_sources=tuple(args.grant.split(",")))
+
+
+def alternate(kinds: list[str], rep: int) -> list[str]:
+    """The kinds' order in repeat ``rep``: as given, then reversed, and so on."""
+    return kinds if rep % 2 == 0 else kinds[::-1]
 
 
 def start_relay(relay: RelayProcess, workers: int) -> None:
@@ -154,8 +173,8 @@ def tls_session(relay: RelayProcess) -> str:
 
 
 def check_refused(relay: RelayProcess) -> str:
-    """The TLS relay must refuse a stream without the token (else it is not the
-    configuration the issue measures)."""
+    """A relay with a reader must refuse a stream without the token (else it is not
+    the configuration the issue measures)."""
     req = urllib.request.Request(relay.url + "/v1/stream?max_bytes=1024")
     try:
         with urllib.request.urlopen(req, timeout=10, context=relay.ssl_context) as resp:
@@ -320,13 +339,13 @@ def cpu_per_gb(r: RunResult) -> float:
     return r.relay_cpu / max(r.bytes / 1e9, 1e-12)
 
 
-def throughput(pki: Pki, counts: list[int], args: argparse.Namespace,
+def throughput(pki: Pki, kinds: list[str], counts: list[int], args: argparse.Namespace,
                summary: list[str]) -> None:
     window_bytes = args.event_bytes + 64  # + the EOW event
     capacity_mb = max(4, (args.events * window_bytes * 5 // 4) // MIB + 1)
     uri = (f"synthetic://?rate=0&keys=100000&event_bytes={args.event_bytes}"
            f"&events_per_window=1&update_ratio=0.5&limit={args.events}&seed=1")
-    relays = {kind: new_relay(kind, uri, capacity_mb, pki, args) for kind in KINDS}
+    relays = {kind: new_relay(kind, uri, capacity_mb, pki, args) for kind in kinds}
     try:
         for relay in relays.values():
             relay.start()
@@ -338,40 +357,65 @@ def throughput(pki: Pki, counts: list[int], args: argparse.Namespace,
             used = relay.buffer_status()["used_bytes"] / 1e6
             extra = ""
             if relay.tls is not None:
-                extra = f"; {tls_session(relay)}; {check_refused(relay)}"
+                extra = f"; {tls_session(relay)}"
+            if relay.reader_token is not None:
+                extra += f"; reader granted {args.grant}, {check_refused(relay)}"
             print(f"{kind}: relay pid {relay.pid} at {relay.url}, {relay.serving()}; "
                   f"buffer {used:.1f} MB; one pass: {got / 1e6:.1f} MB, {n} data "
                   f"events{extra}", flush=True)
             if n != args.events:
                 raise RuntimeError(f"{kind}: a pass brought {n} events, not {args.events}")
-        print(f"{'kind':>6} {'C':>3} {'MB/s':>9} {'events/s':>10} {'relay cores':>11} "
+        print(f"{'kind':>10} {'C':>3} {'MB/s':>9} {'events/s':>10} {'relay cores':>11} "
               f"{'CPU s/GB':>8} {'consumers':>9} {'others':>6}  (runs MB/s; cores: "
               "relay, consumer processes, other jobs + steal)", flush=True)
         for c in counts:
-            runs: dict[str, list[RunResult]] = {kind: [] for kind in KINDS}
+            runs: dict[str, list[RunResult]] = {kind: [] for kind in kinds}
             for rep in range(args.repeat):
-                order = KINDS if rep % 2 == 0 else KINDS[::-1]
-                for kind in order:
+                for kind in alternate(kinds, rep):
                     runs[kind].append(stream_run(relays[kind], c, args))
             best = {kind: max(rs, key=lambda r: r.mb_s) for kind, rs in runs.items()}
-            for kind in KINDS:
+            for kind in kinds:
                 r = best[kind]
-                print(f"{kind:>6} {c:3d} {r.mb_s:9.1f} {r.events_s:10,.0f} "
+                print(f"{kind:>10} {c:3d} {r.mb_s:9.1f} {r.events_s:10,.0f} "
                       f"{r.relay_cpu / r.seconds:11.2f} {cpu_per_gb(r):8.3f} "
                       f"{r.clients_cpu / r.seconds:9.2f} {r.others:6.2f}  ("
                       + ", ".join(f"{x.mb_s:.0f}" for x in runs[kind]) + ")", flush=True)
-            ratio = best["tls"].mb_s / max(best["plain"].mb_s, 1e-9)
-            ev_ratio = best["tls"].events_s / max(best["plain"].events_s, 1e-9)
-            line = (f"throughput, {c} consumer(s): TLS / plain {ratio:.3f} (MB/s; events/s "
-                    f"{ev_ratio:.3f}) -> goal >= 0.7 {'met' if ratio >= 0.7 else 'missed'}; "
-                    f"relay CPU s/GB plain {cpu_per_gb(best['plain']):.3f}, TLS "
-                    f"{cpu_per_gb(best['tls']):.3f} "
-                    f"(x{cpu_per_gb(best['tls']) / max(cpu_per_gb(best['plain']), 1e-12):.2f})")
-            print(line, flush=True)
-            summary.append(line)
+            plain = best["plain"]
+            for kind in kinds[1:]:
+                b = best[kind]
+                ratio = b.mb_s / max(plain.mb_s, 1e-9)
+                cost = cpu_per_gb(b) / max(cpu_per_gb(plain), 1e-12)
+                goal = (f" -> goal >= 0.7 {'met' if ratio >= 0.7 else 'missed'}"
+                        if kind == ISSUE else "")
+                line = (f"throughput, {c} consumer(s): {kind} / plain {ratio:.3f} (MB/s; "
+                        f"events/s {b.events_s / max(plain.events_s, 1e-9):.3f}){goal}; "
+                        f"relay CPU s/GB plain {cpu_per_gb(plain):.3f}, {kind} "
+                        f"{cpu_per_gb(b):.3f} (x{cost:.2f})")
+                print(line, flush=True)
+                summary.append(line)
+        if args.profile:
+            for kind in kinds:
+                profile(relays[kind], kind, max(counts), args)
     finally:
         for relay in relays.values():
             relay.stop()
+
+
+def profile(relay: RelayProcess, kind: str, consumers: int, args: argparse.Namespace) -> None:
+    """One more throughput run with py-spy sampling the relay's main process."""
+    out = Path(tempfile.mkdtemp(prefix="databus-prof-")) / f"tls-{kind}.txt"
+    spy = start_pyspy(relay.pid, args.duration + 1, out)
+    if spy is None:
+        print("py-spy not found: pip install py-spy into the venv")
+        return
+    time.sleep(0.3)
+    r = stream_run(relay, consumers, args)
+    _, err = spy.communicate(timeout=60)
+    print(f"\n## py-spy of the {kind} relay's main process, {consumers} streaming consumers, "
+          f"under the profiler {r.mb_s:.1f} MB/s, {cpu_per_gb(r):.3f} relay CPU s/GB ({out})")
+    if spy.returncode:
+        print(err.decode(errors="replace")[-2000:])
+    print(summarize_pyspy(out, seconds=args.duration + 1), flush=True)
 
 
 # -- 2. latency -----------------------------------------------------------------------
@@ -465,7 +509,7 @@ def latency_run(relay: RelayProcess, kind: str, consumers: int,
         softirq=(irq1 - irq0) / max(tot1 - tot0, 1e-9) * cores)
 
 
-def latency(pki: Pki, counts: list[int], args: argparse.Namespace,
+def latency(pki: Pki, kinds: list[str], counts: list[int], args: argparse.Namespace,
             summary: list[str]) -> None:
     window_bytes = args.event_bytes + 64
     capacity_mb = max(16, int(args.rate * window_bytes * 30 / MIB) + 1)
@@ -475,7 +519,7 @@ def latency(pki: Pki, counts: list[int], args: argparse.Namespace,
           f"{args.warmup:g} s warm-up, {args.duration:g} s measured", flush=True)
     runs: dict[tuple[str, int], list[ConfigResult]] = {}
     for rep in range(args.repeat):
-        for kind in (KINDS if rep % 2 == 0 else KINDS[::-1]):
+        for kind in alternate(kinds, rep):
             relay = new_relay(kind, uri, capacity_mb, pki, args)
             start_relay(relay, args.workers)
             try:
@@ -492,26 +536,28 @@ def latency(pki: Pki, counts: list[int], args: argparse.Namespace,
                           + (f"  errors {r.errors}" if r.errors else ""), flush=True)
             finally:
                 relay.stop()
-    print(f"{'kind':>6} {'C':>3} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'cons/prod':>9} "
+    print(f"{'kind':>10} {'C':>3} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'cons/prod':>9} "
           f"{'relay':>6} {'others':>6}  (kept: lowest p99 of the runs with others <= "
           f"{args.quiet_cores:g} cores, else of all; runs p99/others)")
     for c in counts:
         kept: dict[str, ConfigResult] = {}
-        for kind in KINDS:
+        for kind in kinds:
             rs = runs[(kind, c)]
             r = min(rs, key=lambda x: (x.interference > args.quiet_cores, x.p99_ms))
             kept[kind] = r
-            print(f"{kind:>6} {c:3d} {r.p50_ms:7.2f} {r.p99_ms:7.2f} {r.max_ms:7.1f} "
+            print(f"{kind:>10} {c:3d} {r.p50_ms:7.2f} {r.p99_ms:7.2f} {r.max_ms:7.1f} "
                   f"{r.ratio:9.3f} {r.relay_cpu:6.2f} {r.interference:6.2f}  ("
                   + ", ".join(f"{x.p99_ms:.1f}/{x.interference:.2f}" for x in rs) + ")",
                   flush=True)
-        p, t = kept["plain"], kept["tls"]
-        line = (f"latency, {c} consumer(s) at {args.rate:g}/s: p50 plain {p.p50_ms:.2f} ms, "
-                f"TLS {t.p50_ms:.2f} ms; p99 plain {p.p99_ms:.2f} ms, TLS {t.p99_ms:.2f} ms; "
-                f"TLS / plain p99 {t.p99_ms / max(p.p99_ms, 1e-9):.2f}; relay cores plain "
-                f"{p.relay_cpu:.2f}, TLS {t.relay_cpu:.2f}")
-        print(line, flush=True)
-        summary.append(line)
+        p = kept["plain"]
+        for kind in kinds[1:]:
+            t = kept[kind]
+            line = (f"latency, {c} consumer(s) at {args.rate:g}/s: p50 plain {p.p50_ms:.2f} ms, "
+                    f"{kind} {t.p50_ms:.2f} ms; p99 plain {p.p99_ms:.2f} ms, {kind} "
+                    f"{t.p99_ms:.2f} ms; {kind} / plain p99 {t.p99_ms / max(p.p99_ms, 1e-9):.2f}"
+                    f"; relay cores plain {p.relay_cpu:.2f}, {kind} {t.relay_cpu:.2f}")
+            print(line, flush=True)
+            summary.append(line)
 
 
 # -- main -----------------------------------------------------------------------------
@@ -530,6 +576,13 @@ def main() -> None:
     parser.add_argument("--event-bytes", type=int, default=2500)
     parser.add_argument("--max-bytes", type=int, default=4 * MIB,
                         help="max_bytes of the throughput streams (per write)")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help="relays compared, comma-separated: plain (always, the "
+                             "reference), tls (HTTPS, no readers), tls+reader (HTTPS and a "
+                             "reader with a token: the issue's figure)")
+    parser.add_argument("--grant", default="*",
+                        help="sources = [...] of the tls+reader relay's reader, "
+                             "comma-separated")
     parser.add_argument("--part", default="throughput,latency",
                         help="throughput, latency or both (comma-separated)")
     parser.add_argument("--warmup", type=float, default=1.0,
@@ -545,6 +598,10 @@ def main() -> None:
                         default=default_consumer_loop(),
                         help="the consumer processes' event loop (default: uvloop when "
                              "installed)")
+    parser.add_argument("--profile", action="store_true",
+                        help="throughput: one more run of each kind at the highest consumer "
+                             "count with py-spy sampling the relay (figures come from the "
+                             "other runs)")
     parser.add_argument("--quick", action="store_true",
                         help="2 s per run, 10,000 events, 0.5 s warm-up, one run (unless "
                              "given)")
@@ -556,10 +613,14 @@ def main() -> None:
                 setattr(args, name, value)
     counts = [int(c) for c in args.consumers.split(",") if c.strip()]
     parts = {p.strip() for p in args.part.split(",") if p.strip()}
+    kinds = ["plain"] + [k for k in KINDS[1:] if k in args.kinds.split(",")]
+    if set(args.kinds.split(",")) - set(KINDS):
+        parser.error(f"--kinds: of {', '.join(KINDS)}")
     if not parts or parts - {"throughput", "latency"}:
         parser.error("--part: throughput, latency or both")
     print(f"# relay TLS: Python {platform.python_version()}, {ssl.OPENSSL_VERSION}, "
-          f"{os.cpu_count()} cores, {args.event_bytes} B events, 1 event/window, "
+          f"{os.cpu_count()} cores, relays {', '.join(kinds)}, {args.event_bytes} B events, "
+          "1 event/window, "
           f"consumers {','.join(map(str, counts))} on {args.consumer_loop}, relay workers="
           f"{args.workers}, event loop {args.event_loop or 'relay default'}, "
           f"{args.duration:g} s per run, best of {args.repeat}; {loadavg()}; "
@@ -568,9 +629,9 @@ def main() -> None:
     summary: list[str] = []
     try:
         if "throughput" in parts:
-            throughput(pki, counts, args, summary)
+            throughput(pki, kinds, counts, args, summary)
         if "latency" in parts:
-            latency(pki, counts, args, summary)
+            latency(pki, kinds, counts, args, summary)
     finally:
         shutil.rmtree(pki.dir, ignore_errors=True)
     print("\n## summary")
