@@ -20,7 +20,7 @@ the relay's default event loop (uvloop when installed, as ``make venv`` does) un
   clients send ``Authorization: Bearer <token>``; the clients of both TLS kinds verify
   the relay against the CA (``databus.security.client_context(ca)``).
 
-1. Streaming throughput: both relays run side by side, each prefilled by the
+1. Streaming throughput: the relays run side by side, each prefilled by the
    synthetic fetcher (``rate=0&limit=--events``; the benchmark waits until the
    buffer's max SCN is that), then idle. For each consumer count C, C consumer
    processes each stream ``/v1/stream?follow=true`` (``max_bytes`` 4 MiB per write)
@@ -33,10 +33,11 @@ the relay's default event loop (uvloop when installed, as ``make venv`` does) un
    alternate (in the order above in odd repeats, reversed in even ones); each figure
    is the best of ``--repeat`` runs (another job only ever lowers a figure); ratio =
    best of a TLS kind / best plain at that consumer count (the goal: tls+reader >=
-   0.7). Relay CPU seconds per GB = CPU time
-   of the relay's processes (``tree_cpu_seconds``) over the run / GB delivered. Before
-   the runs, one pass of each relay is read in this process with the same walk: both
-   must bring --events data events (the TLS relay's bytes are the plain relay's).
+   0.7). Relay CPU seconds per GB = CPU time of the relay's processes
+   (``tree_cpu_seconds``) over the run / GB delivered. Before the runs, one pass of
+   each relay is read in this process with the same walk: each must bring --events
+   data events (the TLS relays' bytes are the plain relay's), and the reader's relay
+   must refuse a stream without the token.
 2. Latency: a relay of each kind in turn (one at a time: an idle relay producing
    alongside would take CPU from the measured one), the synthetic source at
    ``rate=--rate`` windows/s. For each C, C streaming consumers (up to 10 per
@@ -591,7 +592,7 @@ def main() -> None:
                         help="latency: streaming consumers per consumer process")
     parser.add_argument("--quiet-cores", type=float, default=0.25,
                         help="latency: cores other jobs and steal may take from a quiet run")
-    parser.add_argument("--workers", type=int, default=1, help="relay.workers of both relays")
+    parser.add_argument("--workers", type=int, default=1, help="relay.workers of every relay")
     parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default=None,
                         help="DATABUS_EVENT_LOOP of the relays (default: their own choice)")
     parser.add_argument("--consumer-loop", choices=("asyncio", "uvloop"),
