@@ -180,9 +180,9 @@ class RelayProcess:
     ``tls``: (cert_file, key_file) of ``[relay.tls]`` (HTTPS); ``ca_file``: the CA
     that signed that certificate, which clients verify it with. ``reader_token``: one
     ``[[relay.readers]]`` (name ``bench``, granted ``reader_sources``, default every
-    source) with that bearer token; the token goes into the temp dir's TOML only,
-    never into a log line. ``extra_toml``:
-    more TOML appended as it is."""
+    source) with that bearer token; the token goes into the temp dir's TOML only
+    (mode 0600, removed on stop), never into a log line. ``extra_toml``: more TOML
+    appended as it is."""
 
     def __init__(self, source_uri: str, capacity_mb: int, *, buffer: str = "bench",
                  keep_dir: bool = False, workers: int = 1,
