@@ -34,6 +34,7 @@ from databus.event import (
     decode_dump_marker,
     decode_header,
 )
+from databus.fetchers._api import ConfiguredSources
 from databus.relay._buffer import ReadResult
 from databus.security import (
     CertificateReloader,
@@ -89,28 +90,27 @@ def guard_for(config: RelayConfig) -> Guard:
                  admin_token=config.admin_token)
 
 
-def may_hold(grant: Grant, catalog_names: Iterable[str], configured: object | None) -> bool:
+def may_hold(grant: Grant, catalog_names: Iterable[str],
+             configured: ConfiguredSources | None) -> bool:
     """Whether a buffer whose catalog holds ``catalog_names`` and whose fetcher's
-    configuration is ``configured`` (``ConfiguredSources``, None: unknown) holds, or may
-    hold later, a source ``grant`` allows."""
+    configuration is ``configured`` (None: unknown) holds, or may hold later, a source
+    ``grant`` allows."""
     if grant.everything or any(grant.allows(n) for n in catalog_names):
         return True
     if configured is None:
         return False
-    names = getattr(configured, "names", frozenset())
-    databases = getattr(configured, "databases", frozenset())
-    everything = bool(getattr(configured, "everything", False))
-    excluded = getattr(configured, "excluded_databases", frozenset())
-    if any(grant.allows(n) for n in names):
+    if any(grant.allows(n) for n in configured.names):
         return True
     for pattern in grant.patterns:
         if pattern == "*":
-            return bool(names or databases or everything)
-        if pattern.endswith(".*"):
-            database = pattern[:-2]
-            if database in databases or (everything and database not in excluded):
+            if configured.names or configured.databases or configured.everything:
                 return True
-        elif getattr(configured, "matches", lambda _n: False)(pattern):
+        elif pattern.endswith(".*"):
+            database = pattern[:-2]
+            if database in configured.databases or (
+                    configured.everything and database not in configured.excluded_databases):
+                return True
+        elif configured.matches(pattern):
             return True
     return False
 

@@ -37,7 +37,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from databus.errors import ConnectionLostError, DatabusError
 from databus.fetchers._api import WindowSink
 from databus.relay._buffer import EventBuffer
 from databus.relay.cluster._epochs import EpochEntry, EpochHistory
+from databus.security import URI_PARAMS, ClientCredentials
 
 __all__ = ["Assignment", "ClusterMember", "FencedError", "FencedSink", "epochs_path"]
 
@@ -114,6 +115,20 @@ class FencedSink:
         self.inner.rollback()
 
 
+def chain_uri(leader: str, sources: Sequence[str], credentials: ClientCredentials) -> str:
+    """The ``relay+http://`` (``relay+https://`` for an ``https://`` leader) source URI
+    a follower chains from ``leader`` with, carrying the cluster's credentials as
+    ``ca_file``, ``cert_file``, ``key_file`` and ``token`` (``ClientCredentials.from_query``).
+    Holds the token: log it through ``redact_uri`` only."""
+    query = [("sources", ",".join(sources))]
+    for name in URI_PARAMS:
+        value = getattr(credentials, name)
+        if value is not None:
+            query.append((name, value.reveal() if name == "token" else str(value)))
+    encoded = "&".join(f"{k}={quote(v, safe=',/')}" for k, v in query)
+    return f"relay+{leader.rstrip('/')}/?{encoded}"
+
+
 def epochs_path(data_dir: Path, buffer: str) -> Path:
     return data_dir / f"{buffer}.epochs.json"
 
@@ -163,7 +178,7 @@ class Seat:
         sources = self.chain_sources()
         if not sources:
             return None
-        uri = f"relay+{leader.rstrip('/')}/?sources={quote(','.join(sources), safe=',')}"
+        uri = chain_uri(leader, sources, self.member.config.credentials)
         return Assignment("follower", uri, self.history.current,
                           prepare=lambda: self._adopt(leader),
                           expected=(OSError, ConnectionLostError))
@@ -349,9 +364,14 @@ class ClusterMember(ZooKeeperMember):
         }
 
     def http_json(self, url: str) -> Any:
+        """GET ``url`` (another member's ``/v1/status`` or ``/v1/sources``) with this
+        cluster's credentials (``[relay.cluster]`` ca_file, cert_file, key_file, token)."""
         import urllib.request
 
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        credentials = self.config.credentials
+        request = urllib.request.Request(url, headers=credentials.headers())
+        with urllib.request.urlopen(request, timeout=5,
+                                    context=credentials.ssl_for(url)) as resp:
             return json.loads(resp.read())
 
     def close(self) -> None:

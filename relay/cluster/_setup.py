@@ -22,7 +22,8 @@ def member_url(relay: Relay) -> str:
     """Where other members and clients reach this relay."""
     cfg = relay.config
     assert cfg.cluster is not None
-    return cfg.cluster.advertise_url.rstrip("/") or f"http://{cfg.host}:{cfg.port}"
+    scheme = "https" if cfg.tls is not None else "http"
+    return cfg.cluster.advertise_url.rstrip("/") or f"{scheme}://{cfg.host}:{cfg.port}"
 
 
 def join_cluster(relay: Relay) -> ClusterMember:

@@ -268,8 +268,9 @@ async def _consumer_lag(src: Source, tmp_path: Path) -> None:
         high = answered - math.floor(before_a) + 0.01
         assert low <= stale["lag_seconds"] <= high, (low, stale, high)
         samples = await metric_samples(r, "databus_relay_consumer_lag_seconds")
-        assert samples[(BUFFER, "fresh")] == 0.0
-        assert low <= samples[(BUFFER, "stale")] <= time.time() - math.floor(before_a) + 0.01
+        assert samples[(BUFFER, "fresh", "anonymous")] == 0.0
+        assert low <= samples[(BUFFER, "stale", "anonymous")] \
+            <= time.time() - math.floor(before_a) + 0.01
 
 
 def test_a_chained_relay_is_as_fresh_as_its_upstream_and_unknown_with_it(

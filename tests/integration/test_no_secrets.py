@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -32,6 +33,8 @@ import pytest
 
 from databus.client import PostgresCheckpointStore
 from databus.errors import DatabusError
+from databus.security import client_context
+from tests.fixtures._certs import PKI
 from tests.fixtures.servers import MariaDBServer, PostgresServer
 from tests.integration.bootstrap_support import drop_schema
 from tests.relay_harness import free_port, start_databus
@@ -289,3 +292,96 @@ def test_postgres_checkpoint_store_never_shows_its_password(
     texts.append(caplog.text)
     for text in texts:
         assert_clean(text, secrets, "the checkpoint store")
+
+
+def test_relay_reader_and_metrics_tokens_are_never_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pki: PKI) -> None:
+    """DESIGN 18: reader tokens and the metrics token (from the environment), on a TLS
+    relay with workers, asked with them, with near misses, in malformed headers and in
+    plain HTTP on the TLS port: no log line, answer, status page or metric shows one."""
+    secrets = {"reader token": "Rdr-" + _secret("Tok"),
+               "other reader token": "Rdr2-" + _secret("Tok"),
+               "metrics token": "Met-" + _secret("Tok")}
+    monkeypatch.setenv("DBZ_TEST_READER_TOKEN", secrets["reader token"])
+    monkeypatch.setenv("DBZ_TEST_READER2_TOKEN", secrets["other reader token"])
+    monkeypatch.setenv("DBZ_TEST_METRICS_TOKEN", secrets["metrics token"])
+    port = free_port()
+    config = tmp_path / "relay.toml"
+    config.write_text("\n".join([
+        "[relay]", f"data_dir = {toml_str(str(tmp_path / 'relay'))}", f"port = {port}",
+        "workers = 2", 'metrics_token = "${DBZ_TEST_METRICS_TOKEN}"',
+        "[[relay.buffers]]", 'name = "shop"', "capacity_mb = 4",
+        'source = "synthetic://?rate=50&keys=10&source=shop.orders,shop.items"',
+        "[relay.tls]", f"cert_file = {toml_str(str(pki.server.cert))}",
+        f"key_file = {toml_str(str(pki.server.key))}",
+        "[[relay.readers]]", 'name = "orders"', 'token = "${DBZ_TEST_READER_TOKEN}"',
+        'sources = ["shop.orders"]',
+        "[[relay.readers]]", 'name = "all"', 'token = "${DBZ_TEST_READER2_TOKEN}"',
+        'sources = ["*"]']) + "\n", encoding="utf-8")
+    log_path = tmp_path / "relay.log"
+    proc = start_databus(["--log-level", "DEBUG", "relay", "--config", str(config)], port,
+                         log_path)
+    context = client_context(pki.ca)
+    url = f"https://localhost:{port}"
+    outputs: dict[str, str] = {}
+
+    def https(path: str, token: str | None) -> tuple[int, str]:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        request = urllib.request.Request(url + path, headers={
+            k: v.encode().decode("latin-1") for k, v in headers.items()})
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=context) as resp:
+                return resp.status, resp.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode("utf-8", "replace")
+
+    try:
+        wait_until(lambda: https("/v1/sources", secrets["reader token"])[0] == 200
+                   and "shop.orders" in https("/v1/sources", secrets["reader token"])[1],
+                   "the relay serving its sources")
+        for path in ("/v1/status", "/metrics", "/v1/sources", "/v1/consumers",
+                     "/v1/stream?client_id=c1", "/v1/stream?sources=shop.items",
+                     "/v1/schemas?source=shop.items", "/v1/dumps", "/nope"):
+            for name, token in (("none", None), ("reader", secrets["reader token"]),
+                                ("near", secrets["reader token"][:-1]),
+                                ("metrics", secrets["metrics token"]),
+                                ("metrics near", secrets["metrics token"] + "x")):
+                outputs[f"{path} {name}"] = repr(https(path, token))
+        for i, line in enumerate((b"Authorization: Bearer "
+                                  + secrets["reader token"].encode() + b"\x00",
+                                  b"X-Token" + secrets["metrics token"].encode() + b": 1")):
+            outputs[f"bad header {i}"] = raw_request_tls(
+                port, context, b"GET /v1/sources HTTP/1.1\r\nHost: x\r\n" + line
+                + b"\r\nConnection: close\r\n\r\n").decode("latin-1")
+        # Plain HTTP with the token on the TLS port: no answer that could echo it.
+        raw_request(port, b"GET /v1/sources HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                    + secrets["reader token"].encode() + b"\r\nConnection: close\r\n\r\n")
+        outputs["status"] = https("/v1/status", secrets["metrics token"])[1]
+        # The consumer c1, by its reader's name (a worker reports what it served).
+        wait_until(lambda: 'reader="orders"' in https("/metrics", secrets["metrics token"])[1],
+                   "the consumer c1 in /metrics")
+        outputs["metrics"] = https("/metrics", secrets["metrics token"])[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "shop.orders" in outputs["/v1/sources reader"]
+    assert " 401" not in outputs["/v1/status metrics"]
+    log = log_path.read_text("utf-8", "replace")
+    assert "Traceback" not in log, log[-3000:]
+    assert_clean(log, secrets, "the relay log")
+    for where, text in outputs.items():
+        if not where.startswith("bad header"):
+            assert_clean(text, secrets, f"the relay's answer to {where}")
+
+
+def raw_request_tls(port: int, context: ssl.SSLContext, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="localhost") as sock:
+        sock.sendall(request)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionError, ssl.SSLError):
+            pass
+    return b"".join(chunks)

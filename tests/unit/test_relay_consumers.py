@@ -212,7 +212,7 @@ def test_an_entry_shows_what_was_served_and_to_whom() -> None:
     assert [(d["client_id"], d["buffer"]) for d in docs] == [("c", "b"), ("c", "other")]
     doc = docs[0]
     assert doc == {
-        "client_id": "c", "buffer": "b", "address": "[::1]:4243",
+        "client_id": "c", "buffer": "b", "reader": "anonymous", "address": "[::1]:4243",
         "filter": json.loads(EVENS), "sources": ["synthetic.events"], "streaming": True,
         "checkpoint_scn": 9, "window_offset": -1, "lag_scn": 0, "lag_ms": 0.0,
         "lag_seconds": 0.0,
@@ -337,7 +337,8 @@ def test_a_hostile_client_id_cannot_break_the_metrics_page(tmp_path: Path) -> No
             for name in ("lag_ms", "lag_scn", "events_per_second"):
                 samples = families[f"databus_relay_consumer_{name}"].samples
                 assert [s.labels for s in samples] == [{"client_id": HOSTILE_ID,
-                                                        "buffer": "load"}]
+                                                        "buffer": "load",
+                                                        "reader": "anonymous"}]
             # Nothing the id holds made a family or a sample of its own.
             assert "x" not in families
             assert families["databus_relay_buffer_max_scn"].samples[0].value == 40
