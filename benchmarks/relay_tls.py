@@ -391,7 +391,8 @@ def throughput(pki: Pki, kinds: list[str], counts: list[int], args: argparse.Nam
                 line = (f"throughput, {c} consumer(s): {kind} / plain {ratio:.3f} (MB/s; "
                         f"events/s {b.events_s / max(plain.events_s, 1e-9):.3f}){goal}; "
                         f"relay CPU s/GB plain {cpu_per_gb(plain):.3f}, {kind} "
-                        f"{cpu_per_gb(b):.3f} (x{cost:.2f})")
+                        f"{cpu_per_gb(b):.3f} (x{cost:.2f}: per relay core {1 / cost:.3f} of "
+                        "plain's MB/s)")
                 print(line, flush=True)
                 summary.append(line)
         if args.profile:
