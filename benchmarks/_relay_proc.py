@@ -2,6 +2,11 @@
 worker processes and event loop chosen per run), its CPU time, a throwaway
 ``redis-server`` for the Redis Streams peers, and an optional py-spy profile of the
 relay. Not a benchmark by itself.
+
+A ``RelayProcess`` may serve HTTPS (``tls=(cert_file, key_file)``, its ``ca_file``
+for the clients' verification) and have one reader with a bearer token
+(``reader_token``): ``url`` is then ``https://``, and ``get_json``, ``ssl_context``
+and ``headers`` are what a client of it presents.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -169,11 +175,21 @@ class RelayProcess:
     ``workers``: ``[relay] workers = N``, the serving processes (the main one included);
     a relay whose config has no such field yet serves from one process, and asking it
     for more raises ``WorkersUnsupported``. ``event_loop``: ``DATABUS_EVENT_LOOP`` for
-    the child ("asyncio" or "uvloop"; None leaves the relay's own choice)."""
+    the child ("asyncio" or "uvloop"; None leaves the relay's own choice).
+
+    ``tls``: (cert_file, key_file) of ``[relay.tls]`` (HTTPS); ``ca_file``: the CA
+    that signed that certificate, which clients verify it with. ``reader_token``: one
+    ``[[relay.readers]]`` (name ``bench``, granted ``reader_sources``, default every
+    source) with that bearer token; the token goes into the temp dir's TOML only
+    (mode 0600, removed on stop), never into a log line. ``extra_toml``: more TOML
+    appended as it is."""
 
     def __init__(self, source_uri: str, capacity_mb: int, *, buffer: str = "bench",
                  keep_dir: bool = False, workers: int = 1,
-                 event_loop: str | None = None) -> None:
+                 event_loop: str | None = None,
+                 tls: tuple[Path, Path] | None = None, ca_file: Path | None = None,
+                 reader_token: str | None = None, reader_sources: tuple[str, ...] = ("*",),
+                 extra_toml: str = "") -> None:
         has_workers = "workers" in relay_config_fields()
         if workers != 1 and not has_workers:
             raise WorkersUnsupported(
@@ -185,7 +201,20 @@ class RelayProcess:
         self.buffer = buffer
         self.workers = workers
         self.event_loop = event_loop
+        self.tls = tls
+        self.ca_file = ca_file
+        self.reader_token = reader_token
+        self._ssl_context: ssl.SSLContext | None = None
+        security = ""
+        if tls is not None:
+            security += (f'\n[relay.tls]\ncert_file = "{tls[0]}"\n'
+                         f'key_file = "{tls[1]}"\n')
+        if reader_token is not None:
+            security += ('\n[[relay.readers]]\nname = "bench"\n'
+                         f"sources = {json.dumps(list(reader_sources))}\n"
+                         f'token = "{reader_token}"\n')
         self.config_path = self.dir / "relay.toml"
+        self.config_path.touch(mode=0o600)
         self.config_path.write_text(
             "[relay]\n"
             f'data_dir = "{self.dir / "data"}"\n'
@@ -199,13 +228,34 @@ class RelayProcess:
             f'name = "{buffer}"\n'
             f"capacity_mb = {capacity_mb}\n"
             f'source = "{source_uri}"\n'
+            + security + extra_toml
         )
         self.log_path = self.dir / "relay.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client side's TLS context (verifies the relay against ``ca_file``), or
+        None for a plain relay."""
+        if self.tls is None:
+            return None
+        if self._ssl_context is None:
+            from databus.security import client_context
+
+            self._ssl_context = client_context(self.ca_file)
+        return self._ssl_context
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a client sends with every request: the reader's bearer token, if any."""
+        if self.reader_token is None:
+            return {}
+        return {"Authorization": f"Bearer {self.reader_token}"}
 
     @property
     def pid(self) -> int:
@@ -260,7 +310,8 @@ class RelayProcess:
 
     def get_json(self, path: str, **params: Any) -> Any:
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
-        with urllib.request.urlopen(self.url + path + query, timeout=10) as resp:
+        request = urllib.request.Request(self.url + path + query, headers=self.headers)
+        with urllib.request.urlopen(request, timeout=10, context=self.ssl_context) as resp:
             return json.loads(resp.read())
 
     def buffer_status(self) -> dict[str, Any]:
