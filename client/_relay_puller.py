@@ -107,6 +107,7 @@ class RelayPuller(FailoverPuller):
                          request_timeout=request_timeout, rng=rng, prefer_first=prefer_first,
                          allow_empty=allow_empty)
         self.buffer_sources: dict[str, set[str]] = {}
+        self.restricted = False  # the relay hides sources from this reader (DESIGN 18)
         self.streaming = streaming
         self.heartbeat_ms = heartbeat_ms
         # Relay -> until when it is long-polled (monotonic): it answered a follow=true
@@ -135,6 +136,8 @@ class RelayPuller(FailoverPuller):
         window, so that EOW counts and checksums can be checked: they must hold every
         source of a buffer they read from. Reads the current relay's catalog."""
         await self.catalog()
+        if self.restricted:
+            return False  # its grant hides sources: windows may lack their events
         if not sources:
             return True
         wanted = set(sources)
@@ -155,6 +158,9 @@ class RelayPuller(FailoverPuller):
         for e in entries:
             by_buffer.setdefault(str(e.get("buffer", "")), set()).add(str(e["name"]))
         self.buffer_sources = by_buffer
+        # A reader not granted every source (DESIGN 18) gets windows without the
+        # events it may not see: EOW counts and checksums cannot be checked.
+        self.restricted = isinstance(doc, dict) and doc.get("restricted") is True
         # A relay lists a configured source before its table exists, as "pending"
         # (relays without the field list only existing ones).
         listed = {str(e["name"]): str(e.get("state", "active")) for e in entries}

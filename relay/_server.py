@@ -550,7 +550,10 @@ async def sources(request: web.Request) -> web.Response:
         for e in relay.catalog.sources()
         if grant.allows(e.name)
     ]
-    return json_response({"sources": out})
+    # Additive: true when the reader is not granted every source (DESIGN 18): its
+    # windows may lack events of sources it cannot see, so a client must not check
+    # EOW counts and checksums (they cover every event of a window).
+    return json_response({"sources": out, "restricted": not unrestricted(grant)})
 
 
 def _schema_json(schema: Schema) -> dict[str, Any]:

@@ -194,6 +194,7 @@ def test_real_upstream_relay_with_tls_and_readers(tmp_path: Path, pki: PKI) -> N
                      'sources = ["shop.*"]\n')
         return toml
 
+    (tmp_path / "up").mkdir()
     up = RelayProcess(tmp_path / "up", {"src": synthetic(600, rate=300)}, workers=1,
                       extra_toml=upstream(True))
     up.start()
