@@ -21,12 +21,8 @@ the relay's admin token on the dump request; a refusal is ``UnauthorizedError`` 
 
 from __future__ import annotations
 
-import json
 import logging
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
-from typing import Any
 
 from databus.checkpoint import Checkpoint
 from databus.config import ReplicateConfig
@@ -37,7 +33,6 @@ from databus.errors import (
     UnauthorizedError,
 )
 from databus.relay.dumps import RelayAdmin, RelayAnswerError
-from databus.security import NO_CREDENTIALS, ClientCredentials
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +54,12 @@ def request_dump(config: ReplicateConfig, relays: tuple[str, ...]) -> DumpStarte
     sources = [t.source for t in config.tables]
     last: DatabusError | None = None
     for url in relays:
-        admin = CredentialedAdmin(url, token, config.credentials)
+        # Reads carry the reader token, the dump request the admin token.
+        admin = RelayAdmin(url, token, credentials=config.credentials)
         try:
             return _request(admin, url, sources)
+        except RelayAnswerError as exc:
+            raise _refusal(exc) from None
         except ConnectionLostError as exc:  # another relay may answer
             last = exc
     raise DatabusError(f"no relay took the dump request: {last}", retriable=True)
@@ -87,58 +85,11 @@ def _request(admin: RelayAdmin, url: str, sources: list[str]) -> DumpStarted:
     return DumpStarted(url, str(dump["id"]), start)
 
 
-class CredentialedAdmin(RelayAdmin):
-    """``RelayAdmin`` presenting a reader's credentials: the TLS context for
-    ``https://``, the reader token on reads, the admin token on admin requests."""
-
-    def __init__(self, url: str, token: str | None = None,
-                 credentials: ClientCredentials = NO_CREDENTIALS, *,
-                 timeout: float = 10.0) -> None:
-        super().__init__(url, token, timeout=timeout)
-        self.credentials = credentials
-
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
-                *, admin: bool = False) -> Any:
-        if admin and not self.token:
-            raise DatabusError("initial_copy = \"dump\" needs relay_admin_token")
-        auth = ({"Authorization": f"Bearer {self.token}"} if admin
-                else self.credentials.headers())
-        return self._send(method, path, body, auth)
-
-    def _send(self, method: str, path: str, body: dict[str, Any] | None,
-              auth: dict[str, str]) -> Any:
-        headers = {"Accept": "application/json", **auth}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(self.base + path, data=data, headers=headers,
-                                     method=method)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout,
-                                        context=self.credentials.ssl_for(self.base)
-                                        ) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            raise _refusal(exc) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ConnectionLostError(f"cannot reach the relay at {self.base}: {reason}",
-                                      retriable=True) from None
-        except ValueError:
-            raise RelayAnswerError(200, "bad_response",
-                                   f"{self.base}{path} did not answer JSON") from None
-
-
-def _refusal(exc: urllib.error.HTTPError) -> DatabusError:
-    """The error of a relay's answer: 401/403 as their own classes."""
-    try:
-        doc = json.loads(exc.read())
-        code, message = str(doc["error"]), str(doc.get("message", ""))
-    except Exception:
-        code, message = "http_error", f"HTTP {exc.code} without a JSON error body"
-    if exc.code == 401:
-        return UnauthorizedError(f"relay answered 401 unauthorized: {message}")
-    if exc.code == 403:
-        return ForbiddenError(f"relay answered 403 forbidden: {message}")
-    return RelayAnswerError(exc.code, code, message)
+def _refusal(exc: RelayAnswerError) -> DatabusError:
+    """A relay's refusal of the replicator's credentials as its own class (401, 403:
+    the replicator stops with the fix); any other answer as it is."""
+    if exc.status == 401:
+        return UnauthorizedError(str(exc))
+    if exc.status == 403:
+        return ForbiddenError(str(exc))
+    return exc

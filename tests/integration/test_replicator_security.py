@@ -19,8 +19,8 @@ import pytest
 
 from databus.config import ReplicateConfig, from_mapping
 from databus.errors import ForbiddenError, UnauthorizedError
-from databus.relay.dumps import RelayAnswerError
-from databus.replicator._initial_copy import CredentialedAdmin
+from databus.relay.dumps import RelayAdmin, RelayAnswerError
+from databus.replicator._initial_copy import request_dump
 from databus.replicator._replicator import Replicator
 from databus.replicator._status import bootstrap_rows
 from databus.security import ClientCredentials, client_session
@@ -195,8 +195,8 @@ def test_the_dump_request_presents_the_reader_token_and_the_admin_token(
         relay_cfg = relay_config(tmp_path, {"src": src.uri("orders")},
                                  readers=relay_readers(Gate({ALL: "ok"})))
         async with tls_relay(relay_cfg, pki, gate) as relay:
-            admin = CredentialedAdmin(relay.url, ADMIN_TOKEN,
-                                      ClientCredentials.of(ca_file=pki.ca, token=ALL))
+            admin = RelayAdmin(relay.url, ADMIN_TOKEN,
+                               credentials=ClientCredentials.of(ca_file=pki.ca, token=ALL))
             listed = await asyncio.to_thread(admin.request, "GET", "/v1/sources")
             assert [s["name"] for s in listed["sources"]] == ["shop.orders"]
             assert gate.seen[-1] == ("/v1/sources", True, ALL)
@@ -206,10 +206,16 @@ def test_the_dump_request_presents_the_reader_token_and_the_admin_token(
                 await asyncio.to_thread(admin.request, "POST", "/v1/admin/nope", {},
                                         admin=True)
             assert gate.seen[-1] == ("/v1/admin/nope", True, ADMIN_TOKEN)
-            wrong = CredentialedAdmin(relay.url, ADMIN_TOKEN,
-                                      ClientCredentials.of(ca_file=pki.ca, token="nope"))
-            with pytest.raises(UnauthorizedError):
+            wrong = RelayAdmin(relay.url, ADMIN_TOKEN,
+                               credentials=ClientCredentials.of(ca_file=pki.ca, token="nope"))
+            with pytest.raises(RelayAnswerError) as refused:
                 await asyncio.to_thread(wrong.request, "GET", "/v1/sources")
+            assert refused.value.status == 401
+            # The replicator's dump request turns it into UnauthorizedError (it stops).
+            config = replicate_config(pki, tmp_path / "t.db", relay.url, token="nope",
+                                      initial_copy="dump", relay_admin_token=ADMIN_TOKEN)
+            with pytest.raises(UnauthorizedError):
+                await asyncio.to_thread(request_dump, config, (relay.url,))
 
     asyncio.run(main())
     src.close()
