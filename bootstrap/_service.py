@@ -4,8 +4,6 @@ task; the aiohttp app's ``cleanup_ctx`` starts them and closes them in reverse."
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import AsyncIterator
@@ -21,7 +19,13 @@ from databus.bootstrap._serve import Bootstrapper, ServePolicy
 from databus.bootstrap._server import DEFAULT_MAX_BYTES, ServiceInfo, create_app
 from databus.bootstrap._storage import BootstrapStorage, open_storage
 from databus.config import BootstrapConfig
-from databus.security import CertificateReloader, Guard, Readers, server_context
+from databus.security import (
+    CertificateReloader,
+    Guard,
+    Readers,
+    server_context,
+    watch_certificates,
+)
 from databus.security import install as install_guard
 
 log = logging.getLogger("databus.bootstrap")
@@ -49,25 +53,6 @@ def advertised_url(config: BootstrapConfig) -> str:
     return f"{scheme}://{config.host}:{config.port}"
 
 
-def _watch_certificates(app: web.Application, reloader: CertificateReloader,
-                        interval: float) -> None:
-    """Look at the certificate files every ``interval`` seconds while the app runs."""
-
-    async def watch() -> None:
-        while True:
-            await asyncio.sleep(interval)
-            await asyncio.to_thread(reloader.check)
-
-    async def watching(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(watch(), name="databus-bootstrap-tls-reload")
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    app.cleanup_ctx.append(watching)
-
-
 def open_configured_storage(config: BootstrapConfig) -> BootstrapStorage:
     options: dict[str, object] = {"key_hash": config.key_hash}
     if config.log_partition_span is not None and config.storage.startswith("postgres"):
@@ -93,8 +78,8 @@ def build_app(config: BootstrapConfig, storage: BootstrapStorage,
                              metrics_token=config.metrics_token,
                              admin_token=config.admin_token))
     if tls is not None and config.tls is not None:
-        _watch_certificates(app, CertificateReloader(config.tls, tls, "bootstrap.tls"),
-                            cert_check_s)
+        watch_certificates(app, CertificateReloader(config.tls, tls, "bootstrap.tls"),
+                           cert_check_s)
     # Connection limits and the stream memory budget (databus/_serving.py).
     install(app, ServingLimits.of(srv), stream_paths=("/v1/bootstrap/stream",),
             default_max_bytes=DEFAULT_MAX_BYTES, max_bytes_cap=srv.max_bytes_cap)

@@ -664,33 +664,17 @@ def run_app(app: web.Application, *, host: str, port: int,
             on_listen: Callable[[str, int], None],
             loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
             sockets: Sequence[socket.socket] = (), unix_path: str | None = None,
-            ssl_context: ssl.SSLContext | None = None,
-            reload_tls: Callable[[], object] | None = None) -> str:
+            ssl_context: ssl.SSLContext | None = None) -> str:
     """Serve ``app`` until SIGINT or SIGTERM (what ``web.run_app`` does, with limits),
     on the loop ``loop_factory`` makes (uvloop's, databus._event_loop; None: asyncio's).
     ``sockets``: listen on these bound sockets instead of ``host:port``; ``unix_path``:
     also on a unix socket there (always plain HTTP: it is this user's only).
-    ``ssl_context``: serve TLS on the TCP sockets (databus.security.server_context);
-    ``reload_tls`` is called every ``TLS_RELOAD_S`` (``CertificateReloader.check``: a
-    renewed certificate is served to new connections without a restart). Returns the
-    name of the signal that ended it."""
+    ``ssl_context``: serve TLS on the TCP sockets (databus.security.server_context; a
+    renewed certificate is loaded into it by ``databus.security.watch_certificates``).
+    Returns the name of the signal that ended it."""
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(_serve(app, host, port, on_listen, sockets=sockets,
-                                 unix_path=unix_path, ssl_context=ssl_context,
-                                 reload_tls=reload_tls))
-
-
-# How often a TLS listener looks at its certificate files (``run_app(reload_tls=)``).
-TLS_RELOAD_S = 2.0
-
-
-async def _reload_tls(check: Callable[[], object]) -> None:
-    while True:
-        await asyncio.sleep(TLS_RELOAD_S)
-        try:
-            await asyncio.to_thread(check)
-        except Exception as exc:  # keep serving the certificate loaded before
-            log.error("TLS: cannot check the certificate files (%s)", type(exc).__name__)
+                                 unix_path=unix_path, ssl_context=ssl_context))
 
 
 def listen_sockets(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
@@ -730,16 +714,13 @@ def listen_sockets(host: str, port: int, backlog: int = 128) -> list[socket.sock
 async def _serve(app: web.Application, host: str, port: int,
                  on_listen: Callable[[str, int], None], *,
                  sockets: Sequence[socket.socket] = (), unix_path: str | None = None,
-                 ssl_context: ssl.SSLContext | None = None,
-                 reload_tls: Callable[[], object] | None = None) -> str:
+                 ssl_context: ssl.SSLContext | None = None) -> str:
     # Bound before the app starts (runner.setup() runs its startup: fetchers, fencing
     # tokens, leases): a port in use fails here, having started nothing.
     if not sockets:
         sockets = listen_sockets(host, port)
     runner = AppRunner(app)
     await runner.setup()
-    reloading = (asyncio.create_task(_reload_tls(reload_tls))
-                 if reload_tls is not None and ssl_context is not None else None)
     try:
         for sock in sockets:
             await web.SockSite(runner, sock, ssl_context=ssl_context).start()
@@ -761,6 +742,4 @@ async def _serve(app: web.Application, host: str, port: int,
         await stop.wait()
         return got[0]
     finally:
-        if reloading is not None:
-            reloading.cancel()
         await runner.cleanup()

@@ -151,8 +151,10 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(relay)
         if reloader is not None:
             from databus.relay._server import TLS_RELOADER
+            from databus.security import watch_certificates
 
             app[TLS_RELOADER] = reloader
+            watch_certificates(app, reloader)
         unix_path = None
         if listeners is not None:
             from databus.relay._workers import enable_workers
@@ -163,7 +165,6 @@ def run(args: argparse.Namespace) -> int:
                 host=host, port=port, log_level=args.log_level, listeners=listeners)
         got = run_app(app, host=host, port=port, loop_factory=loop.factory,
                       sockets=sockets, unix_path=unix_path, ssl_context=ssl_context,
-                      reload_tls=reloader.check if reloader is not None else None,
                       on_listen=lambda h, p: log.info("relay listening on %s://%s:%d",
                                                       scheme, h, p))
         log.info("relay stopped (%s)", got)

@@ -57,7 +57,7 @@ from databus.relay._workers import (
     worker_sockets,
 )
 from databus.relay.quarantine._record import QUARANTINE_FILENAME, QuarantineView
-from databus.security import ANONYMOUS, peer_cn
+from databus.security import ANONYMOUS, peer_cn, watch_certificates
 
 __all__ = ["MainUnavailable", "WorkerRelay", "WorkerSpec", "create_worker_app", "run_worker"]
 
@@ -412,8 +412,9 @@ def run_worker(config: RelayConfig, spec_text: str) -> int:
     # Bound now, when it is about to serve: the kernel hashes connections to these
     # sockets from here on (relay/_workers.py, Listeners).
     listeners = worker_sockets(spec.listen)
-    ssl_context, reloader = tls_for(config)  # each process reloads its own context
+    ssl_context, reloader = tls_for(config)
+    if reloader is not None:
+        watch_certificates(app, reloader)  # each process reloads its own context
     run_app(app, host=config.host, port=config.port, loop_factory=loop.factory,
-            sockets=listeners, on_listen=ready, ssl_context=ssl_context,
-            reload_tls=reloader.check if reloader is not None else None)
+            sockets=listeners, on_listen=ready, ssl_context=ssl_context)
     return 0

@@ -31,6 +31,7 @@ from databus.security._server import (
     peer_cn,
     reader,
     require,
+    watch_certificates,
 )
 from databus.security._tls import (
     CertificateReloader,
@@ -78,4 +79,5 @@ __all__ = [
     "reader",
     "require",
     "server_context",
+    "watch_certificates",
 ]

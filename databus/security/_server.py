@@ -16,15 +16,24 @@ listener's client CA; its subject's common name is matched against the readers'
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hmac
-from collections.abc import Iterable
+import logging
+from collections.abc import AsyncIterator, Iterable
 
 from aiohttp import web
 
 from databus._http import Forbidden, Unauthorized
 from databus.config._secrets import Secret
 from databus.security._readers import ANYONE, Reader, Readers, bearer_token
+from databus.security._tls import CertificateReloader
+
+log = logging.getLogger("databus.security")
+
+# How often a TLS listener looks at its certificate files.
+RELOAD_INTERVAL_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,3 +138,29 @@ def check_operational(request: web.Request) -> None:
             pass
     raise Unauthorized("/metrics needs 'Authorization: Bearer <metrics_token>' "
                        "(or the admin token, or a reader's credential)")
+
+
+def watch_certificates(app: web.Application, reloader: CertificateReloader,
+                       interval: float = RELOAD_INTERVAL_S) -> None:
+    """While ``app`` runs, look at its listener's certificate files every ``interval``
+    seconds (``CertificateReloader.check``: a renewed certificate is served to new
+    connections without a restart). One task per app: the relay's main process, each
+    of its workers and the bootstrap server each watch their own context."""
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.to_thread(reloader.check)
+            except Exception as exc:  # keep serving the certificate loaded before
+                log.error("TLS: cannot check the certificate files (%s)",
+                          type(exc).__name__)
+
+    async def watching(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(watch(), name="databus-tls-reload")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.cleanup_ctx.append(watching)
