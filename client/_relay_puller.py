@@ -27,6 +27,7 @@ from databus.client._failover import FailoverPuller
 from databus.client._headers import bad_answer, header_int, parse_stream_headers, read_body
 from databus.client._relay_stream import StreamFrame, StreamFramer
 from databus.errors import ConnectionLostError, DatabusError, EventFormatError, ScnNotFoundError
+from databus.security import is_pattern
 
 log = logging.getLogger("databus.client")
 
@@ -166,6 +167,8 @@ class RelayPuller(FailoverPuller):
         listed = {str(e["name"]): str(e.get("state", "active")) for e in entries}
         states = {}
         for name in self.sources:
+            if is_pattern(name):
+                continue  # db.* or *: whichever tables match, now or later
             if name not in listed:
                 # Not listed: configured by a pattern (tables=db.*) and not created yet,
                 # or not configured at all: the relay's stream answer tells which.

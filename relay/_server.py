@@ -103,7 +103,16 @@ from databus.relay.quarantine._api import add_quarantine_routes, quarantine_stop
 from databus.relay.quarantine._read import guard
 from databus.relay.quarantine._record import Quarantine
 from databus.schemas import Schema
-from databus.security import CertificateReloader, Reader, check_operational, reader, require
+from databus.security import (
+    CertificateReloader,
+    Reader,
+    check_operational,
+    is_pattern,
+    overlaps,
+    pattern_matches,
+    reader,
+    require,
+)
 from databus.security import install as install_guard
 
 log = logging.getLogger("databus.relay.http")
@@ -203,23 +212,36 @@ def _buffer_for(relay: RelayReader, request: web.Request, who: Reader
     a source its id before it writes an event with it, so events of the table created
     meanwhile pass.
 
+    ``sources`` may hold patterns, ``db.*`` and ``*``: every matching source, tables
+    created later included (chosen by name at read time, like the late tables above).
+
     Readers (DESIGN 18, relay/_access.py): a named source or a filter of a source
-    ``who`` is not granted is 403 ``forbidden``; a request that names no source is
-    narrowed to the granted sources of the buffer (by name, so a table created later
-    under a ``db.*`` grant is served too), 403 when the buffer holds none. The last
-    item returned says whether it was narrowed."""
-    names = sources_param(request)
+    ``who`` is not granted is 403 ``forbidden``, and so is a pattern no granted source
+    can match; a pattern, or a request that names no source, is narrowed to the
+    granted sources of the buffer (by name, so a table created later under a ``db.*``
+    grant is served too), 403 when the buffer holds none. The last item returned says
+    whether sources are chosen by name (a pattern, or narrowed)."""
+    requested = sources_param(request)
+    # ``db.*`` and ``*`` in sources= subscribe to every matching source, now and later.
+    patterns = [n for n in requested if is_pattern(n)]
+    names = [n for n in requested if not is_pattern(n)]
     spec = filter_param(request)
     grant = who.grant
     require(who, names)
     require(who, spec.filters)
+    refused = [p for p in patterns if not overlaps(p, grant)]
+    if refused:
+        raise Forbidden(f"reader {who.name!r} is granted no source matching "
+                        f"{', '.join(refused)}")
     catalog = relay.catalog
-    if names:
+    if requested:
         located = {n: _source_buffer(relay, n) for n in names}
         buffers = {b for b, _ in located.values()}
+        for pattern in patterns:
+            buffers |= _pattern_buffers(relay, pattern)
         if len(buffers) > 1:
             raise BadRequest(
-                f"sources {', '.join(names)} live in different buffers "
+                f"sources {', '.join(requested)} live in different buffers "
                 f"({', '.join(sorted(buffers))}); stream them with one request per buffer"
             )
         buffer_name = buffers.pop()
@@ -230,20 +252,24 @@ def _buffer_for(relay: RelayReader, request: web.Request, who: Reader
         raise BadRequest("this relay has several buffers: name the sources to stream")
     filters = {name: (_source_buffer(relay, name)[1], f) for name, f in spec.filters.items()}
     needs_key = any(f.needs_key for _, f in filters.values())
-    narrowed = not located and not unrestricted(grant)
-    if narrowed:
-        held = [e for e in catalog.sources() if e.buffer == buffer_name]
-        if not may_hold(grant, (e.name for e in held),
-                        relay.fetchers.configured_sources().get(buffer_name)):
-            raise Forbidden(f"reader {who.name!r} is granted no source of buffer "
-                            f"{buffer_name}")
-    if not located and not filters and not narrowed:
+    # Sources chosen by name at read time: the patterns asked for, or (no sources named)
+    # everything, narrowed to the reader's grant when it is not granted everything.
+    by_name = bool(patterns) or (not located and not unrestricted(grant))
+
+    def admit(name: str) -> bool:
+        return grant.allows(name) and (
+            not patterns or any(pattern_matches(p, name) for p in patterns))
+
+    held = [e for e in catalog.sources() if e.buffer == buffer_name]
+    if by_name and not located and not may_hold(
+            grant, (e.name for e in held), relay.fetchers.configured_sources().get(buffer_name)):
+        raise Forbidden(f"reader {who.name!r} is granted no source of buffer {buffer_name}")
+    if not located and not filters and not by_name:
         return buffer_name, None, frozenset(), False
-    everything = not located and not narrowed
-    if narrowed:
-        wanted = {e.id for e in held if grant.allows(e.name)}
-    else:
-        wanted = {i for _, i in located.values() if i is not None}
+    everything = not located and not by_name
+    wanted = {i for _, i in located.values() if i is not None}
+    if by_name:
+        wanted |= {e.id for e in held if admit(e.name)}
     late_names = frozenset(n for n, (_, i) in located.items() if i is None)
     late_filters = {n: f for n, (i, f) in filters.items() if i is None}
 
@@ -252,17 +278,34 @@ def _buffer_for(relay: RelayReader, request: web.Request, who: Reader
             name = catalog.by_id(source_id).name
         except UnknownSourceError:
             return everything, None
-        if narrowed:
-            return grant.allows(name), late_filters.get(name)
-        return everything or name in late_names, late_filters.get(name)
+        return (everything or name in late_names or (by_name and admit(name)),
+                late_filters.get(name))
 
     plan = FilterPlan(
         wanted=None if everything else frozenset(wanted),
         filters={i: f for i, f in filters.values() if i is not None},
-        resolve=late if late_names or late_filters or narrowed else None,
+        resolve=late if late_names or late_filters or by_name else None,
         needs_key=needs_key,
     )
-    return buffer_name, compile_filter(plan), late_names, narrowed
+    return buffer_name, compile_filter(plan), late_names, by_name
+
+
+def _pattern_buffers(relay: RelayReader, pattern: str) -> set[str]:
+    """The buffers that hold, or are configured to hold, a source matching ``pattern``
+    (``db.*`` or ``*``); ``unknown_source`` (404) when none does."""
+    found = {e.buffer for e in relay.catalog.sources() if pattern_matches(pattern, e.name)}
+    if pattern == "*":
+        found |= set(relay.buffers)
+    else:
+        try:
+            configured = relay.fetchers.configured_buffer(pattern)
+        except ConfigError as exc:
+            raise BadRequest(exc.message) from None
+        if configured is not None:
+            found.add(configured)
+    if not found:
+        raise UnknownSourceError(f"no source of this relay matches {pattern!r}")
+    return found
 
 
 # -- handlers -----------------------------------------------------------------------

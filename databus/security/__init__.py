@@ -20,7 +20,7 @@ from databus.security._credentials import (
     ClientCredentials,
     client_session,
 )
-from databus.security._grants import Grant, is_pattern, pattern_matches
+from databus.security._grants import Grant, is_pattern, overlaps, pattern_matches
 from databus.security._readers import ANONYMOUS, ANYONE, Reader, Readers, bearer_token
 from databus.security._server import (
     GUARD,
@@ -73,6 +73,7 @@ __all__ = [
     "install",
     "is_loopback",
     "is_pattern",
+    "overlaps",
     "parse_zookeeper",
     "pattern_matches",
     "peer_cn",

@@ -46,6 +46,21 @@ class Grant:
         return [s for s in sources if not self.allows(s)]
 
 
+def overlaps(pattern: str, grant: Grant) -> bool:
+    """Whether some source (existing or not) matches both the requested ``pattern``
+    (``db.*``, ``*`` or a name) and ``grant``."""
+    if grant.everything or pattern == "*" or "*" in grant.patterns:
+        return True
+    database = pattern[:-2] if pattern.endswith(".*") else None
+    for granted in grant.patterns:
+        if database is None:
+            if _matches(granted, pattern):
+                return True
+        elif granted.rpartition(".")[0] == database:
+            return True  # db.* or db.table of the same database
+    return False
+
+
 def is_pattern(name: str) -> bool:
     """Whether a requested source name is a pattern (``db.*`` or ``*``)."""
     return name == "*" or name.endswith(".*")

@@ -133,6 +133,31 @@ def test_no_sources_is_narrowed_to_the_grant_tables_created_later_included(
         served(view, Reader("x", Grant(("elsewhere.*",))))
 
 
+def test_a_pattern_subscription_is_narrowed_to_the_grant(view: View) -> None:
+    """``sources=shop.*``: every table of shop, now and later, that the reader may read;
+    ungranted ones are left out, not refused (DESIGN 18)."""
+    buffer = view.buffers["shop"]
+    window(buffer, 1, [ORDERS, ITEMS, OTHER])
+    orders = Reader("o", Grant(("shop.orders",)))
+    everyone = Reader("all", Grant.all())
+    got, by_name = served(view, orders, sources="shop.*")
+    assert by_name and got == [ORDERS]
+    assert served(view, everyone, sources="shop.*")[0] == [ORDERS, ITEMS]
+    assert served(view, everyone, sources="*")[0] == [ORDERS, ITEMS, OTHER]
+    assert served(view, orders, sources="*")[0] == [ORDERS]
+    # A pattern beside a name: both; a table created later under the pattern too.
+    view.catalog.entries.append(Entry("shop.later", LATER))
+    window(buffer, 2, [LATER, OTHER, ITEMS])
+    assert served(view, everyone, sources="shop.*,misc.other")[0] == [
+        ORDERS, ITEMS, OTHER, LATER, OTHER, ITEMS]
+    assert served(view, orders, sources="shop.*")[0] == [ORDERS]
+    # A pattern of a database the reader has nothing of: 403; of none at all: 404.
+    with pytest.raises(ForbiddenError):
+        served(view, orders, sources="misc.*")
+    with pytest.raises(UnknownSourceError):
+        served(view, everyone, sources="nowhere.*")
+
+
 def test_the_filter_of_a_late_table_sees_it_once_it_exists(view: View) -> None:
     """The compiled filter of one request, reused over reads (as a stream does): a
     table created under the grant's pattern after the request began is served."""

@@ -202,3 +202,14 @@ def test_credentials_hide_the_token() -> None:
     assert creds.headers() == {"Authorization": "Bearer secret-token-value"}
     assert creds.ssl_for("http://x") is None
     assert ClientCredentials().empty
+
+
+def test_a_requested_pattern_overlaps_a_grant() -> None:
+    from databus.security import overlaps
+
+    orders = Grant(("shop.orders",))
+    assert overlaps("shop.*", orders) and overlaps("*", orders)
+    assert overlaps("shop.orders", orders) and not overlaps("shop.items", orders)
+    assert not overlaps("crm.*", orders) and not overlaps("shopx.*", orders)
+    assert overlaps("crm.*", Grant(("crm.*",))) and overlaps("crm.*", Grant(("*",)))
+    assert overlaps("anything.*", Grant.all())
