@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from databus.config import BufferConfig, RelayConfig, Secret
 from databus.event import decode_eow, decode_event, iter_events
 from databus.relay._relay import Relay
 from databus.relay._server import create_app
+from databus.security import ClientCredentials
 from tests.fixtures._procs import free_port
 from tests.waiting import async_wait_until
 
@@ -192,13 +194,35 @@ def start_databus(args: list[str], port: int, log_path: Path,
     raise TimeoutError(f"databus {args[0]} did not listen: {log_path.read_text()}")
 
 
+def get_url(url: str, credentials: ClientCredentials | None = None,
+            timeout: float = 5) -> bytes:
+    """The body of ``GET url`` (urllib); with ``credentials``, their TLS context for an
+    ``https://`` URL and their token (a ``ClientCredentials``)."""
+    request = urllib.request.Request(url)
+    context = None
+    if credentials is not None:
+        for name, value in credentials.headers().items():
+            request.add_header(name, value)
+        context = credentials.ssl_for(url)
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
+        body: bytes = resp.read()
+    return body
+
+
 class RelayProcess:
-    """``databus relay --config FILE`` as a child process (for kill -9 tests)."""
+    """``databus relay --config FILE`` as a child process (for kill -9 tests).
+
+    ``scheme="https"`` for a relay whose ``extra_toml`` has ``[relay.tls]``;
+    ``credentials`` (a ``ClientCredentials``) are what ``status()`` and the cluster
+    tests' helpers present to it (a reader's token or certificate, the CA)."""
 
     def __init__(self, tmp_path: Path, buffers: dict[str, str], capacity_mb: int = 4,
                  workers: int | None = None, admin_token: str | None = None,
-                 extra_toml: str = "", port: int | None = None) -> None:
+                 extra_toml: str = "", port: int | None = None, *, scheme: str = "http",
+                 credentials: ClientCredentials | None = None) -> None:
         self.port = port or free_port()
+        self.scheme = scheme
+        self.credentials = credentials
         self.config_path = tmp_path / "relay.toml"
         lines = [
             "[relay]",
@@ -218,7 +242,7 @@ class RelayProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         self.proc = start_databus(["relay", "--config", str(self.config_path)], self.port,
@@ -232,7 +256,5 @@ class RelayProcess:
         wait_port_closed(self.port)
 
     def status(self) -> dict[str, Any]:
-        import urllib.request
-
-        with urllib.request.urlopen(self.url + "/v1/status", timeout=5) as resp:
-            return json.loads(resp.read())  # type: ignore[no-any-return]
+        return json.loads(get_url(self.url + "/v1/status",  # type: ignore[no-any-return]
+                                  self.credentials))
