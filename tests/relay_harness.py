@@ -171,6 +171,46 @@ def wait_port_closed(port: int, timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
+def _listening_pids(port: int) -> set[int]:
+    """The processes holding a socket that listens on TCP ``port`` (Linux ``/proc``);
+    empty when that cannot be told."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    pids: set[int] = set()
+    if not inodes:
+        return pids
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
+                pids.add(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def _lineage(pid: int) -> list[int]:
+    """``pid`` and its ancestors (Linux ``/proc``)."""
+    out = []
+    while pid > 1 and len(out) < 64:
+        out.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return out
+
+
 def start_databus(args: list[str], port: int, log_path: Path,
                   timeout: float = 30) -> subprocess.Popen[bytes]:
     """``databus ARGS`` as a child process; returns once it listens on ``port``."""
@@ -187,9 +227,19 @@ def start_databus(args: list[str], port: int, log_path: Path,
             raise RuntimeError(f"databus {args[0]} exited: {log_path.read_text()}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc
+                pass
         except OSError:
             time.sleep(0.05)
+            continue
+        holders = _listening_pids(port)
+        if holders and not any(proc.pid in _lineage(pid) for pid in holders):
+            # Another program (another test run on this machine) took the port between
+            # free_port() and the child's bind: the child cannot listen on it.
+            proc.kill()
+            proc.wait(timeout=20)
+            raise RuntimeError(f"databus {args[0]}: port {port} is taken by another program "
+                               f"(pid {sorted(holders)}): {log_path.read_text()}")
+        return proc
     proc.kill()
     raise TimeoutError(f"databus {args[0]} did not listen: {log_path.read_text()}")
 
