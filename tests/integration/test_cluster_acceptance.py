@@ -27,17 +27,21 @@ It runs twice: ``plain`` (HTTP, no readers, open ZooKeeper nodes) and ``tls-acl`
 consumer's token granted the two tables, the bootstrap producer's token, and the
 members' client certificate granted ``*``, which the relays present to each other with
 ``[relay.cluster]`` credentials); the consumer and the producer verify the servers
-with the test's CA; every ZooKeeper connect string carries digest credentials, and at
-the end every node of both clusters carries the digest ACL: a session without the
-credentials can read them but neither set, create under nor delete any
-(``NoAuthError``).
+with the test's CA; every ZooKeeper connect string carries digest credentials. At the
+end, additionally: every node of both clusters carries the digest ACL (a session
+without the credentials can read them but neither set, create under nor delete any:
+``NoAuthError``), the members are registered with their ``https://`` URLs, every
+relay and bootstrap service answers a read without a reader's credential with 401, and
+no log holds a token or the ZooKeeper password.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +60,7 @@ from tests.integration.bootstrap_support import BootstrapProcess, drop_schema, s
 from tests.integration.cluster_support import SESSION_S, cluster_toml, wait_for
 from tests.integration.test_relay_cluster import cluster_of, leader_of, stream
 from tests.integration.test_relay_cluster_binlog import BinlogConnections
-from tests.relay_harness import RelayProcess
+from tests.relay_harness import RelayProcess, get_url
 from tests.tiers import size
 
 pytestmark = [pytest.mark.integration, pytest.mark.acceptance]
@@ -198,6 +202,19 @@ class Deployment:
         if self.pki is None:
             return {}
         return {"ca_file": self.pki.ca, "token": CONSUMER_TOKEN}
+
+
+def refusals(urls: list[str], deploy: Deployment) -> list[int]:
+    """The HTTP status of a read of each of ``urls`` over TLS without a reader's
+    credential (the CA only)."""
+    assert deploy.pki is not None
+    anonymous = ClientCredentials.of(ca_file=deploy.pki.ca)
+    out = []
+    for url in urls:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get_url(url, anonymous)
+        out.append(refused.value.code)
+    return out
 
 
 def zk_nodes(client: Any, path: str) -> list[str]:
@@ -361,6 +378,13 @@ def test_transfers_through_leader_kills_and_a_pause(
             owner = zookeeper_chroot.client(auth_data=[("digest", f"{ZK_USER}:{ZK_PW}")])
             acl_nodes = assert_digest_acls(zookeeper_chroot, owner, [
                 "/databus/relays/bank", "/databus/bootstrap/bank-boot"])
+            members = owner.get_children("/databus/relays/bank/members")
+            assert sorted(json.loads(owner.get(f"/databus/relays/bank/members/{m}")[0])["url"]
+                          for m in members) == sorted(r.url for r in relays)
+            refused = refusals([f"{r.url}/v1/sources" for r in relays] + [
+                f"{s.url}/v1/bootstrap/sources" for s in services
+                if s.proc is not None and s.proc.poll() is None], deploy)
+            assert set(refused) == {401}, refused
     finally:
         if writer.is_alive():
             writer.halt.set()
