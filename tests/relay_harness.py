@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from databus.config import BufferConfig, RelayConfig, Secret
 from databus.event import decode_eow, decode_event, iter_events
 from databus.relay._relay import Relay
 from databus.relay._server import create_app
+from databus.security import ClientCredentials
 from tests.fixtures._procs import free_port
 from tests.waiting import async_wait_until
 
@@ -169,6 +171,46 @@ def wait_port_closed(port: int, timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
+def _listening_pids(port: int) -> set[int]:
+    """The processes holding a socket that listens on TCP ``port`` (Linux ``/proc``);
+    empty when that cannot be told."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    pids: set[int] = set()
+    if not inodes:
+        return pids
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
+                pids.add(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def _lineage(pid: int) -> list[int]:
+    """``pid`` and its ancestors (Linux ``/proc``)."""
+    out = []
+    while pid > 1 and len(out) < 64:
+        out.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return out
+
+
 def start_databus(args: list[str], port: int, log_path: Path,
                   timeout: float = 30) -> subprocess.Popen[bytes]:
     """``databus ARGS`` as a child process; returns once it listens on ``port``."""
@@ -185,20 +227,52 @@ def start_databus(args: list[str], port: int, log_path: Path,
             raise RuntimeError(f"databus {args[0]} exited: {log_path.read_text()}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc
+                pass
         except OSError:
             time.sleep(0.05)
+            continue
+        holders = _listening_pids(port)
+        if holders and not any(proc.pid in _lineage(pid) for pid in holders):
+            # Another program (another test run on this machine) took the port between
+            # free_port() and the child's bind: the child cannot listen on it.
+            proc.kill()
+            proc.wait(timeout=20)
+            raise RuntimeError(f"databus {args[0]}: port {port} is taken by another program "
+                               f"(pid {sorted(holders)}): {log_path.read_text()}")
+        return proc
     proc.kill()
     raise TimeoutError(f"databus {args[0]} did not listen: {log_path.read_text()}")
 
 
+def get_url(url: str, credentials: ClientCredentials | None = None,
+            timeout: float = 5) -> bytes:
+    """The body of ``GET url`` (urllib); with ``credentials``, their TLS context for an
+    ``https://`` URL and their token (a ``ClientCredentials``)."""
+    request = urllib.request.Request(url)
+    context = None
+    if credentials is not None:
+        for name, value in credentials.headers().items():
+            request.add_header(name, value)
+        context = credentials.ssl_for(url)
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
+        body: bytes = resp.read()
+    return body
+
+
 class RelayProcess:
-    """``databus relay --config FILE`` as a child process (for kill -9 tests)."""
+    """``databus relay --config FILE`` as a child process (for kill -9 tests).
+
+    ``scheme="https"`` for a relay whose ``extra_toml`` has ``[relay.tls]``;
+    ``credentials`` (a ``ClientCredentials``) are what ``status()`` and the cluster
+    tests' helpers present to it (a reader's token or certificate, the CA)."""
 
     def __init__(self, tmp_path: Path, buffers: dict[str, str], capacity_mb: int = 4,
                  workers: int | None = None, admin_token: str | None = None,
-                 extra_toml: str = "", port: int | None = None) -> None:
+                 extra_toml: str = "", port: int | None = None, *, scheme: str = "http",
+                 credentials: ClientCredentials | None = None) -> None:
         self.port = port or free_port()
+        self.scheme = scheme
+        self.credentials = credentials
         self.config_path = tmp_path / "relay.toml"
         lines = [
             "[relay]",
@@ -218,7 +292,7 @@ class RelayProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         self.proc = start_databus(["relay", "--config", str(self.config_path)], self.port,
@@ -232,7 +306,5 @@ class RelayProcess:
         wait_port_closed(self.port)
 
     def status(self) -> dict[str, Any]:
-        import urllib.request
-
-        with urllib.request.urlopen(self.url + "/v1/status", timeout=5) as resp:
-            return json.loads(resp.read())  # type: ignore[no-any-return]
+        return json.loads(get_url(self.url + "/v1/status",  # type: ignore[no-any-return]
+                                  self.credentials))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import urllib.request
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,8 +15,9 @@ import pytest
 
 from databus.bootstrap._storage import LogWindow, stored_event
 from databus.event import Op, encode_event
+from databus.security import ClientCredentials
 from tests.fixtures.servers import PostgresServer
-from tests.relay_harness import free_port, start_databus
+from tests.relay_harness import free_port, get_url, start_databus
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -50,28 +50,36 @@ def window(scn: int, changes: Sequence[tuple[str, bytes]]) -> LogWindow:
 
 
 class BootstrapProcess:
-    """``databus bootstrap --config FILE --run PARTS`` as a child process (kill -9 tests)."""
+    """``databus bootstrap --config FILE --run PARTS`` as a child process (kill -9 tests).
+
+    ``sections`` are ``[bootstrap.NAME]`` tables (``producer`` adds to the producer's
+    table: ``ca_file``, ``token``...); ``extra_toml`` is appended as it is (``[bootstrap.tls]``,
+    ``[[bootstrap.readers]]``). ``scheme="https"`` for a service serving TLS;
+    ``credentials`` (a ``ClientCredentials``) are what ``status()`` presents to it."""
 
     def __init__(self, tmp_path: Path, storage: str, relay_url: str | list[str], run: str,
+                 *, extra_toml: str = "", scheme: str = "http",
+                 credentials: ClientCredentials | None = None,
                  **sections: dict[str, object]) -> None:
         self.port = free_port()
         self.run = run
+        self.scheme = scheme
+        self.credentials = credentials
         self.config_path = tmp_path / f"bootstrap-{run.replace(',', '-')}.toml"
-        lines = ["[bootstrap]", f'storage = "{storage}"', f"port = {self.port}",
-                 "[bootstrap.producer]",
-                 f"relays = {json.dumps([relay_url] if isinstance(relay_url, str) else relay_url)}",
-                 "poll_wait_ms = 100",
-                 "max_bytes = 65536"]
-        for name, values in sections.items():
+        producer: dict[str, object] = {
+            "relays": [relay_url] if isinstance(relay_url, str) else relay_url,
+            "poll_wait_ms": 100, "max_bytes": 65536, **sections.pop("producer", {})}
+        lines = ["[bootstrap]", f'storage = "{storage}"', f"port = {self.port}"]
+        for name, values in {"producer": producer, **sections}.items():
             lines.append(f"[bootstrap.{name}]")
             lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
-        self.config_path.write_text("\n".join(lines) + "\n")
+        self.config_path.write_text("\n".join(lines) + "\n" + extra_toml)
         self.log_path = tmp_path / f"bootstrap-{run.replace(',', '-')}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         self.proc = start_databus(["bootstrap", "--config", str(self.config_path), "--run",
@@ -83,5 +91,5 @@ class BootstrapProcess:
             self.proc.wait(timeout=20)
 
     def status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/v1/status", timeout=5) as resp:
-            return json.loads(resp.read())  # type: ignore[no-any-return]
+        return json.loads(get_url(self.url + "/v1/status",  # type: ignore[no-any-return]
+                                  self.credentials))

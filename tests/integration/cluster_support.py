@@ -9,13 +9,14 @@ import random
 import sqlite3
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from databus.fetchers.txlog import seal_sqlite_transaction
+from databus.security import ClientCredentials
 from tests.fixtures.servers import EnsembleChroot
+from tests.relay_harness import get_url
 from tests.waiting import wait_until
 
 T = TypeVar("T")
@@ -23,18 +24,30 @@ T = TypeVar("T")
 SESSION_S = 2.0  # the ZooKeeper session of the cluster tests' members
 
 
-def cluster_toml(zk: EnsembleChroot, name: str = "shop") -> str:
-    """``[relay.cluster]`` in leader-follower mode on the test's chroot."""
-    return ("[relay.cluster]\n"
-            f'zookeeper = "{zk.hosts}"\n'
-            f'name = "{name}"\n'
-            'mode = "leader-follower"\n'
-            f"session_timeout_s = {SESSION_S}\n")
+def cluster_toml(zk: EnsembleChroot, name: str = "shop", *, zookeeper: str | None = None,
+                 credentials: ClientCredentials | None = None) -> str:
+    """``[relay.cluster]`` in leader-follower mode on the test's chroot (``zookeeper``:
+    another connect string for it, e.g. with ``digest:`` credentials); ``credentials``:
+    what the members present to each other (``ca_file``, ``cert_file``, ``key_file``,
+    ``token``)."""
+    lines = ["[relay.cluster]",
+             f"zookeeper = {json.dumps(zookeeper or zk.hosts)}",
+             f'name = "{name}"',
+             'mode = "leader-follower"',
+             f"session_timeout_s = {SESSION_S}"]
+    if credentials is not None:
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(credentials, key)
+            if path is not None:
+                lines.append(f"{key} = {json.dumps(str(path))}")
+        if credentials.token is not None:
+            lines.append(f"token = {json.dumps(credentials.token.reveal())}")
+    return "\n".join(lines) + "\n"
 
 
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return json.loads(resp.read())
+def get_json(url: str, credentials: ClientCredentials | None = None) -> Any:
+    """``GET url`` as JSON, presenting ``credentials`` (TLS trust, token) if given."""
+    return json.loads(get_url(url, credentials))
 
 
 def wait_for(check: Callable[[], T], what: str, timeout: float = 30, *,

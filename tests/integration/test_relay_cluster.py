@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from tests.integration.cluster_support import (
     cluster_toml,
     wait_for,
 )
-from tests.relay_harness import RelayProcess, parse_windows
+from tests.relay_harness import RelayProcess, get_url, parse_windows
 from tests.unit.test_txlog_support import SqliteSource
 
 pytestmark = pytest.mark.integration
@@ -59,8 +58,7 @@ def stream(relay: RelayProcess, after: int | None = None,
         if after is not None:
             query["checkpoint"] = Checkpoint(after).dumps()
         url = f"{relay.url}/v1/stream?{urllib.parse.urlencode(query)}"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            chunk = resp.read()
+        chunk = get_url(url, relay.credentials, timeout=10)
         windows = parse_windows(chunk)
         if not windows:
             return body
