@@ -1,13 +1,13 @@
 """Chained relays over TLS with a reader token (DESIGN 18, issue 31): ``relay+https://``.
 
-The upstream is a real relay over the synthetic source. Until the relay serves TLS and
-readers itself, a ``TLSGate`` (test_client_security_support.py) stands in front of it:
-HTTPS with the test PKI's certificate, a token check answering the relay's JSON 401,
-and revocation that cuts open streams as an upstream restarted without the token
-would. The downstream is a real relay whose buffer chains through the gate. The last
-test runs the same story against a relay serving ``[relay.tls]`` and
-``[[relay.readers]]`` itself (a ``databus relay`` process restarted with the token
-taken away and then given back); it needs the relay server's side of issue 31.
+The upstream is a real relay over the synthetic source. Most tests put a ``TLSGate``
+(test_client_security_support.py) in front of it: HTTPS with the test PKI's
+certificate, a token check answering the relay's JSON 401, and revocation that cuts
+open streams at a chosen moment (what the chain does then is the subject). The
+downstream is a real relay whose buffer chains through the gate. The last test runs
+the same story against a relay serving ``[relay.tls]`` and ``[[relay.readers]]``
+itself (a ``databus relay`` process restarted with the token taken away and then
+given back).
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ from tests.waiting import async_wait_until
 SOURCES = "shop.items,shop.orders"
 TOKEN = "chain-reader-token-7f3a9c"
 
-_SERVING = Path(__file__).resolve().parents[2] / "databus" / "_serving.py"
-RELAY_SERVES_TLS = "ssl_context" in _SERVING.read_text()
 
 
 def synthetic(limit: int, *, rate: int = 0) -> str:
@@ -180,8 +178,6 @@ def test_an_empty_chained_buffer_refused_by_its_upstream_says_why(
     asyncio.run(main())
 
 
-@pytest.mark.skipif(not RELAY_SERVES_TLS, reason="needs relay TLS (merge): the relay "
-                    "server's [relay.tls] and [[relay.readers]] are another part of issue 31")
 def test_real_upstream_relay_with_tls_and_readers(tmp_path: Path, pki: PKI) -> None:
     """End to end with the relay's own TLS and readers: the upstream restarted without
     the chain's token, then with it again."""

@@ -1,5 +1,5 @@
 """A TLS gate for the client-side security tests (DESIGN 18): HTTPS with a reader
-token in front of a real, plain relay, until the relay serves TLS and readers itself.
+token in front of a real, plain relay, with revocations and refusals at chosen moments.
 
 ``TLSGate(upstream, pki, tokens=...)`` listens on 127.0.0.1 with a certificate of the
 test PKI (``pki.server`` by default, or ``pki.wrong_host``), refuses a request whose

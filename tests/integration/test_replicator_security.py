@@ -226,9 +226,7 @@ def test_daemons_end_to_end_over_tls_with_readers(tmp_path: Path, pki: PKI) -> N
     bootstrap`` whose producer reads it with its token, ``databus replicate`` reading
     both with its own: the target ends equal to the source, and the relay refuses a
     request without a token.
-
-    Skipped while the relay serves neither TLS nor its readers (they are the relay
-    side of issue 31, another branch): it runs by itself once they are merged."""
+"""
     import ssl
     import subprocess
     import urllib.error
@@ -283,14 +281,8 @@ def test_daemons_end_to_end_over_tls_with_readers(tmp_path: Path, pki: PKI) -> N
         procs.append(start_databus(["relay", "--config", str(tmp_path / "relay.toml")],
                                    relay_port, tmp_path / "relay.log"))
         relay = f"https://localhost:{relay_port}"
-        try:
-            status_of(relay + "/healthz")
-        except (urllib.error.URLError, ssl.SSLError, OSError):
-            pytest.skip("the relay does not serve [relay.tls] on this branch (issue 31, "
-                        "relay side): runs once it does")
-        if status_of(relay + "/v1/sources") != 401:
-            pytest.skip("the relay does not enforce [[relay.readers]] on this branch "
-                        "(issue 31, relay side): runs once it does")
+        assert status_of(relay + "/healthz") == 200
+        assert status_of(relay + "/v1/sources") == 401
         assert status_of(relay + "/v1/sources", "tok-e2e-replicator") == 200
         procs.append(start_databus(["bootstrap", "--config", str(tmp_path / "bootstrap.toml")],
                                    boot_port, tmp_path / "bootstrap.log"))
