@@ -692,7 +692,7 @@ def _run_clients(consumers: int, duration: float, server_cpu: Callable[[], float
 
 
 class _Query:
-    """Just enough of an aiohttp request for ``_buffer_for`` (it reads ``query``)."""
+    """Just enough of an aiohttp request for ``subscription`` (it reads ``query``)."""
 
     def __init__(self, **query: str) -> None:
         from multidict import MultiDict
@@ -705,7 +705,7 @@ def breakdown(events: int, event_bytes: int, max_bytes: int, capacity_mb: int,
     """Per-request costs of the serving path without HTTP, in this process.
 
     Uses the real ``Relay`` (in-process, synthetic fetcher) and the server's own
-    ``_buffer_for`` to build the filter, so it measures the code the relay
+    ``subscription`` to build the filter, so it measures the code the relay
     runs. Returns (name, seconds per operation, note) rows, best of ``repeat``, and the
     windows/s of a minimal Python header walk (this machine's speed, right now: the
     floor of any per-event scan written in Python).
@@ -713,7 +713,8 @@ def breakdown(events: int, event_bytes: int, max_bytes: int, capacity_mb: int,
     from databus.checkpoint import Checkpoint
     from databus.config import BufferConfig, RelayConfig
     from databus.relay._relay import Relay
-    from databus.relay._server import _buffer_for
+    from databus.relay._subscription import subscription
+    from databus.security import ANYONE
 
     tmp = Path(tempfile.mkdtemp(prefix="databus-breakdown-"))
     uri = (f"synthetic://?rate=0&keys=100000&event_bytes={event_bytes}"
@@ -758,7 +759,7 @@ def breakdown(events: int, event_bytes: int, max_bytes: int, capacity_mb: int,
         t_cp = best(lambda: Checkpoint.loads(first.checkpoint.dumps()))
         rows.append(("checkpoint loads + dumps (per request)", t_cp, ""))
         spec = json.dumps({source: {"type": "mod", "n": filter_n, "buckets": [0]}})
-        _, select = _buffer_for(relay, _Query(filter=spec))  # type: ignore[arg-type]
+        _, select, _, _ = subscription(relay, _Query(filter=spec), ANYONE)  # type: ignore[arg-type]
 
         def filtered_pass() -> None:
             cp = Checkpoint.flexible()

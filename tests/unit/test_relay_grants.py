@@ -1,5 +1,5 @@
-"""A relay's stream narrowed to a reader's grant (relay/_access.py, relay/_server.py
-``_buffer_for``) on a real ``EventBuffer``: tables created after the request began, the
+"""A relay's stream narrowed to a reader's grant (relay/_access.py, relay/_subscription.py
+``subscription``) on a real ``EventBuffer``: tables created after the request began, the
 in-band markers of ungranted sources, what a buffer may hold for a grant; and what a
 cluster member presents to its leader (relay/cluster)."""
 
@@ -27,7 +27,7 @@ from databus.event import (
 from databus.fetchers._api import ConfiguredSources
 from databus.relay._access import may_hold, strip_markers
 from databus.relay._buffer import EventBuffer, ReadResult
-from databus.relay._server import _buffer_for
+from databus.relay._subscription import subscription
 from databus.relay.cluster._member import chain_uri
 from databus.relay.quarantine._record import QuarantineMarker, encode_quarantine_marker
 from databus.security import ClientCredentials, Grant, Reader
@@ -93,7 +93,7 @@ def window(buffer: EventBuffer, scn: int, sources: list[int]) -> None:
 
 def served(view: View, who: Reader, **query: str) -> tuple[list[int], bool]:
     path = "/v1/stream?" + "&".join(f"{k}={v}" for k, v in query.items())
-    name, select, _, narrowed = _buffer_for(view, make_mocked_request("GET", path), who)
+    name, select, _, narrowed = subscription(view, make_mocked_request("GET", path), who)
     got = view.buffers[name].read(Checkpoint.flexible(),
                                   max_bytes=1 << 20, select=select)
     return [h.source_id for _, h in iter_events(got.data) if h.source_id >= 0], narrowed
@@ -163,7 +163,7 @@ def test_the_filter_of_a_late_table_sees_it_once_it_exists(view: View) -> None:
     table created under the grant's pattern after the request began is served."""
     buffer = view.buffers["shop"]
     shop = Reader("s", Grant(("shop.*",)))
-    _, select, _, _ = _buffer_for(view, make_mocked_request("GET", "/v1/stream"), shop)
+    _, select, _, _ = subscription(view, make_mocked_request("GET", "/v1/stream"), shop)
     view.catalog.entries.append(Entry("shop.later", LATER))
     window(buffer, 1, [LATER, OTHER, ITEMS])
     got = buffer.read(Checkpoint.flexible(),
