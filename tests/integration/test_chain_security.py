@@ -55,9 +55,14 @@ async def fetcher_of(relay: RunningRelay, buffer: str) -> dict[str, Any]:
 
 
 async def wait_error(relay: RunningRelay, buffer: str, text: str) -> dict[str, Any]:
+    """The fetcher of ``buffer`` once it is failed (or backing off) with ``text`` in its
+    error. A first refusal right after windows were stored is retried at once, so the
+    fetcher may be running again for a moment with the error still shown: the promise
+    is the state it settles in while the refusal lasts."""
     async def matching() -> Any:
         fetcher = await fetcher_of(relay, buffer)
-        return fetcher if text in (fetcher.get("last_error") or "") else None
+        settled = fetcher.get("state") in ("failed", "backoff")
+        return fetcher if settled and text in (fetcher.get("last_error") or "") else None
 
     found: dict[str, Any] = await async_wait_until(
         matching, f"fetcher of {buffer} to say {text!r}", 20, max_interval=0.05)
