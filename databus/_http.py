@@ -7,7 +7,7 @@ import hmac
 import logging
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -266,6 +266,27 @@ def metrics_response(registry: CollectorRegistry) -> web.Response:
                         headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
 
+def authorization_values(request: web.BaseRequest) -> list[bytes]:
+    """Every ``Authorization`` header of ``request``, as raw bytes: aiohttp decodes
+    header values as UTF-8 with surrogate escapes, and such a string cannot be encoded
+    again (a 500 before)."""
+    return [v for k, v in request.raw_headers if k.lower() == b"authorization"]
+
+
+def bearer_token(authorization: Sequence[bytes]) -> bytes | None:
+    """The token of the ``Authorization`` header values given (raw bytes, as sent):
+    None when there is no header; ``b""`` when it is not exactly one ``Bearer``
+    header with a token (then it matches nothing)."""
+    if not authorization:
+        return None
+    if len(authorization) != 1:
+        return b""
+    scheme, _, rest = authorization[0].strip().partition(b" ")
+    if scheme.lower() != b"bearer":
+        return b""
+    return rest.strip()
+
+
 def check_bearer(request: web.Request, token: Secret | None, setting: str) -> None:
     """Admin endpoints: 403 when no token is configured, 401 without the right one.
 
@@ -276,12 +297,7 @@ def check_bearer(request: web.Request, token: Secret | None, setting: str) -> No
     """
     if token is None:
         raise Forbidden(f"admin endpoints are disabled: set {setting}")
-    values = [v for k, v in request.raw_headers if k.lower() == b"authorization"]
-    given = b""
-    if len(values) == 1:
-        scheme, _, rest = values[0].strip().partition(b" ")
-        if scheme.lower() == b"bearer":
-            given = rest.strip()
+    given = bearer_token(authorization_values(request)) or b""
     # surrogateescape: a token read from the environment may hold undecodable bytes,
     # which are exactly the bytes a client must send.
     expected = token.reveal().encode("utf-8", "surrogateescape")

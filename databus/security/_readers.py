@@ -14,8 +14,11 @@ import dataclasses
 import hmac
 from collections.abc import Sequence
 
+from databus._http import bearer_token
 from databus.config._security import ReaderConfig
 from databus.security._grants import Grant
+
+__all__ = ["ANONYMOUS", "ANYONE", "Reader", "Readers", "bearer_token"]
 
 ANONYMOUS = "anonymous"
 
@@ -34,20 +37,6 @@ class Reader:
 
 
 ANYONE = Reader(ANONYMOUS, Grant.all())
-
-
-def bearer_token(authorization: Sequence[bytes]) -> bytes | None:
-    """The token of the ``Authorization`` header values given (raw bytes, as sent):
-    None when there is no header; ``b""`` when it is not exactly one ``Bearer``
-    header with a token (then it matches nothing)."""
-    if not authorization:
-        return None
-    if len(authorization) != 1:
-        return b""
-    scheme, _, rest = authorization[0].strip().partition(b" ")
-    if scheme.lower() != b"bearer":
-        return b""
-    return rest.strip()
 
 
 class Readers:

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Iterable
 
 from aiohttp import web
 
-from databus._http import Forbidden, Unauthorized
+from databus._http import Forbidden, Unauthorized, authorization_values
 from databus.config._secrets import Secret
 from databus.security._readers import ANYONE, Reader, Readers, bearer_token
 from databus.security._tls import CertificateReloader
@@ -80,12 +80,6 @@ def peer_cn(request: web.BaseRequest) -> str | None:
     return None
 
 
-def _authorization(request: web.BaseRequest) -> list[bytes]:
-    # Raw bytes: aiohttp decodes header values with surrogate escapes, which cannot be
-    # encoded again (databus._http.check_bearer).
-    return [v for k, v in request.raw_headers if k.lower() == b"authorization"]
-
-
 def reader(request: web.Request) -> Reader:
     """Who ``request`` is (memoised on it); 401 ``unauthorized`` when the listener
     has readers and the request proves none of them."""
@@ -95,7 +89,7 @@ def reader(request: web.Request) -> Reader:
     readers = guard_of(request.app).readers
     found = ANYONE
     if not readers.open:
-        token = bearer_token(_authorization(request))
+        token = bearer_token(authorization_values(request))
         identified = readers.identify(token, peer_cn(request))
         if identified is None:
             if token is None and peer_cn(request) is None:
@@ -122,7 +116,7 @@ def check_operational(request: web.Request) -> None:
     guard = guard_of(request.app)
     if guard.metrics_token is None:
         return
-    token = bearer_token(_authorization(request)) or b""
+    token = bearer_token(authorization_values(request)) or b""
     matched = False
     for secret in (guard.metrics_token, guard.admin_token):
         if secret is not None and hmac.compare_digest(
