@@ -104,3 +104,15 @@ async def pull_once(r: RunningRelay, client_id: str, scn: int) -> None:
                            checkpoint=json.dumps({"window_scn": scn})) as resp:
         assert resp.status == 200
         await resp.read()
+
+
+def test_bootstrap_cluster_role_is_one_hot_per_component() -> None:
+    from databus.bootstrap._server import _cluster_role
+
+    assert _cluster_role(None).samples == []
+    family = _cluster_role({"name": "bs", "components": {
+        "producer": {"role": "holder"}, "applier": {"role": "standby"}}})
+    assert {(s.labels["component"], s.labels["role"]): s.value for s in family.samples} == {
+        ("applier", "holder"): 0.0, ("applier", "standby"): 1.0,
+        ("producer", "holder"): 1.0, ("producer", "standby"): 0.0}
+    assert {s.labels["cluster"] for s in family.samples} == {"bs"}
