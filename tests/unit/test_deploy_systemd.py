@@ -37,7 +37,7 @@ CONFIGS = {"databus-relay.service": "relay", "databus-bootstrap.service": "boots
 def tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
-        message = f"{name} not found (Debian package systemd)"
+        message = f"{name} not found (Debian packages systemd, strace)"
         if in_ci():
             pytest.fail(f"{message} (CI=true: a missing prerequisite is a failure)")
         pytest.skip(message)
