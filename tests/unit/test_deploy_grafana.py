@@ -178,9 +178,8 @@ def in_process_pages(tmp_path: Path) -> list[str]:
             await r.wait_for_scn("load", 5)
             async with await r.get("/metrics") as resp:
                 relay = await resp.text()
-        async with running_bootstrap(store) as b:
-            async with await b.get("/metrics") as resp:
-                boot = await resp.text()
+        async with running_bootstrap(store) as b, await b.get("/metrics") as resp:
+            boot = await resp.text()
         return [relay, boot]
 
     try:

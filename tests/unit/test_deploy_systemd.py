@@ -182,7 +182,7 @@ def test_the_example_configs_load_with_the_example_secrets(
     secrets = env_file(UNITS_DIR / f"{name}.env.example")
     for key in re.findall(r"\$\{(\w+)\}", (ROOT / "deploy" / f"{name}.toml").read_text()):
         monkeypatch.delenv(key, raising=False)
-    with pytest.raises(Exception, match="not set|environment"):
+    with pytest.raises(Exception, match=r"not set|environment"):
         load_config(ROOT / "deploy" / f"{name}.toml")
     for key, value in secrets.items():
         monkeypatch.setenv(key, value)
