@@ -60,8 +60,8 @@ Public API with a version floor: ``web.RequestKey`` and ``web.ResponseKey`` (typ
 of request and response storage) first appear in aiohttp 3.14.0, hence the
 ``aiohttp>=3.14`` in pyproject.toml.
 
-Checked against aiohttp 3.14.0, 3.14.1, 3.14.2 and 3.14.3 (their source, and the tests on
-the installed release). aiohttp's 4.0 development branch changes ``Server.__init__`` (no
+Checked against aiohttp 3.14.0 to 3.14.3 (their source) and by the tests on 3.14.0 (the
+floor) and 3.14.5. aiohttp's 4.0 development branch changes ``Server.__init__`` (no
 ``loop`` argument; the server takes the running loop): ``ServerBase.rebuild`` passes the
 loop only where the constructor takes one.
 """
