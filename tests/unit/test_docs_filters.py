@@ -78,7 +78,7 @@ def test_spec_examples(row: list[str]) -> None:
     (text,) = _code(row[1])
     spec = FilterSpec.parse(text)
     decoded = json.loads(text)
-    names = list(decoded["sources"] if "sources" in decoded else decoded)
+    names = list(decoded.get("sources", decoded))
     assert len(names) == 1
     source = names[0]
     for cell, expected in ((row[2], True), (row[3], False)):
