@@ -56,6 +56,12 @@ The stream writer (aiohttp.http_writer.StreamWriter, ``request.writer``):
   first body bytes): called before the relay writes chunks to the transport itself.
   Absent on a writer that sends the headers at ``prepare()`` (then nothing to do).
 
+Behaviour relied on, not an attribute: after ``prepare()`` of a response with chunked
+encoding enabled (and ``send_headers()``), the relay writes whole chunks to the
+transport itself and aiohttp's ``write_eof()`` only adds the last chunk. The streaming
+tests (tests/unit/test_relay_stream_sends.py, test_relay_streaming.py) parse those
+bodies byte for byte.
+
 Public API with a version floor: ``web.RequestKey`` and ``web.ResponseKey`` (typed keys
 of request and response storage) first appear in aiohttp 3.14.0, hence the
 ``aiohttp>=3.14`` in pyproject.toml.

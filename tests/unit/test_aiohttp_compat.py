@@ -120,3 +120,45 @@ def test_send_pending_headers_without_the_method() -> None:
         pass
 
     compat.send_pending_headers(Plain())  # type: ignore[arg-type]
+
+
+def test_a_pipelined_request_is_seen_queued() -> None:
+    """Two requests in one packet: while the first is handled, the second waits in
+    aiohttp's queue, and ``newest_payload`` is its body (the ``(message, payload)``
+    pairs of ``_messages``)."""
+    seen: dict[str, object] = {}
+
+    async def run() -> None:
+        async def slow(request: web.Request) -> web.Response:
+            protocol = request.protocol
+            assert isinstance(protocol, LimitedRequestHandler)
+            for _ in range(200):  # the second head is parsed once the bytes are read
+                if protocol.newest_payload is not None:
+                    break
+                await asyncio.sleep(0.01)
+            seen.update(handling=protocol.handling_request,
+                        queued=isinstance(protocol.newest_payload, compat.StreamReader))
+            return web.Response(text="slow")
+
+        async def fast(request: web.Request) -> web.Response:
+            return web.Response(text="fast")
+
+        app = web.Application()
+        app.router.add_get("/slow", slow)
+        app.router.add_get("/fast", fast)
+        runner = AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            port = runner.addresses[0][1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                         b"GET /fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            body = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            seen["answers"] = (body.count(b"slow"), body.count(b"fast"))
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(run())
+    assert seen == {"handling": True, "queued": True, "answers": (1, 1)}
