@@ -90,7 +90,7 @@ class _Pullers:
 
 
 class DatabusClient:
-    """A Databus consumer client; see DESIGN section 10 and ``docs/client.md``.
+    """A Databus consumer client; see ``docs/client.md``.
 
     ``start_from`` says where a client with no stored checkpoint begins: "earliest"
     (everything the relay holds) or "latest" (only new windows). ``client_id`` names
