@@ -9,7 +9,9 @@
     databus dump pause|resume|cancel --relay URL [ID] [--sources a,b]
 
 ``setup`` talks to the source (the URI a relay's buffer uses): it creates the watermark
-table and checks that the URI's user can write it. The others talk to a relay's HTTP
+table, checks that the URI's user can write it, and prints the SQL in two parts: what
+was run (the table, made by a user allowed to create tables) and the one GRANT block an
+administrator runs for the relay's user (``--relay-user``, default the URI's). The others talk to a relay's HTTP
 API (docs/dumps.md). The admin commands (start, pause, resume, cancel) need the relay's
 admin token: ``DATABUS_ADMIN_TOKEN`` in the environment, or ``--token`` (visible to
 other users in ``ps``: prefer the variable). pause, resume and cancel act on the dump
@@ -66,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     mode.add_argument("--dry-run", action="store_true", help="print the SQL only")
     mode.add_argument("--check", action="store_true", help="change nothing; check that "
                       "the table exists and the URI's user can write it")
+    setup.add_argument("--relay-user", metavar="NAME", help="the user in the relay's "
+                       "source URI, named in the printed GRANT (default: this URI's user; "
+                       "give it when an administrator runs setup with their own URI)")
     setup.set_defaults(handler=_setup)
 
     def relay_args(p: argparse.ArgumentParser, *, admin: bool) -> None:
@@ -151,17 +156,47 @@ def _setup(args: argparse.Namespace) -> int:
                 print("ok: the watermark table exists and this user can write it")
                 return 0
             statements = source.setup(dry_run=args.dry_run)
-            for sql in statements:
-                print(sql.rstrip().rstrip(";") + ";")
-            if not args.dry_run:
+            user = args.relay_user or _uri_user(args.source)
+            grants = source.grant_statements(user) if user else []
+            sys.stdout.write(setup_script(statements, grants, user, ran=not args.dry_run))
+            if not args.dry_run and not args.relay_user:
                 source.check()
                 print("ok: the watermark table is ready; a relay reading this source with "
                       "this user can dump its tables", file=sys.stderr)
+            elif not args.dry_run:
+                print(f"ok: the watermark table is ready; once {user} has the grant above, "
+                      f"check with `databus dump setup --check --source <the relay's URI>`",
+                      file=sys.stderr)
         finally:
             source.close()
     finally:
         fetcher.close()
     return 0
+
+
+def _uri_user(uri: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.unquote(urllib.parse.urlsplit(uri).username or "")
+
+
+def setup_script(statements: list[str], grants: list[str], user: str, *, ran: bool) -> str:
+    """What ``dump setup`` prints: runnable SQL, two parts with one comment each. The
+    watermark table is made once per source by a user allowed to create tables (an
+    administrator, or the URI's user when it may: then setup just ran it); the relay
+    reads with its own user, who only needs one grant block to write watermarks."""
+    lines = [f"-- 1. The watermark table, made once per source by a user allowed to "
+             f"create tables ({'done just now, with this URI' if ran else 'not run: --dry-run'}):"]
+    lines += [sql.rstrip().rstrip(";") + ";" for sql in statements]
+    if grants:
+        lines.append(f"-- 2. The relay's user ({user}) writes watermarks: an administrator "
+                     "grants, once (besides SELECT on the tables to dump, which the relay "
+                     "reads already):")
+        lines += [sql.rstrip().rstrip(";") + ";" for sql in grants]
+    elif user:
+        lines.append("-- 2. No grant: the relay's user writes the watermark table with the "
+                     "database file's permissions.")
+    return "".join(line + "\n" for line in lines)
 
 
 # -- start, status, control -------------------------------------------------------------
