@@ -52,21 +52,22 @@ STALE_AFTER_S = 60.0
 # terminal is narrow (databus/_tables.py). Numbers, SCNs, lags and URLs are never cut.
 COLUMNS: dict[str, Col] = {c.header: c for c in (
     Col("kind"), Col("url", "url"), Col("relay", "url"), Col("state"),
-    Col("detail", "text", 2),
-    Col("service", priority=1), Col("component", "text"), Col("error", "text", 2),
-    Col("message", "text", 1), Col("fix", "text", 1),
+    Col("detail", "text", 2, below=True),
+    Col("service", priority=3), Col("component", "text"),
+    Col("error", "text", 2, below=True), Col("message", "text", 1, below=True),
+    Col("fix", "text", 1, below=True),
     Col("buffer"), Col("SCN min..max", "num"), Col("fill", "num", 1),
     Col("input", "num", 2), Col("windows", "num", 3), Col("events", "num", 3),
     Col("lag", "num"), Col("source SCN", "num", 1), Col("lag SCN", "num", 3),
     Col("last window", "num", 2), Col("restarts", "num", 2),
-    Col("last error", "text", 1),
-    Col("source"), Col("SCN", "num"), Col("since", "num", 2), Col("reason", "text", 1),
+    Col("last error", "text", 1, below=True),
+    Col("source"), Col("SCN", "num"), Col("since", "num", 2), Col("reason", "text", 1, below=True),
     Col("client id", "text", min_width=16), Col("events/s", "num", 2),
     Col("last seen", "num", 1), Col("mode", priority=2),
     Col("dump"), Col("progress", "text", min_width=20),
     Col("log SCN", "num"), Col("applied SCN", "num"), Col("applier lag", "num"),
     Col("log", "text", 2), Col("snapshot rows", "num", 3),
-    Col("components", "text", 1),
+    Col("components", "text", 1, below=True),
     Col("replication"), Col("batches", "num", 3), Col("errors", "num", 2),
 )}
 

@@ -11,14 +11,19 @@ an error, a fix, a client id). The rule, applied in this order until the table f
 
 1. everything as it is;
 2. URLs as ``host:port`` (scheme, user and a root path dropped; a path kept);
-3. columns hidden by priority (``Col.priority``: 0 is never hidden, the highest number
+3. a URL column whose rows all name the same service goes into the title
+   ("Buffers of relay-01:11190");
+4. columns hidden by priority (``Col.priority``: 0 is never hidden, the highest number
    goes first, the rightmost first among equals), counting free text at its minimum
-   (``Col.min_width``, then wrapped); the title names what was hidden.
+   (``Col.min_width``, then wrapped); the title names what was hidden. A hidden column
+   marked ``below`` (an error, a message, a fix: what a reader needs whatever the
+   width) is not lost: its values are listed under the table, one line per row, after
+   the row's shown labels, wrapped at the width.
 
 Numbers, SCNs, URLs and labels are never wrapped nor cut: when even the columns of
-priority 0 do not fit, cells fold onto more lines (every character stays), never end in
-"...". A table printed on an unlimited width (``databus status --wide``) is always at
-step 1: everything unabridged.
+priority 0 do not fit, labels, URLs and text fold onto more lines (the widest first;
+every character stays; numbers stay whole), never end in "...". A table printed on an
+unlimited width (``databus status --wide``) is always at step 1: everything unabridged.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
     from rich.table import Table
+    from rich.text import Text
 
 __all__ = ["ALERT", "STALE", "Col", "FitTable", "Styled", "fit_table", "rich_table",
            "short_url", "text_table"]
@@ -66,6 +72,7 @@ class Col:
     kind: Kind = "label"
     priority: int = 0
     min_width: int = TEXT_MIN
+    below: bool = False  # when hidden, listed under the table (text columns)
 
 
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
@@ -112,6 +119,8 @@ def _cell_width(text: str) -> int:
 class _Layout:
     shown: tuple[int, ...]  # column indexes kept, in order
     short_urls: bool
+    fits: bool = True  # False: even the columns of priority 0 are too wide (folded)
+    titled: tuple[int, ...] = ()  # URL columns of one value, shown in the title
 
 
 def _natural(cols: Sequence[Col], rows: Sequence[Sequence[str]], short_urls: bool
@@ -145,7 +154,11 @@ def layout(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int | None
     natural = _natural(cols, rows, True)
     least = [min(n, max(c.min_width, 1)) if c.kind == "text" else n
              for c, n in zip(cols, natural, strict=True)]
-    shown = list(everything)
+    titled = tuple(i for i in everything if cols[i].kind == "url" and rows
+                   and len({str(row[i]) for row in rows}) == 1)
+    if titled and _table_width(natural[i] for i in everything if i not in titled) <= width:
+        return _Layout(tuple(i for i in everything if i not in titled), True, True, titled)
+    shown = [i for i in everything if i not in titled]
     # Hidden first: the highest priority number, then the rightmost.
     order = sorted((i for i in everything if cols[i].priority > 0),
                    key=lambda i: (-cols[i].priority, -i))
@@ -153,36 +166,74 @@ def layout(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int | None
         if _table_width(least[j] for j in shown) <= width:
             break
         shown.remove(i)
-    return _Layout(tuple(shown), True)
+    return _Layout(tuple(shown), True, _table_width(least[j] for j in shown) <= width,
+                   titled)
 
 
 def fit_table(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
               width: int | None, hint: str = WIDE_HINT) -> Table:
     """The rich table of ``rows`` for ``width`` columns (None: its natural width),
-    by the rule of the module docstring."""
+    by the rule of the module docstring (without the lines of ``below`` columns:
+    ``FitTable`` prints those)."""
+    return _fit(title, cols, rows, width, hint)[0]
+
+
+def _fit(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
+         width: int | None, hint: str) -> tuple[Table, list[Text]]:
     from rich.table import Table
     from rich.text import Text
 
     plan = layout(cols, rows, width)
-    hidden = [cols[i].header for i in range(len(cols)) if i not in plan.shown]
-    if hidden:
-        title += f" ({len(hidden)} column(s) hidden at this width: {', '.join(hidden)}; " \
-                 f"{hint})"
+    hidden = [i for i in range(len(cols)) if i not in plan.shown]
+    listed = [i for i in hidden if cols[i].below]
+    gone = [cols[i].header for i in hidden if not cols[i].below and i not in plan.titled]
+    for i in plan.titled:
+        title += f" of {short_url(str(rows[0][i]))}"
+    notes = []
+    if gone:
+        notes.append(f"{len(gone)} column(s) hidden at this width: {', '.join(gone)}; "
+                     f"{hint}")
+    if listed:
+        notes.append(f"{', '.join(cols[i].header for i in listed)} below the table")
+    if notes:
+        title += f" ({'; '.join(notes)})"
     t = Table(title=title, title_justify="left", expand=False)
     for i in plan.shown:
         col = cols[i]
+        # When even the essential columns do not fit, every cell may fold onto more
+        # lines (the widest columns first): characters move, none is cut.
         t.add_column(col.header, justify="right" if col.kind == "num" else "left",
-                     no_wrap=col.kind != "text", overflow="fold")
+                     no_wrap=col.kind == "num" or (plan.fits and col.kind != "text"),
+                     overflow="fold")
     for row in rows:
         cells = []
         for i in plan.shown:
             cell = row[i]
             if plan.short_urls and cols[i].kind == "url":
                 cell = short_url(cell)
-            cells.append(Text(cell, style=cell.style) if isinstance(cell, Styled)
-                         else Text(cell))
+            cells.append(_text(cell))
         t.add_row(*cells)
-    return t
+    lines = []
+    for row in rows:
+        values = [(cols[i].header, row[i]) for i in listed if row[i]]
+        if not values:
+            continue
+        labels = [row[i] for i in plan.shown if cols[i].kind != "num" and row[i]]
+        line = Text("  ")
+        line.append(" ".join(short_url(c) if plan.short_urls else c for c in labels),
+                    style="bold")
+        for n, (header, value) in enumerate(values):
+            line.append(f"; {header}: " if n else (f" - {header}: " if labels
+                                                   else f"{header}: "))
+            line.append_text(_text(value))
+        lines.append(line)
+    return t, lines
+
+
+def _text(cell: str) -> Text:
+    from rich.text import Text
+
+    return Text(cell, style=cell.style) if isinstance(cell, Styled) else Text(cell)
 
 
 class FitTable:
@@ -203,4 +254,6 @@ class FitTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions
                          ) -> RenderResult:
-        yield self.table(options.max_width)
+        table, lines = _fit(self.title, self.cols, self.rows, options.max_width, self.hint)
+        yield table
+        yield from lines

@@ -11,8 +11,8 @@
 ``setup`` talks to the source (the URI a relay's buffer uses): it creates the watermark
 table, checks that the URI's user can write it, and prints the SQL in two parts: what
 was run (the table, made by a user allowed to create tables) and the one GRANT block an
-administrator runs for the relay's user (``--relay-user``, default the URI's). The others talk to a relay's HTTP
-API (docs/dumps.md). The admin commands (start, pause, resume, cancel) need the relay's
+administrator runs for the relay's user (``--relay-user``, default the URI's). The
+others talk to a relay's HTTP API (docs/dumps.md). The admin commands (start, pause, resume, cancel) need the relay's
 admin token: ``DATABUS_ADMIN_TOKEN`` in the environment, or ``--token`` (visible to
 other users in ``ps``: prefer the variable). pause, resume and cancel act on the dump
 ``ID``, or on the one active dump that covers ``--sources``, or on the only active
