@@ -94,7 +94,8 @@ def where(entry: Mapping[str, Any]) -> str:
     return Styled(f"{entry['url']} (answer {stale['age_s']:.0f} s old)", STALE)
 
 
-def keep_last_answers(document: dict[str, Any], last: MutableMapping[str, Any],
+def keep_last_answers(document: dict[str, Any],
+                      last: MutableMapping[tuple[str, Any], tuple[dict[str, Any], float]],
                       now: float | None = None) -> dict[str, Any]:
     """``--watch``: a service that does not answer this time keeps its last answer on
     screen, marked stale (``"stale": {"age_s", "error"}``, no ``"error"``), instead of
