@@ -191,8 +191,8 @@ def _fit(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
         title += f" of {short_url(str(rows[0][i]))}"
     notes = []
     if gone:
-        notes.append(f"{len(gone)} column(s) hidden at this width: {', '.join(gone)}; "
-                     f"{hint}")
+        notes.append(f"{len(gone)} column(s) hidden at this width: {', '.join(gone)}"
+                     + (f"; {hint}" if hint else ""))
     if listed:
         notes.append(f"{', '.join(cols[i].header for i in listed)} below the table")
     if notes:

@@ -12,11 +12,11 @@
 table, checks that the URI's user can write it, and prints the SQL in two parts: what
 was run (the table, made by a user allowed to create tables) and the one GRANT block an
 administrator runs for the relay's user (``--relay-user``, default the URI's). The
-others talk to a relay's HTTP API (docs/dumps.md). The admin commands (start, pause, resume, cancel) need the relay's
-admin token: ``DATABUS_ADMIN_TOKEN`` in the environment, or ``--token`` (visible to
-other users in ``ps``: prefer the variable). pause, resume and cancel act on the dump
-``ID``, or on the one active dump that covers ``--sources``, or on the only active
-dump.
+others talk to a relay's HTTP API (docs/dumps.md). The admin commands (start, pause,
+resume, cancel) need the relay's admin token: ``DATABUS_ADMIN_TOKEN`` in the
+environment, or ``--token`` (visible to other users in ``ps``: prefer the variable).
+pause, resume and cancel act on the dump ``ID``, or on the one active dump that covers
+``--sources``, or on the only active dump.
 
 TLS and readers (DESIGN 18): every command but ``setup`` takes ``--ca-file``,
 ``--cert-file``/``--key-file`` for ``https://`` relays; ``status`` takes the reader
@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from databus._tables import Col, FitTable
 from databus.errors import ConfigError
 from databus.relay.dumps._admin_client import TOKEN_ENV, RelayAdmin
 from databus.schemas import Schema
@@ -290,40 +291,51 @@ def _fmt_eta(seconds: float | None) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def _print_dumps(dumps: list[dict[str, Any]], out: TextIO) -> None:
-    from rich.console import Console
-    from rich.table import Table
+# The dump tables (databus/_tables.py, shared by the status commands): numbers never cut,
+# the least needed columns hidden first on a narrow terminal.
+DUMP_COLUMNS = (Col("id"), Col("buffer", priority=2), Col("state"),
+                Col("reason", priority=3), Col("table", "text"), Col("rows", "num"),
+                Col("%", "num"), Col("rate", "num", 1), Col("eta", "num", 1),
+                Col("error", "text", 1, below=True))
+TABLE_COLUMNS = (Col("source", "text"), Col("state"), Col("ranges", "num", 2),
+                 Col("chunks", "num", 3), Col("rows", "num"), Col("overtaken", "num", 3),
+                 Col("%", "num"), Col("last scn", "num", 1),
+                 Col("error", "text", 1, below=True))
 
-    table = Table(title="dumps", title_justify="left")
-    for name in ("id", "buffer", "state", "reason", "table", "rows", "%", "rate", "eta",
-                 "error"):
-        table.add_column(name, justify="right" if name in ("rows", "%", "rate") else "left")
+
+WIDER = "a wider terminal shows them"
+
+
+def _console(out: TextIO) -> Any:
+    """The terminal's width on a terminal; 160 columns into a file or a pipe."""
+    from rich.console import Console
+
+    return Console(file=out, width=None if out.isatty() else 160)
+
+
+def _print_dumps(dumps: list[dict[str, Any]], out: TextIO) -> None:
+    rows = []
     for d in dumps:
         p = d["progress"]
         percent = "-" if p["percent"] is None else f"{p['percent']:.1f}"
-        rows = f"{p['rows']:,}" + (f" / {p['estimate']:,}" if p["estimate"] else "")
-        table.add_row(d["id"], d["buffer"], d["state"], d["reason"],
-                      p["table"] or ", ".join(d["sources"]), rows, percent, _fmt_rate(d),
-                      _fmt_eta(p["eta_seconds"]), d["error"] or "")
-    Console(file=out, width=160).print(table)
+        count = f"{p['rows']:,}" + (f" / {p['estimate']:,}" if p["estimate"] else "")
+        rows.append((d["id"], d["buffer"], d["state"], d["reason"],
+                     p["table"] or ", ".join(d["sources"]), count, percent, _fmt_rate(d),
+                     _fmt_eta(p["eta_seconds"]), d["error"] or ""))
+    _console(out).print(FitTable("dumps", DUMP_COLUMNS, rows, hint=WIDER))
 
 
 def _print_tables(dump: dict[str, Any], out: TextIO) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"tables of dump {dump['id']}", title_justify="left")
-    for name in ("source", "state", "ranges", "chunks", "rows", "overtaken", "%", "last scn",
-                 "error"):
-        table.add_column(name)
+    rows = []
     for t in dump["tables"]:
         ranges = t.get("ranges") or []
-        table.add_row(t["source"], t["state"],
-                      f"{sum(r['done'] for r in ranges)}/{len(ranges)}" if ranges else "-",
-                      str(t["chunks"]), f"{t['rows']:,}",
-                      str(t["overtaken"]), "-" if t["percent"] is None else str(t["percent"]),
-                      "-" if t["last_scn"] is None else str(t["last_scn"]), t["error"] or "")
-    Console(file=out, width=160).print(table)
+        rows.append((t["source"], t["state"],
+                     f"{sum(r['done'] for r in ranges)}/{len(ranges)}" if ranges else "-",
+                     str(t["chunks"]), f"{t['rows']:,}",
+                     str(t["overtaken"]), "-" if t["percent"] is None else str(t["percent"]),
+                     "-" if t["last_scn"] is None else str(t["last_scn"]), t["error"] or ""))
+    _console(out).print(FitTable(f"tables of dump {dump['id']}", TABLE_COLUMNS, rows,
+                                 hint=WIDER))
 
 
 def _follow(admin: RelayAdmin, ident: str, *, interval: float = 0.5,
