@@ -2,7 +2,7 @@
 
 ::
 
-    databus dump setup  --source URI [--dry-run | --check]
+    databus dump setup  --source URI [--dry-run | --check] [--relay-user NAME]
     databus dump start  --relay URL [--sources a,b] [--buffer B] [--keys JSON]
                         [--chunk-rows N] [--delay-ms M] [--parallelism P] [--wait]
     databus dump status --relay URL [ID] [--sources a,b] [--wait] [--json]
