@@ -6,7 +6,9 @@
   finding, still with nothing written;
 - ``databus dump setup`` prints runnable SQL in two parts, with ONE grant block for the
   relay's user, and that block is all the relay's user needs (``--check`` passes with
-  its own URI after an administrator ran it).
+  its own URI after an administrator ran it);
+- the same on MariaDB, where ``assess`` reads the user's privileges instead of trying
+  (CREATE TABLE is not transactional there).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
+import pymysql
 import pytest
 
 from databus.cli import main as databus_main
 from databus.config import ReplicateConfig, ReplicatedTableConfig
-from tests.fixtures.servers import PostgresServer
+from tests.fixtures.servers import MariaDBServer, PostgresServer
 from tests.relay_harness import relay_config, running_relay
 from tests.unit.test_txlog_support import SqliteSource
 
@@ -153,3 +156,77 @@ def test_dump_setup_prints_one_grant_block_for_the_relays_user(
     code, out, err = dump_setup(capsys, "--source", relay_uri, "--check")
     assert code == 0, err
     assert out.startswith("ok:")
+
+
+# -- MariaDB: CREATE TABLE commits by itself, so nothing is tried, privileges are read --
+
+
+def root_sql(server: MariaDBServer, *statements: str) -> list[Any]:
+    conn = pymysql.connect(**server.root_connect_kwargs(), autocommit=True)
+    rows: list[Any] = []
+    try:
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+                rows = list(cur.fetchall())
+    finally:
+        conn.close()
+    return rows
+
+
+def test_assess_on_mariadb_reads_privileges_and_writes_nothing(
+        mariadb_server: MariaDBServer, tmp_path: Path) -> None:
+    from databus.replicator._assess import assess, render
+    from databus.replicator.targets import open_target
+
+    src = SqliteSource(tmp_path / "shop.db",
+                       "CREATE TABLE orders (id INTEGER PRIMARY KEY, tag TEXT NOT NULL)")
+    src.install("orders")
+    db = f"assess_probe_{next(_names)}"
+    root_sql(mariadb_server, f"DROP DATABASE IF EXISTS `{db}`", f"CREATE DATABASE `{db}`",
+             "CREATE USER IF NOT EXISTS 'assess_ro'@'%' IDENTIFIED BY 'ro-pw'",
+             f"GRANT SELECT ON `{db}`.* TO 'assess_ro'@'%'")
+    tables = f"SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}'"
+    writer = mariadb_server.url(db)
+    reader = f"mysql://assess_ro:ro-pw@{mariadb_server.host}:{mariadb_server.port}/{db}"
+
+    async def main() -> list[str]:
+        async with running_relay(relay_config(tmp_path, {"src": src.uri("orders")})) as r:
+            texts = []
+            for url in (writer, reader):
+                config = ReplicateConfig(name="shop-copy", relays=(r.url,), target=url,
+                                         tables=(ReplicatedTableConfig(source="shop.orders"),))
+                texts.append(render(await assess(config, open_target(config.target))))
+            return texts
+
+    allowed, limited = asyncio.run(main())
+    src.close()
+    assert "target table will be created" in allowed and "warning" not in allowed, allowed
+    assert "BLOCK" not in allowed
+    # Not seen granted: said, as a warning (a role could grant it).
+    assert "warning: could not confirm that assess_ro@% may CREATE and INSERT" in limited
+    assert root_sql(mariadb_server, tables) == []  # nothing created
+
+
+def test_dump_setup_on_mariadb_grants_the_relays_user(
+        mariadb_server: MariaDBServer, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.integration.binlog_support import fresh_database, source_uri
+
+    db = f"dump_setup_{next(_names)}"
+    fresh_database(mariadb_server, db).run("CREATE TABLE orders (id INT PRIMARY KEY)")
+    watermark = f"{db}.wm"
+    admin_uri = source_uri(mariadb_server, f"{db}.orders", watermark_table=watermark)
+    root_sql(mariadb_server, "CREATE USER IF NOT EXISTS 'relay_w'@'%' IDENTIFIED BY 'w-pw'",
+             f"GRANT SELECT ON `{db}`.`orders` TO 'relay_w'@'%'")
+    relay_uri = admin_uri.replace(
+        f"{mariadb_server.user}:{mariadb_server.password}@", "relay_w:w-pw@", 1)
+    code, out, err = dump_setup(capsys, "--source", admin_uri, "--relay-user", "relay_w")
+    assert code == 0, err
+    comments = [line for line in out.splitlines() if line.startswith("--")]
+    assert [c[:5] for c in comments] == ["-- 1.", "-- 2."]
+    grants = out.partition(comments[1])[2].strip().splitlines()
+    assert grants == [f"GRANT SELECT, INSERT, DELETE ON `{db}`.`wm` TO 'relay_w'@'%';"]
+    assert dump_setup(capsys, "--source", relay_uri, "--check")[0] != 0
+    root_sql(mariadb_server, grants[0].rstrip(";"))
+    code, out, err = dump_setup(capsys, "--source", relay_uri, "--check")
+    assert code == 0, err
