@@ -41,6 +41,11 @@ gets ``"consumers": null, "consumers_error": "not available"``: it is up, only t
 part of the view is missing. URLs are printed with their password replaced by ``***``
 and every error message goes through ``databus._redact``.
 
+The tables fit the terminal's width (databus/_status_render.py, databus/_tables.py:
+numbers, SCNs and URLs never cut; URLs as host:port and the least needed columns hidden
+when needed); ``--wide`` lays them out on an unlimited width, everything shown. With
+``--watch`` a service that stops answering keeps its last rows, marked stale.
+
 Exit status: 0 when every named service answered its ``/v1/status`` and every
 component it shows is ready (what its ``/readyz`` would answer 200 for); 1 when any
 service did not answer or anything is not ready (a failed or backing-off fetcher, a
