@@ -87,11 +87,18 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
 
 def rich_table(title: str, columns: Iterable[str], rows: Sequence[tuple[str, ...]],
                right: Iterable[int] = ()) -> Table:
-    """A rich table of its natural width; the columns whose index is in ``right`` are
-    right-aligned (``fit_table`` for one that fits a width)."""
+    """A plain rich table (rich's own squeezing: cells may end in "..." on a narrow
+    terminal); the columns whose index is in ``right`` are right-aligned. The status
+    views use ``FitTable`` instead."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", expand=False)
     aligned = set(right)
-    cols = [Col(c, "num" if i in aligned else "label") for i, c in enumerate(columns)]
-    return fit_table(title, cols, rows, None)
+    for i, column in enumerate(columns):
+        t.add_column(column, justify="right" if i in aligned else "left")
+    for row in rows:
+        t.add_row(*(_text(cell) for cell in row))
+    return t
 
 
 def short_url(text: str) -> str:
