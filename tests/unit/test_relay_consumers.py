@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -536,5 +537,32 @@ def test_a_restarted_client_with_the_same_id_is_one_row(tmp_path: Path) -> None:
                 await task
                 # Stopped: its stream closed, so it is no longer listed.
                 assert await _gone(r, client.client_id, within=15)
+
+    run(main())
+
+
+def test_a_restarted_app_keeps_its_one_row(tmp_path: Path) -> None:
+    """Two runs of one app are two processes (two pids): with the default client id
+    the relay lists them as one consumer, the same entry."""
+    exe = Path(sys.executable).with_name("databus")
+
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": LOAD})) as r:
+            await r.wait_for_scn("load", 40)
+            seen = []
+            for _ in range(2):  # polling: no stream to close, its row stays and is reused
+                proc = await asyncio.create_subprocess_exec(
+                    str(exe), "tail", "--relay", r.url, "--sources", "synthetic.events",
+                    "--from-earliest", "--exit", "--no-streaming",
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                _, err = await asyncio.wait_for(proc.communicate(), 60)
+                assert proc.returncode == 0, err.decode()
+                listed = (await consumers(r))["consumers"]
+                assert [c["client_id"] for c in listed] == \
+                    [f"databus-tail@{socket.gethostname()}"]
+                seen.append(listed[0])
+            # The same entry: first seen at the first run, the events of both runs.
+            assert seen[1]["first_seen"] == seen[0]["first_seen"]
+            assert seen[1]["events_total"] == 2 * seen[0]["events_total"] == 240
 
     run(main())
