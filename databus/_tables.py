@@ -247,13 +247,15 @@ class FitTable:
     """A table that fits the width it is printed at (``fit_table`` at print time):
     put it in a ``rich.console.Group`` like any renderable."""
 
-    def __init__(self, title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
+    def __init__(self, title: str, cols: Sequence[Col], rows: Sequence[Sequence[Any]],
                  hint: str = WIDE_HINT) -> None:
         if any(len(row) != len(cols) for row in rows):
             raise ValueError(f"{title}: every row has {len(cols)} cells")
         self.title = title
         self.cols = tuple(cols)
-        self.rows = [tuple(row) for row in rows]
+        # Cells are text; None is "-" (as in ``text_table``), anything else its str().
+        self.rows = [tuple(c if isinstance(c, str) else "-" if c is None else str(c)
+                           for c in row) for row in rows]
         self.hint = hint
 
     def table(self, width: int | None) -> Table:

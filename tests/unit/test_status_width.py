@@ -209,6 +209,9 @@ def test_the_table_helper_for_other_status_tables() -> None:
     assert "leader since 3 h" in text and "below the table" in text
     with pytest.raises(ValueError):
         FitTable("bad", cols, [("one cell",)])
+    # Cells that are not text: None is "-", numbers their text.
+    assert FitTable("t", cols, [("http://h:1", None, 12, "x", 1.5)]).rows == \
+        [("http://h:1", "-", "12", "x", "1.5")]
 
 
 def test_status_command_at_80_columns_and_wide(tmp_path: Path,
