@@ -54,7 +54,7 @@ COLUMNS: dict[str, Col] = {c.header: c for c in (
     Col("kind"), Col("url", "url"), Col("relay", "url"), Col("state"),
     Col("detail", "text", 2, below=True),
     Col("service", priority=3), Col("component", "text"),
-    Col("error", "text", 2, below=True), Col("message", "text", 1, below=True),
+    Col("error", "label", 2, below=True), Col("message", "text", 1, below=True),
     Col("fix", "text", 1, below=True),
     Col("buffer"), Col("SCN min..max", "num"), Col("fill", "num", 1),
     Col("input", "num", 2), Col("windows", "num", 3), Col("events", "num", 3),
