@@ -94,10 +94,10 @@ async def serve(relays: Sequence[str], bootstraps: Sequence[str],
     import aiohttp
     from aiohttp import web
 
+    from databus._serving import ListenError
     from databus._status_view import collect
     from databus.dashboard._history import History
     from databus.dashboard._server import Sampler, make_app
-    from databus._serving import ListenError
     from databus.security import client_session
 
     async with client_session(credentials, limit=100,

@@ -31,6 +31,7 @@ this server only, no inline script), ``X-Content-Type-Options: nosniff``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -107,10 +108,8 @@ class Sampler:
             return self.latest is not None and self.latest["generated_at"] > after
 
         async with self._changed:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(newer), wait_s)
-            except TimeoutError:
-                pass
             return self.latest
 
     def healthy(self) -> tuple[bool, float | None]:
@@ -212,10 +211,8 @@ def make_app(sampler: Sampler, *, run_sampler: bool = True) -> web.Application:
             task = asyncio.create_task(sampler.run(), name="dashboard-sampler")
             yield
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
 
         app.cleanup_ctx.append(sampling)
     return app

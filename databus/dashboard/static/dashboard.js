@@ -121,7 +121,9 @@
     if (!known.length) return svg;
     let lo = Math.min(...known.map((p) => p[1])), hi = Math.max(...known.map((p) => p[1]));
     if (hi === lo) { hi += 1; lo = Math.max(0, lo - 1); }
-    const x = (t) => P + (W - 2 * P) * (1 - Math.min(1, Math.max(0, (now - t) / state.windowS)));
+    // The last minutes there are (at least one), up to the history's window.
+    const span = Math.max(60, Math.min(state.windowS, now - points[0][0]));
+    const x = (t) => P + (W - 2 * P) * (1 - Math.min(1, Math.max(0, (now - t) / span)));
     const y = (v) => H - P - (H - 2 * P) * (v - lo) / (hi - lo);
     let run = [];
     const flush = () => {
@@ -138,7 +140,7 @@
     }
     flush();
     const title = document.createElementNS(svgNS, "title");
-    title.textContent = `last ${Math.round(state.windowS / 60)} min: ${fmtCount(lo)} to ${fmtCount(hi)}`;
+    title.textContent = `last ${Math.round(span / 60)} min: ${fmtCount(lo)} to ${fmtCount(hi)}`;
     svg.append(title);
     return svg;
   }
