@@ -63,7 +63,7 @@ def test_status_shows_the_relay_cluster_and_the_groups_from_zookeeper(
                  "the relay leads")
 
         def document() -> dict[str, Any] | None:
-            code, out, err = status("--relay", relay.url, "--zookeeper", hosts, "--json")
+            code, out, _err = status("--relay", relay.url, "--zookeeper", hosts, "--json")
             doc: dict[str, Any] = json.loads(out)
             clusters = doc["clusters"].get("clusters") or []
             if code == 0 and clusters and clusters[0]["buffers"]:
@@ -99,7 +99,7 @@ def test_status_shows_the_relay_cluster_and_the_groups_from_zookeeper(
     # The relay killed: its member node and its place in the election go with its
     # session; --zookeeper alone (no service named) says the buffer has no leader: 1.
     def leaderless() -> dict[str, Any] | None:
-        code, out, err = status("--zookeeper", hosts, "--json")
+        code, out, _err = status("--zookeeper", hosts, "--json")
         doc: dict[str, Any] = json.loads(out)
         return doc if code == 1 and doc["clusters"]["ok"] is False else None
     doc = wait_for(leaderless, "the cluster without leader", timeout=30)
