@@ -12,6 +12,7 @@ Layout::
 
 The page shows what the JSON document holds (docs/operations.md, "Dashboard"), every
 value marked with ``data-field`` (its path in the document, e.g.
-``relays.0.buffers.1.fetcher.lag_seconds``) and ``data-value`` (the JSON value), so a
+``relays.0.buffers.1.fetcher.lag_seconds``; a ``.`` or ``%`` inside a key is written
+``%2E`` or ``%25``) and ``data-value`` (the JSON value), so a
 test can compare the page with the document.
 """

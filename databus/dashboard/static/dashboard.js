@@ -2,7 +2,7 @@
 // history of a few figures) and draws the panels. Hand-written, no framework, no build.
 //
 // Every value shown is an element with data-field (its path in the document, e.g.
-// "relays.0.buffers.1.fetcher.lag_seconds") and data-value (the JSON value), so a test
+// "relays.0.buffers.1.fetcher.lag_seconds"; "." and "%" in a key as %2E and %25) and data-value (the JSON value), so a test
 // can compare the page with the document. Text is set with textContent only: nothing
 // the services answer is ever parsed as HTML.
 "use strict";
@@ -29,7 +29,11 @@
     return el;
   }
 
-  function pathOf(path) { return path.join("."); }
+  // A key that holds "." or "%" (a source name: "shop.orders") is written with
+  // %2E and %25, so that the path splits back at every ".".
+  function pathOf(path) {
+    return path.map((p) => String(p).replace(/%/g, "%25").replace(/\./g, "%2E")).join(".");
+  }
 
   // One value of the document: its path, its JSON value, and how it reads.
   function val(path, value, text, cls) {
