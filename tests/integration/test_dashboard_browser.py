@@ -291,7 +291,7 @@ def test_the_dashboard_shows_the_status_live(deployment: Deployment, tmp_path: P
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = Page(browser.new_page(viewport={"width": 1500, "height": 1000}))
+            page = Page(browser.new_page(viewport={"width": 1440, "height": 1100}))
             errors: list[str] = []
             page.page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.page.goto(deploy.url)
@@ -312,6 +312,7 @@ def test_the_dashboard_shows_the_status_live(deployment: Deployment, tmp_path: P
             wait_for(steady, "the page shows every service up, a leader and the group", 60)
             time.sleep(3)  # a few points on the sparklines
             writer.stop()
+            page.page.screenshot(path=str(shots / "dashboard.png"))
 
             # 1. The page is its document, and the document is the command's.
             page.page.click("#all-values summary")
@@ -335,7 +336,6 @@ def test_the_dashboard_shows_the_status_live(deployment: Deployment, tmp_path: P
             assert sparks.count() >= 6
             assert max(int(sparks.nth(i).get_attribute("data-points") or 0)
                        for i in range(sparks.count())) >= 3
-            page.page.screenshot(path=str(shots / "dashboard.png"), full_page=False)
             page.page.click("#all-values summary")
 
             # 2. A new window: at the relay, then on the page within the promise.
@@ -374,7 +374,8 @@ def test_the_dashboard_shows_the_status_live(deployment: Deployment, tmp_path: P
             assert "databus relay heal" in row.inner_text()  # the fix, as the relay says it
             verdict = page.page.locator('[data-testid="verdict"]').inner_text()
             assert "down" in verdict or "not ready" in verdict
-            page.page.screenshot(path=str(shots / "dashboard-incident.png"), full_page=False)
+            page.page.evaluate("window.scrollTo(0, 0)")
+            page.page.screenshot(path=str(shots / "dashboard-incident.png"))
 
             # Nothing secret and nothing broken on the page.
             assert errors == []
