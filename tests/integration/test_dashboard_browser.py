@@ -283,7 +283,8 @@ def test_the_dashboard_shows_the_status_live(deployment: Deployment, tmp_path: P
     if not Path(CHROMIUM).exists():
         pytest.skip("no /usr/bin/chromium (make deps installs it)")
     deploy = deployment
-    shots = Path(os.environ.get("DATABUS_DASHBOARD_SCREENSHOTS") or tmp_path)
+    kept = os.environ.get("DATABUS_DASHBOARD_SCREENSHOTS")
+    shots = Path(kept or tmp_path)
     leader = deploy.leader()
     survivor = next(r for r in deploy.relays if r is not leader)
     writer = OrdersWriter(deploy.src.path, pause_s=0.02)
@@ -310,7 +311,7 @@ def test_the_dashboard_shows_the_status_live(deployment: Deployment, tmp_path: P
                             and all(len(r.get("consumers") or []) >= 2
                                     for r in doc["relays"] if r["url"] == survivor.url))
             wait_for(steady, "the page shows every service up, a leader and the group", 60)
-            time.sleep(3)  # a few points on the sparklines
+            time.sleep(30 if kept else 3)  # points on the sparklines (more for the docs)
             writer.stop()
             page.page.screenshot(path=str(shots / "dashboard.png"))
 

@@ -222,7 +222,7 @@
       out.push(h("p", { class: "bad", testid: "zookeeper-error" }, "ZooKeeper ",
         val(["clusters", "zookeeper"], c.zookeeper), ": ", val(["clusters", "error"], c.error)));
     } else {
-      out.push(h("p", { class: "muted" }, "ZooKeeper ", val(["clusters", "zookeeper"], c.zookeeper)));
+      out.push(h("p", { class: "muted wide" }, "ZooKeeper ", val(["clusters", "zookeeper"], c.zookeeper)));
       (c.clusters || []).forEach((rc, i) => {
         const p = ["clusters", "clusters", i];
         const members = rc.members.map((m, j) => row("cluster-member", m.url, [
@@ -272,13 +272,19 @@
       "error" in r ? val(["replicators", i, "error"], r.error, "DOWN", "bad") :
         [val(["replicators", i, "replication"], r.replication), " ",
           val(["replicators", i, "state"], r.state, undefined, stateClass(r.state))]]));
-    if (repl.length) out.push(h("h3", {}, "Replicators"), table("topology-replicators", ["url", "replication"], repl));
+    if (repl.length) {
+      out.push(h("div", { class: "card" }, h("h3", {}, "Replicators"),
+        table("topology-replicators", ["url", "replication"], repl)));
+    }
     const groups = (doc.groups || []).map((g, i) => row("topology-group", g.group, [
       val(["groups", i, "group"], g.group),
       "error" in g ? val(["groups", i, "error"], g.error, undefined, "bad") :
         [val(["groups", i, "members"], g.members, `${g.members.length} member(s)`), ", leader ",
           val(["groups", i, "leader"], g.leader, g.leader || "NONE")]]));
-    if (groups.length) out.push(h("h3", {}, "Consumer groups"), table("topology-groups", ["group", ""], groups));
+    if (groups.length) {
+      out.push(h("div", { class: "card" }, h("h3", {}, "Consumer groups"),
+        table("topology-groups", ["group", ""], groups)));
+    }
     return out;
   }
 
