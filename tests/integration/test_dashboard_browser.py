@@ -239,23 +239,27 @@ class Page:
 
     def __init__(self, page: Any) -> None:
         self.page = page
+        self.responses: list[Any] = []  # the newest /v1/dashboard answers, bodies unread
         self.sent: dict[float, dict[str, Any]] = {}
-        page.route("**/v1/dashboard*", self._record)
+        page.on("response", self._record)
 
-    def _record(self, route: Any) -> None:
-        response = route.fetch()
-        if response.ok:
-            status = response.json()["status"]
+    def _record(self, response: Any) -> None:
+        # Only noted here: reading a body inside an event handler would hold the page.
+        if "/v1/dashboard" in response.url and response.ok:
+            self.responses = [*self.responses[-29:], response]
+
+    def document(self, generated_at: float) -> dict[str, Any] | None:
+        """The document of the answer the page got for the sample ``generated_at``."""
+        while self.responses:
+            status: dict[str, Any] = self.responses.pop(0).json()["status"]
             self.sent[status["generated_at"]] = status
-            if len(self.sent) > 30:
-                del self.sent[min(self.sent)]
-        route.fulfill(response=response)
+        return self.sent.get(generated_at)
 
     def shown(self) -> tuple[dict[str, Any], list[list[Any]]]:
         """The document the page shows now, and its fields (read at one instant)."""
         def drawn() -> tuple[dict[str, Any], list[list[Any]]] | None:
             now = self.page.evaluate(SHOWN)
-            doc = self.sent.get(float(now["generated"] or "nan"))
+            doc = self.document(float(now["generated"] or "nan"))
             return (doc, now["fields"]) if doc is not None else None
         found: tuple[dict[str, Any], list[list[Any]]] = wait_for(drawn, "a drawn sample", 10)
         return found
@@ -311,7 +315,8 @@ def test_the_dashboard_shows_the_status_live(deployment: Deployment, tmp_path: P
                             and all(len(r.get("consumers") or []) >= 2
                                     for r in doc["relays"] if r["url"] == survivor.url))
             wait_for(steady, "the page shows every service up, a leader and the group", 60)
-            time.sleep(30 if kept else 3)  # points on the sparklines (more for the docs)
+            # points on the sparklines (more for the docs)
+            page.page.wait_for_timeout(30_000 if kept else 3_000)
             writer.stop()
             page.page.screenshot(path=str(shots / "dashboard.png"))
 
