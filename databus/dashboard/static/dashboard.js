@@ -475,10 +475,14 @@
 
   function render(doc) {
     const verdict = document.getElementById("verdict");
-    const text = !doc.ok ? `${doc.down} service(s) down` : doc.ready === false ?
-      `${doc.not_ready} component(s) not ready` : "all services up and ready";
-    verdict.textContent = text;
-    verdict.className = "verdict " + (doc.ok && doc.ready !== false ? "good" : "bad");
+    const problems = [];
+    if (!doc.ok) problems.push(`${doc.down} service(s) down`);
+    if (doc.not_ready) problems.push(`${doc.not_ready} component(s) not ready`);
+    const zk = doc.clusters;
+    if (zk && ("error" in zk || !zk.ok)) problems.push("a cluster problem");
+    if ((doc.groups || []).some((g) => "error" in g || !g.ok)) problems.push("a group problem");
+    verdict.textContent = problems.length ? problems.join(", ") : "all services up and ready";
+    verdict.className = "verdict " + (problems.length ? "bad" : "good");
     document.getElementById("summary").replaceChildren(
       "ok ", val(["ok"], doc.ok), ", down ", val(["down"], doc.down), ", ready ",
       val(["ready"], doc.ready), ", not ready ", val(["not_ready"], doc.not_ready),
