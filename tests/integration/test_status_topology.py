@@ -66,10 +66,14 @@ def test_status_shows_the_relay_cluster_and_the_groups_from_zookeeper(
             code, out, _err = status("--relay", relay.url, "--zookeeper", hosts, "--json")
             doc: dict[str, Any] = json.loads(out)
             clusters = doc["clusters"].get("clusters") or []
-            if code == 0 and clusters and clusters[0]["buffers"]:
+            # The member node says "leader" once the relay has written its role there.
+            if code == 0 and clusters and [(b["leader"], [r["role"] for r in b["members"]])
+                                           for b in clusters[0]["buffers"]] == [
+                    (relay.url, ["leader"])]:
                 return doc
             return None
-        doc = wait_for(document, "status with the cluster and the group, exit 0")
+        doc = wait_for(document, "status with the cluster (its member leading) and the "
+                       "group, exit 0")
         # The services' part is what it always was.
         assert [r["url"] for r in doc["relays"]] == [relay.url] and doc["ready"] is True
         assert doc["clusters"]["zookeeper"] == hosts and doc["clusters"]["ok"] is True
