@@ -163,6 +163,16 @@ class Deployment:
 
 
 @pytest.fixture
+def chromium() -> str:
+    """Debian's chromium, checked before any process is started."""
+    if not Path(CHROMIUM).exists():
+        if in_ci():
+            pytest.fail("no /usr/bin/chromium (CI=true: make deps installs it)")
+        pytest.skip("no /usr/bin/chromium (make deps installs it)")
+    return CHROMIUM
+
+
+@pytest.fixture
 def deployment(tmp_path: Path, zookeeper_chroot: EnsembleChroot,
                postgres_server: PostgresServer, request: pytest.FixtureRequest
                ) -> Iterator[Deployment]:
@@ -297,13 +307,10 @@ def relay_index(deploy: Deployment, relay: RelayProcess) -> int:
     return deploy.relays.index(relay)
 
 
-def test_the_dashboard_shows_the_status_live(deployment: Deployment, tmp_path: Path) -> None:
+def test_the_dashboard_shows_the_status_live(chromium: str, deployment: Deployment,
+                                             tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    if not Path(CHROMIUM).exists():
-        if in_ci():
-            pytest.fail("no /usr/bin/chromium (CI=true: make deps installs it)")
-        pytest.skip("no /usr/bin/chromium (make deps installs it)")
     deploy = deployment
     kept = os.environ.get("DATABUS_DASHBOARD_SCREENSHOTS")
     shots = Path(kept or tmp_path)
@@ -312,7 +319,7 @@ def test_the_dashboard_shows_the_status_live(deployment: Deployment, tmp_path: P
     writer = OrdersWriter(deploy.src.path, pause_s=0.02)
     writer.start()
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:
             page = Page(browser.new_page(viewport={"width": 1440, "height": 1100}))
             errors: list[str] = []
