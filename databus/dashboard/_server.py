@@ -192,7 +192,11 @@ async def _static(request: web.Request) -> web.Response:
 
 async def _index(request: web.Request) -> web.Response:
     found = _asset("index.html")
-    assert found is not None, "databus/dashboard/static/index.html is missing"
+    if found is None:  # a package built without its data files
+        log.error("dashboard: databus/dashboard/static/index.html is not installed")
+        return web.Response(status=500, text="the dashboard's page is not installed "
+                            "(databus/dashboard/static/ is missing from the package)",
+                            headers=_HEADERS)
     return web.Response(body=found[0], content_type="text/html", charset="utf-8",
                         headers={**_HEADERS, "Cache-Control": "no-cache"})
 
