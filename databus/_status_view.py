@@ -3,7 +3,7 @@
 ::
 
     databus status --relay URL [URL ...] [--bootstrap URL [URL ...]]
-                   [--replicator URL [URL ...]]
+                   [--replicator URL [URL ...]] [--zookeeper HOSTS]
                    [--json | --watch [SECONDS]] [--timeout SECONDS]
                    [--ca-file PEM] [--cert-file PEM --key-file PEM] [--token TOKEN]
 
@@ -28,7 +28,12 @@ The JSON document (``--json``; keys are stable, documented in docs/operations.md
      "not_ready": <components not ready, all services together>,
      "relays": [<relay entry> | {"url": ..., "error": ...}],
      "bootstraps": [<bootstrap entry> | {"url": ..., "error": ...}],
-     "replicators": [<replicator entry> | {"url": ..., "error": ...}]}
+     "replicators": [<replicator entry> | {"url": ..., "error": ...}],
+     "clusters": <what `databus cluster status --json` prints>,
+     "groups": [<what `databus group status --json` prints, per group>]}
+
+``clusters`` and ``groups`` are there only with ``--zookeeper``
+(databus/_status_topology.py reads them and documents them).
 
 Each entry of a service that answered has ``"ready"`` and ``"not_ready"`` (the entries
 of its ``/readyz``: component, state, error, message, fix), computed from its
@@ -349,7 +354,9 @@ def build_document(relays: Sequence[dict[str, Any]], bootstraps: Sequence[dict[s
 
 def exit_status(document: Mapping[str, Any]) -> int:
     """0 when every service answered and everything it shows is ready, else 1."""
-    return 0 if document["ok"] and document.get("ready", True) else 1
+    from databus._status_topology import topology_ok
+
+    return 0 if document["ok"] and document.get("ready", True) and topology_ok(document) else 1
 
 
 def render(document: Mapping[str, Any]) -> Group:
@@ -396,6 +403,9 @@ def render(document: Mapping[str, Any]) -> Group:
     ):
         if rows:
             parts.append(table(title, columns, rows, right))
+    from databus._status_topology import topology_parts
+
+    parts.extend(topology_parts(document))  # --zookeeper: clusters and groups
     return Group(*parts)
 
 
@@ -459,8 +469,13 @@ def _http_error(status: int, path: str, doc: Any) -> str:
 
 async def collect(session: aiohttp.ClientSession, relays: Sequence[str],
                   bootstraps: Sequence[str], timeout: float,
-                  replicators: Sequence[str] = ()) -> dict[str, Any]:
-    """Fetch every document at once and build the command's document."""
+                  replicators: Sequence[str] = (), zookeeper: str | None = None
+                  ) -> dict[str, Any]:
+    """Fetch every document at once (and, with ``zookeeper``, read the topology:
+    databus._status_topology) and build the command's document."""
+    from databus._status_topology import add_topology, collect_topology
+
+    topology = asyncio.ensure_future(collect_topology(zookeeper, timeout))
     relay_answers = [
         asyncio.gather(fetch_answer(session, url, "/v1/status", timeout),
                        fetch_answer(session, url, "/v1/consumers", timeout))
@@ -474,12 +489,14 @@ async def collect(session: aiohttp.ClientSession, relays: Sequence[str],
     boot_answered = await asyncio.gather(*boot_answers)
     repl_answered = await asyncio.gather(*repl_answers)
     now = time.time()
-    return build_document(
+    document = build_document(
         [relay_entry(url, s, c, now) for url, (s, c) in zip(relays, answered, strict=True)],
         [bootstrap_entry(url, a) for url, a in zip(bootstraps, boot_answered, strict=True)],
         now,
         [replicator_entry(url, a) for url, a in zip(replicators, repl_answered,
                                                     strict=True)])
+    add_topology(document, await topology)
+    return document
 
 
 # -- the command ------------------------------------------------------------------------
@@ -513,6 +530,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from databus.security._client_tools import add_client_args
 
     add_client_args(parser)
+    from databus._status_topology import add_topology_args
+
+    add_topology_args(parser)
     parser.set_defaults(handler=run)
 
 
@@ -533,9 +553,10 @@ def status_console(args: argparse.Namespace) -> Console:
 
 def run(args: argparse.Namespace) -> int:
     replicators_given = getattr(args, "replicator", None) or []
-    if not args.relay and not args.bootstrap and not replicators_given:
-        raise ConfigError("name at least one service: --relay URL, --bootstrap URL or "
-                          "--replicator URL")
+    if not (args.relay or args.bootstrap or replicators_given
+            or getattr(args, "zookeeper", None)):
+        raise ConfigError("name at least one service: --relay URL, --bootstrap URL, "
+                          "--replicator URL or --zookeeper HOSTS")
     if args.timeout <= 0 or (args.watch is not None and args.watch <= 0):
         raise ConfigError("--timeout and --watch take a number of seconds > 0")
     for url in [*args.relay, *args.bootstrap, *replicators_given]:
@@ -568,13 +589,13 @@ async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse
                               timeout=aiohttp.ClientTimeout(total=None)) as session:
         if args.json:
             document = await collect(session, relays, bootstraps, args.timeout,
-                                     replicators)
+                                     replicators, getattr(args, "zookeeper", None))
             sys.stdout.write(dumps_json(document, indent=2) + "\n")
             return exit_status(document)
         console = status_console(args)
         if args.watch is None:
             document = await collect(session, relays, bootstraps, args.timeout,
-                                     replicators)
+                                     replicators, getattr(args, "zookeeper", None))
             console.print(render(document))
             return exit_status(document)
         from rich.live import Live
@@ -585,7 +606,7 @@ async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse
             while True:
                 started = time.monotonic()
                 document = await collect(session, relays, bootstraps, args.timeout,
-                                     replicators)
+                                     replicators, getattr(args, "zookeeper", None))
                 last[0] = exit_status(document)
                 keep_last_answers(document, answers)  # a service gone: its old rows, marked
                 live.update(render(document), refresh=True)
