@@ -4,7 +4,7 @@
 
     databus status --relay URL [URL ...] [--bootstrap URL [URL ...]]
                    [--replicator URL [URL ...]] [--zookeeper HOSTS]
-                   [--json | --watch [SECONDS]] [--timeout SECONDS]
+                   [--json | --watch [SECONDS]] [--wide] [--timeout SECONDS]
                    [--ca-file PEM] [--cert-file PEM --key-file PEM] [--token TOKEN]
 
 ``https://`` services are verified against ``--ca-file`` (default: the system's CAs);
