@@ -29,7 +29,7 @@ KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "mysql": (("mysql://", "mariadb://"), "mysql://USER[:PW]@HOST:3306/DB[?tables=DB.T1,DB.T2]"),
     "postgres": (("postgresql://", "postgres://"),
                  "postgresql://USER[:PW]@HOST:5432/DB?tables=public.*"),
-    "sqlite": (("sqlite:///",), "sqlite:////path/to/db.sqlite?tables=T1,T2"),
+    "sqlite": (("sqlite:///",), "sqlite:///abs/path/db.sqlite?tables=T1,T2"),
 }
 _LABELS = {"ok": "ok", "warning": "warning", "error": "ERROR"}
 
@@ -146,7 +146,9 @@ def _run(args: argparse.Namespace) -> int:
         failed = len(found.errors)
         why = (f"{failed} check{'s' if failed != 1 else ''} failed" if failed
                else "the SQL above is not run yet")
-        out.write(f"\nno config written: {why}. Fix it (run the SQL above), then run "
+        todo = ("fix what failed" + (" and run the SQL above" if found.sql else "")
+                if failed else "run the SQL above")
+        out.write(f"\nno config written: {why}. {todo[0].upper()}{todo[1:]}, then run "
                   "databus init again.\n")
         return 1
     configs = render(found, args.source, directory, relay_port=args.relay_port,

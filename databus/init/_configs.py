@@ -74,25 +74,30 @@ def render(inspection: Inspection, source_uri: str, directory: Path, *,
     if not inspection.tables:
         raise ConfigError("no table to capture: nothing to write")
     env: dict[str, str] = {}
+    needs: dict[str, list[str]] = {name: [] for name in FILES}
     source, had = password_to_reference(source_uri, SOURCE_PASSWORD_ENV)
     if had:
         env[SOURCE_PASSWORD_ENV] = ("the source user's password (percent-encoded if it "
                                     "holds @ : / ? # or %)")
-    storage = bootstrap_storage or f"sqlite:///{directory / 'bootstrap-data' / 'bootstrap.db'}"
+        needs["relay.toml"].append(SOURCE_PASSWORD_ENV)
+    env[ADMIN_TOKEN_ENV] = ("a secret of your choice, the relay's and the bootstrap "
+                            "service's admin token (e.g. openssl rand -hex 16)")
+    needs["relay.toml"].append(ADMIN_TOKEN_ENV)
+    needs["bootstrap.toml"].append(ADMIN_TOKEN_ENV)
+    storage = bootstrap_storage or f"sqlite://{directory / 'bootstrap-data' / 'bootstrap.db'}"
     storage, had = password_to_reference(storage, BOOTSTRAP_PASSWORD_ENV)
     if had:
         env[BOOTSTRAP_PASSWORD_ENV] = "the bootstrap store's password"
-    target_uri = target or f"sqlite:///{directory / 'replica.db'}"
+        needs["bootstrap.toml"].append(BOOTSTRAP_PASSWORD_ENV)
+    target_uri = target or f"sqlite://{directory / 'replica.db'}"
     target_uri, had = password_to_reference(target_uri, TARGET_PASSWORD_ENV)
     if had:
         env[TARGET_PASSWORD_ENV] = "the replication target's password"
-    env[ADMIN_TOKEN_ENV] = ("a secret of your choice, the relay's and the bootstrap "
-                            "service's admin token (e.g. openssl rand -hex 16)")
+        needs["replicate.toml"].append(TARGET_PASSWORD_ENV)
     relay_url = f"http://127.0.0.1:{relay_port}"
     common = {
         "kind": inspection.kind,
         "shown": redact_uri(source_uri),
-        "env": ", ".join(f"{n}" for n in env),
         "relay_url": toml_str(relay_url),
     }
     values = {
@@ -116,7 +121,8 @@ def render(inspection: Inspection, source_uri: str, directory: Path, *,
     }
     files = {}
     for name in FILES:
-        own = {**common, **values[name], "path": str(directory / name)}
+        own = {**common, **values[name], "path": str(directory / name),
+               "env": ", ".join(needs[name]) or "nothing"}
         files[name] = _fill(_template(name), own)
     return ConfigSet(files, env)
 

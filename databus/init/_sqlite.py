@@ -24,15 +24,14 @@ __all__ = ["inspect_sqlite"]
 def inspect_sqlite(uri: str) -> Inspection:
     source = parse_source(uri, expect="sqlite", require_tables=False)
     found = Inspection("sqlite", buffer=buffer_name(source.database, "sqlite"),
-                       admin="the database's owner (sqlite3 FILE), or: databus txlog "
-                       f"install --source '{source.redacted}' and databus dump setup "
-                       f"--source '{source.redacted}'")
+                       admin="the database's owner (sqlite3 FILE), or run databus txlog "
+                       "install and databus dump setup with this --source")
     if not source.tables:
         found.error("tables", "the URI names no table", "add ?tables=orders,items")
         return found
     if source.path is None or not source.path.exists():
         found.error("database", f"no database file {source.path}",
-                    "correct the path (sqlite:////absolute/path.db has four slashes)")
+                    "correct the path (sqlite:///abs/path/shop.db: the path is absolute)")
         return found
     dialect = dialect_for(source.dialect, source.txlog_schema)
     session = SqliteSession(source)
