@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -55,18 +54,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "sqlite in DIR/bootstrap-data; or postgresql://USER@HOST/DB)")
     parser.add_argument("--target", help="the replica's database URI (default: sqlite "
                         "DIR/replica.db; or postgresql://, mysql://)")
+    parser.add_argument("--replica-identity-full", action="store_true",
+                        help="postgres: also ALTER TABLE ... REPLICA IDENTITY FULL the "
+                        "tables with TOASTable columns or no key (as databus pg setup "
+                        "--replica-identity-full)")
     parser.set_defaults(handler=_run)
 
 
-def _inspector(kind: str) -> Callable[[str], Inspection]:
-    if kind == "mysql":
+def _inspect(args: argparse.Namespace) -> Inspection:
+    if args.kind == "mysql":
         from databus.init._mysql import inspect_mysql
-        return inspect_mysql
-    if kind == "postgres":
+        return inspect_mysql(args.source)
+    if args.kind == "postgres":
         from databus.init._postgres import inspect_postgres
-        return inspect_postgres
+        return inspect_postgres(args.source,
+                                replica_identity_full=args.replica_identity_full)
     from databus.init._sqlite import inspect_sqlite
-    return inspect_sqlite
+    return inspect_sqlite(args.source)
 
 
 def _statement(text: str) -> str:
@@ -136,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     directory = Path(args.dir).expanduser().resolve()
     try:
-        found = _inspector(args.kind)(args.source)
+        found = _inspect(args)
     except ConfigError as exc:
         print(redact(f"databus init {args.kind}: error: {exc}"), file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ def _can_write_watermark(conn: object) -> bool:
         return bool(cur.fetchone()[0])
 
 
-def inspect_postgres(uri: str) -> Inspection:
+def inspect_postgres(uri: str, *, replica_identity_full: bool = False) -> Inspection:
     source = parse_logical_source(uri)
     found = Inspection("postgres", admin="a superuser (psql -U postgres -d DB)")
     role = quote_ident(source.user) if source.user else "<the relay's user>"
@@ -64,21 +64,22 @@ def inspect_postgres(uri: str) -> Inspection:
     role = quote_ident(facts.user)
     statements: list[str] = []
     wm_name = f"{WATERMARK_SCHEMA}.{WATERMARK_TABLE}"
+    own = Inspection("postgres")  # the watermark's findings, listed after the plan's
     if facts.watermark is None:
         # Planned as present: the block creates it before the publication that has it.
         statements.append(_WATERMARK_DDL)
         facts = dataclasses.replace(facts, watermark=TableFacts(
             WATERMARK_SCHEMA, WATERMARK_TABLE, primary_key=("id",)))
-        found.ok("watermark", f"dump watermark table {wm_name} will be created")
+        own.ok("watermark", f"dump watermark table {wm_name} will be created")
     elif writable or facts.superuser:
-        found.ok("watermark", f"dump watermark table {wm_name} exists and {facts.user} "
+        own.ok("watermark", f"dump watermark table {wm_name} exists and {facts.user} "
                  "can write it")
     else:
-        found.error("watermark", f"{facts.user} cannot write the dump watermark table "
+        own.error("watermark", f"{facts.user} cannot write the dump watermark table "
                     f"{wm_name}", f"GRANT SELECT, INSERT, DELETE ON {wm_name} TO {role}")
     if not (writable or facts.superuser):
         statements.append(f"GRANT SELECT, INSERT, DELETE ON {wm_name} TO {role}")
-    plan = plan_setup(source, facts)
+    plan = plan_setup(source, facts, replica_identity_full=replica_identity_full)
     for check in plan.checks:
         if check.name == "privileges" and "may not run these statements" in check.message:
             continue  # the administrator runs them, not the relay's user
@@ -95,6 +96,7 @@ def inspect_postgres(uri: str) -> Inspection:
             elif check.name == "wal_level":
                 statements.append("ALTER SYSTEM SET wal_level = logical   -- then restart "
                                   "PostgreSQL")
+    found.findings.extend(own.findings)
     # Then the plan's statements (replica identity, heartbeat, publication, slot), in
     # the order databus pg setup runs them.
     found.sql = statements + list(plan.statements)
