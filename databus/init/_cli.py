@@ -50,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="overwrite config files that exist with other contents")
     parser.add_argument("--relay-port", type=int, default=11190, help="default 11190")
     parser.add_argument("--bootstrap-port", type=int, default=11191, help="default 11191")
+    parser.add_argument("--capacity-mb", type=int, default=256,
+                        help="the relay buffer's size (default 256)")
     parser.add_argument("--bootstrap-storage", help="the bootstrap store's URI (default: "
                         "sqlite in DIR/bootstrap-data; or postgresql://USER@HOST/DB)")
     parser.add_argument("--target", help="the replica's database URI (default: sqlite "
@@ -114,7 +116,8 @@ def _next_steps(found: Inspection, configs: ConfigSet, directory: Path, shown: s
     lines += ["", "then:",
               f"  databus check-config {relay}",
               f"  databus relay --config {relay}",
-              f"  databus tail --relay http://127.0.0.1:{_port(configs)} --sources {source}",
+              f"  databus tail --relay http://127.0.0.1:{_port(configs)} --sources {source} "
+              "--from-earliest",
               f"  databus bootstrap --config {boot}",
               f"  databus replicate --config {rep}"]
     out.write("\n".join(lines) + "\n")
@@ -157,7 +160,8 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     configs = render(found, args.source, directory, relay_port=args.relay_port,
                      bootstrap_port=args.bootstrap_port,
-                     bootstrap_storage=args.bootstrap_storage, target=args.target)
+                     bootstrap_storage=args.bootstrap_storage, target=args.target,
+                     capacity_mb=args.capacity_mb)
     written, refused = write(configs, directory, force=args.force)
     if refused:
         out.write(f"\nno config written: {', '.join(refused)} exist(s) in {directory} "
