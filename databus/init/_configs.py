@@ -19,7 +19,7 @@ from databus.config._secrets import redact_uri
 from databus.errors import ConfigError
 from databus.init._model import SOURCE_PASSWORD_ENV, Inspection, password_to_reference
 
-__all__ = ["ADMIN_TOKEN_ENV", "ConfigSet", "FILES", "render", "write"]
+__all__ = ["ADMIN_TOKEN_ENV", "FILES", "ConfigSet", "render", "write"]
 
 FILES = ("relay.toml", "bootstrap.toml", "replicate.toml")
 ADMIN_TOKEN_ENV = "DATABUS_ADMIN_TOKEN"

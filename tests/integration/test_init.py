@@ -11,8 +11,8 @@ import contextlib
 import io
 import json
 import re
-import subprocess
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import psycopg2
