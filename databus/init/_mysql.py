@@ -58,7 +58,7 @@ def inspect_mysql(uri: str) -> Inspection:
     databases = _databases(config)
     found = Inspection("mysql", buffer=buffer_name(databases[0] if len(databases) == 1
                                                    else "mysql", "mysql"),
-                       admin="root (mysql -u root)")
+                       admin="root (sudo mariadb, or mysql -u root)")
     if not databases:
         found.error("tables", "the URI names no database: the configs need to know what "
                     "to capture", "name it: mysql://USER@HOST:3306/shop, or "
