@@ -1,6 +1,6 @@
 """The three files ``databus init`` writes: ``relay.toml``, ``bootstrap.toml`` and
 ``replicate.toml``, filled in from the templates in ``databus.deploy``'s ``init/``
-(``@name@`` placeholders; every value a TOML string or number made here).
+(``relay.toml.in`` and so on: ``@name@`` placeholders; every value a TOML string or number made here).
 
 Passwords never reach a file: each URI's password becomes ``${NAME}`` and the caller
 says which variable to set. A file that exists is left alone unless ``force``; one that
@@ -42,7 +42,7 @@ class ConfigSet:
 
 
 def _template(name: str) -> str:
-    return resources.files("databus.deploy").joinpath("init", name).read_text("utf-8")
+    return resources.files("databus.deploy").joinpath("init", f"{name}.in").read_text("utf-8")
 
 
 def _fill(template: str, values: dict[str, str]) -> str:

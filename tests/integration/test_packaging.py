@@ -115,7 +115,7 @@ def test_wheel_and_sdist_hold_the_package_configs_docs_and_assets(
     assert not missing, f"not in the wheel: {missing[:20]}"
     for needed in ("databus/security/__init__.py", "databus/init/_cli.py",
                    "databus/deploy/relay.toml", "databus/deploy/spark-submit.sh",
-                   "databus/deploy/init/relay.toml", "databus/docs/relay.md",
+                   "databus/deploy/init/relay.toml.in", "databus/docs/relay.md",
                    "databus/py.typed"):
         assert needed in in_wheel
     assert "init = databus.init._cli" in entry_points
