@@ -1,6 +1,7 @@
 """The three files ``databus init`` writes: ``relay.toml``, ``bootstrap.toml`` and
 ``replicate.toml``, filled in from the templates in ``databus.deploy``'s ``init/``
-(``relay.toml.in`` and so on: ``@name@`` placeholders; every value a TOML string or number made here).
+(``relay.toml.in`` and so on: ``@name@`` placeholders; every value a TOML string or
+number made here).
 
 Passwords never reach a file: each URI's password becomes ``${NAME}`` and the caller
 says which variable to set. A file that exists is left alone unless ``force``; one that
