@@ -158,6 +158,12 @@ def _tables(found: Inspection, conn: pymysql.Connection[Any], config: BinlogSour
     if not shapes and not hidden:
         found.error("tables", f"no table matches {config.selector.describe()}",
                     "create the tables, or correct the URI's database or tables=")
+    listed = {(s.database, s.table) for s in shapes}
+    for db, table in sorted(config.selector.tables - listed):
+        if db not in hidden:
+            found.error("tables", f"{db}.{table} does not exist, or {account} has no "
+                        "privilege on it", f"create it, or GRANT SELECT ON {quote(db)}."
+                        f"{quote(table)} TO {account}, or correct the URI's tables=")
     keyed = []
     for shape in shapes:
         name = shape.source_name
