@@ -44,9 +44,17 @@ ROOTS = {"databus": "databus", "databus/relay": "relay", "databus/bootstrap": "b
          "databus/client": "client", "databus/fetchers": "fetchers",
          "databus/spark_jobs": "spark_jobs", "databus/replicator": "replicator",
          "databus/deploy": "deploy", "databus/docs": "docs"}
-_SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
-                               ".typecheck", ".mypy_cache", ".pytest_cache", ".ruff_cache",
-                               "*.so", "*.c", "benchmarks", "tests")
+_BUILD_PRODUCTS = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".typecheck",
+    ".mypy_cache", ".pytest_cache", ".ruff_cache", "*.so", "*.c")
+
+
+def _skip(folder: str, names: list[str]) -> set[str]:
+    """What the copy leaves out: build products, and the top-level tests and benchmarks."""
+    skipped = set(_BUILD_PRODUCTS(folder, names))
+    if Path(folder) == ROOT:
+        skipped |= {"tests", "benchmarks"} & set(names)
+    return skipped
 # Hides Cython from setup.py: the pure-Python build, in seconds.
 _NO_CYTHON = "import sys; sys.modules['Cython'] = sys.modules['Cython.Build'] = None; "
 
@@ -74,7 +82,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path
     _run([sys.executable, "-m", "pip", "install", "-q", "--target", str(deps),
           "setuptools>=70.1"], base)
     src = base / "src"
-    shutil.copytree(ROOT, src, ignore=_SKIP)
+    shutil.copytree(ROOT, src, ignore=_skip)
     dist = base / "dist"
     dist.mkdir()
     sdist = _hook("build_sdist", src, dist, deps)
