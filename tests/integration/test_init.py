@@ -1,8 +1,9 @@
 """``databus init`` against the real servers: on a misconfigured source it exits 1 with
 each failed check and the SQL to run, and writes nothing; once that SQL has run (as the
 administrator), init writes configs that ``databus check-config`` accepts, with no
-password in them. On MariaDB the relay then starts from the written config and serves
-a change made after it started (and the rows that existed, through its first dump).
+password in them. On MariaDB and PostgreSQL the relay then starts from the written
+config and serves a change made after it started (on MariaDB also the rows that existed,
+through its first dump).
 """
 
 from __future__ import annotations
@@ -194,9 +195,12 @@ def test_postgres_init_findings_sql_and_configs(postgres_server: PostgresServer,
     assert block[-2].startswith("CREATE PUBLICATION init_pub FOR TABLE public.orders, "
                                 "public.databus_watermark")
     assert block[-1] == "SELECT pg_create_logical_replication_slot('init_slot', 'pgoutput')"
+    relay_port = free_port()
+    relay = None
     try:
         pg_run(postgres_server, "init_shop", *block)  # as the superuser, as told
-        code, out = init("postgres", "--source", base + "public.orders", "--dir", str(conf))
+        code, out = init("postgres", "--source", base + "public.orders", "--dir", str(conf),
+                         "--relay-port", str(relay_port), "--capacity-mb", "8")
         assert code == 0, out
         assert "-- no SQL to run" in out
         files = {p.name: p.read_text() for p in conf.glob("*.toml")}
@@ -206,7 +210,18 @@ def test_postgres_init_findings_sql_and_configs(postgres_server: PostgresServer,
         for name in files:
             check_config(conf / name)
         assert '"public.orders"' in files["replicate.toml"]
+        # The written relay config runs: a change made after it started is served.
+        relay = start_databus(["relay", "--config", str(conf / "relay.toml")], relay_port,
+                              tmp_path / "relay.log")
+        url = f"http://127.0.0.1:{relay_port}"
+        wait_until(lambda: json.loads(get_url(url + "/v1/status"))["ready"],
+                   "the relay ready", 60, diagnose=(tmp_path / "relay.log").read_text)
+        pg_run(postgres_server, "init_shop", "INSERT INTO orders VALUES (7, 'after')")
+        assert _tail(url, "public.orders", tmp_path, want={7}) == {7: "after"}
     finally:
+        if relay is not None:
+            relay.terminate()
+            assert relay.wait(timeout=30) == 0
         pg_run(postgres_server, "init_shop",
                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                "WHERE slot_name = 'init_slot'")
