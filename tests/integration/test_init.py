@@ -219,12 +219,21 @@ def test_postgres_init_findings_sql_and_configs(postgres_server: PostgresServer,
         pg_run(postgres_server, "init_shop", "INSERT INTO orders VALUES (7, 'after')")
         assert _tail(url, "public.orders", tmp_path, want={7}) == {7: "after"}
     finally:
+        status = 0
         if relay is not None:
             relay.terminate()
-            assert relay.wait(timeout=30) == 0
-        pg_run(postgres_server, "init_shop",
-               "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-               "WHERE slot_name = 'init_slot'")
+            status = relay.wait(timeout=30)
+
+        def dropped() -> bool:  # once the relay's walsender is gone
+            try:
+                pg_run(postgres_server, "init_shop",
+                       "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                       "WHERE slot_name = 'init_slot'")
+            except psycopg2.errors.ObjectInUse:
+                return False
+            return True
+        wait_until(dropped, "the slot dropped", 30)
+        assert status == 0
 
 
 def test_sqlite_init_findings_then_configs(tmp_path: Path,
