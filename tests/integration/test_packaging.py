@@ -107,9 +107,7 @@ def _expected_files() -> set[str]:
                 continue
             if installed != "databus" or rel.parts[0] not in ("deploy", "docs"):
                 want.add(f"{installed}/{rel.as_posix()}")
-    # Subpackages of databus/ mapped elsewhere are listed under their own root.
-    return {w for w in want if not w.startswith("databus/dashboard/") or
-            "/static/" in w or w.endswith(".py")}
+    return want
 
 
 def test_wheel_and_sdist_hold_the_package_configs_docs_and_assets(
