@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := mariadb-server postgresql zookeeper openjdk-17-jre-headless \
 	libpostgresql-jdbc-java libmariadb-java gcc zlib1g-dev libmariadb-dev pkg-config \
-	chromium prometheus
+	chromium prometheus systemd strace
 # The import packages, mapped from top-level folders (pyproject's package-dir).
 SUBPACKAGES := relay bootstrap client fetchers spark_jobs replicator
 

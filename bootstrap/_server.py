@@ -293,6 +293,7 @@ class BootstrapCollector(Collector):
         yield GaugeMetricFamily(p + "update_ratio",
                                 "Applied rows that updated an existing key",
                                 value=float(doc["update_ratio"] or 0))
+        yield _cluster_role(doc.get("cluster"))
         s = self.app[BOOTSTRAPPER].stats
         starts = CounterMetricFamily(p + "bootstraps_total", "Bootstraps started",
                                      labels=["strategy"])
@@ -308,6 +309,21 @@ class BootstrapCollector(Collector):
         yield CounterMetricFamily(p + "stream_bytes_total", "Event bytes served",
                                   value=float(stats.bytes_served))
         yield http_requests_family("databus_bootstrap", stats)
+
+
+def _cluster_role(cluster: dict[str, Any] | None) -> Metric:
+    """``databus_bootstrap_cluster_role{cluster,component,role}``, one-hot over holder
+    and standby, per component this service contends for in a cluster (none outside
+    one): "no service of the cluster holds the producer" is a sum, 0."""
+    family = GaugeMetricFamily("databus_bootstrap_cluster_role", "This service's role for "
+                               "a component in its cluster (one-hot: holder, standby)",
+                               labels=["cluster", "component", "role"])
+    if cluster:
+        for component, seat in sorted((cluster.get("components") or {}).items()):
+            for role in ("holder", "standby"):
+                family.add_metric([str(cluster.get("name", "")), component, role],
+                                  float(seat.get("role") == role))
+    return family
 
 
 async def metrics(request: web.Request) -> web.Response:

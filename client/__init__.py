@@ -2,7 +2,7 @@
 
     from databus.client import DatabusClient, Consumer, CallbackResult, FileCheckpointStore
 
-See DESIGN section 10 and ``docs/client.md``.
+See ``docs/client.md``.
 """
 
 from databus.client._bootstrap_puller import BootstrapError, BootstrapTooOld

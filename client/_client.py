@@ -89,13 +89,29 @@ class _Pullers:
 
 
 
+def default_client_id(name: str, *, group: bool = False) -> str:
+    """The client id a ``DatabusClient`` sends when none is given: ``name@host``, so a
+    restarted app is the same consumer to the relays (one row in ``/v1/consumers``,
+    one metrics series), not a new one per process.
+
+    Two processes of one app on one host then share that id: the relay lists them as
+    one consumer. Give each its own ``client_id=`` when they must be told apart. A
+    consumer group member keeps ``name@host:pid``: its id is its member node in
+    ZooKeeper, which must be unique among the group's live members (two members with
+    one id would hold one node), and a restarted member joins as a new member anyway.
+    """
+    host = socket.gethostname()
+    return f"{name}@{host}:{os.getpid()}" if group else f"{name}@{host}"
+
+
 class DatabusClient:
-    """A Databus consumer client; see DESIGN section 10 and ``docs/client.md``.
+    """A Databus consumer client; see ``docs/client.md``.
 
     ``start_from`` says where a client with no stored checkpoint begins: "earliest"
     (everything the relay holds) or "latest" (only new windows). ``client_id`` names
     the client to relays (``GET /v1/consumers``, 1 to 256 characters); by default
-    ``"{name}@{hostname}:{pid}"``.
+    ``"{name}@{hostname}"``, the same across restarts of the app (``default_client_id``:
+    a group member's adds ``:{pid}``). ``bootstrap=None`` is no bootstrap service.
 
     ``group``, ``coordinator`` and ``partitions`` make the client one member of a
     consumer group (``databus.client.group``, docs/client.md "Consumer groups").
@@ -112,7 +128,7 @@ class DatabusClient:
         *,
         sources: Sequence[str] = (),
         checkpoint_store: CheckpointStore | None = None,
-        bootstrap: Sequence[str] = (),
+        bootstrap: Sequence[str] | None = (),
         filter: FilterSpec | str | Mapping[str, object] | None = None,
         reader_schemas: Mapping[str, Schema | str | Mapping[str, Any]] | None = None,
         checkpoint_every: int = 1,
@@ -164,8 +180,11 @@ class DatabusClient:
         self.sources = list(sources)
         self.checkpoint_store = checkpoint_store
         # With bootstrap URLs, scn_not_found (and a start without a checkpoint) goes
-        # to the bootstrap service; without, scn_not_found raises FellOffRelay.
-        self.bootstrap = list(bootstrap)
+        # to the bootstrap service; without (None or no URL), scn_not_found raises
+        # FellOffRelay.
+        if isinstance(bootstrap, str):
+            raise ConfigError("bootstrap is a list of URLs, not one string")
+        self.bootstrap = list(bootstrap) if bootstrap is not None else []
         # Credentials written into a relay or bootstrap URL never reach a log line or
         # an error message (DESIGN section 12; databus/_redact.py).
         for url in (*self.relays, *self.bootstrap):
@@ -206,9 +225,9 @@ class DatabusClient:
         # long polls only.
         self.streaming = streaming
         # Sent with every pull so that relays can list this consumer and its lag
-        # (GET /v1/consumers, docs/client.md); unique per process by default.
+        # (GET /v1/consumers, docs/client.md, "Client id").
         if client_id is None:
-            client_id = f"{name}@{socket.gethostname()}:{os.getpid()}"
+            client_id = default_client_id(name, group=group is not None)
         if not 0 < len(client_id) <= MAX_CLIENT_ID:
             raise ValueError(f"client_id must be 1 to {MAX_CLIENT_ID} characters")
         self.client_id = client_id

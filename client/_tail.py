@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="exit once caught up with the relay")
     parser.add_argument("--client-id",
                         help="name shown for this consumer in the relay's /v1/consumers "
-                             "(default: databus-tail@HOST:PID)")
+                             "(default: databus-tail@HOST)")
     parser.add_argument("--no-streaming", dest="streaming", action="store_false",
                         help="long-poll the relay instead of following it with a "
                              "streaming subscription")

@@ -59,22 +59,26 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import (
+
+from databus._aiohttp_compat import (
+    AppRunnerBase,
     BadHttpMethod,
     BadStatusLine,
+    BaseRequest,
     ContentLengthError,
     HttpProcessingError,
     InvalidHeader,
     InvalidURLError,
     LineTooLong,
     PayloadEncodingError,
+    ProtocolBase,
+    RequestHandler,
+    Server,
+    ServerBase,
+    StreamReader,
     TransferEncodingError,
+    output_size,
 )
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_server import Server
-
 from databus.config import ServingLimitsConfig
 from databus.errors import DatabusError
 
@@ -455,7 +459,7 @@ def _raw_json_response(status: int, reason: str, code: str, message: str) -> byt
     return head.encode("ascii") + body
 
 
-class LimitedRequestHandler(RequestHandler):
+class LimitedRequestHandler(ProtocolBase):
     """aiohttp's protocol with the head timeout and size cap, the write timeout, the
     over-capacity answer and JSON protocol errors (module docstring)."""
 
@@ -484,7 +488,7 @@ class LimitedRequestHandler(RequestHandler):
             set_limits(high=WRITE_BUFFER_HIGH)
         _limit_unsent(transport)
         # The first request head must arrive in time, even if no byte ever comes.
-        self._head_timer = self._loop.call_later(
+        self._head_timer = self.event_loop.call_later(
             self._state.limits.header_timeout_s, self._head_timed_out)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -493,7 +497,7 @@ class LimitedRequestHandler(RequestHandler):
 
     def answer_overloaded(self) -> None:
         """Answer every request on this connection with a 503 and close it."""
-        self._request_handler = self._overloaded
+        self.replace_request_handler(self._overloaded)
 
     async def _overloaded(self, request: BaseRequest) -> web.StreamResponse:
         limit = self._state.limits.max_connections
@@ -507,27 +511,28 @@ class LimitedRequestHandler(RequestHandler):
     # request heads
 
     def data_received(self, data: bytes) -> None:
-        if not data or self._force_close or self._close:
+        if not data or self.closing:
             super().data_received(data)
             return
         # Bytes that arrive while a request is being handled, or after an answer that
         # left its body unread (a body refused as too large), are that body.
-        busy = (self._request_in_progress or bool(self._messages) or self._upgraded
+        busy = (self.handling_request or self.upgraded
                 or (self._payload is not None and not self._payload.is_eof()))
-        count = self._request_count
+        count = self.requests_parsed
         super().data_received(data)
-        if self._messages:
-            self._payload = self._messages[-1][1]  # the newest request's body
-        if self._request_count != count:
+        newest = self.newest_payload
+        if newest is not None:
+            self._payload = newest  # the newest request's body
+        if self.requests_parsed != count:
             self._end_head()  # a head completed (or failed to parse: answered as 400)
-        elif not busy and not self._force_close:
+        elif not busy and not self.force_closing:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._refuse_head(431, "Request Header Fields Too Large", "bad_request",
                                   f"request head over {MAX_HEAD_BYTES} bytes",
                                   "request head too large")
             elif self._head_timer is None:
-                self._head_timer = self._loop.call_later(
+                self._head_timer = self.event_loop.call_later(
                     self._state.limits.header_timeout_s, self._head_timed_out)
 
     def _end_head(self) -> None:
@@ -538,9 +543,9 @@ class LimitedRequestHandler(RequestHandler):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self._force_close or self.transport is None:
+        if self.force_closing or self.transport is None:
             return
-        if self._request_in_progress or self._messages:
+        if self.handling_request:
             self._head_bytes = 0  # a request got going meanwhile
             return
         timeout = self._state.limits.header_timeout_s
@@ -565,14 +570,14 @@ class LimitedRequestHandler(RequestHandler):
 
     # writes
 
-    async def _drain_helper(self) -> None:
-        if self.transport is None or not self._paused:
-            await super()._drain_helper()
+    async def wait_writable(self, drain: Callable[[], Awaitable[None]]) -> None:
+        if self.transport is None or not self.writing_paused:
+            await drain()
             return
         timeout = self._state.limits.write_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                await super()._drain_helper()
+                await drain()
         except TimeoutError:
             self._state.rejects.note("write_timeout", self._peer,
                                      f"client read nothing for {timeout:g} s; connection cut")
@@ -584,7 +589,7 @@ class LimitedRequestHandler(RequestHandler):
     def handle_error(self, request: BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        if isinstance(exc, ConnectionError) or request.writer.output_size > 0:
+        if isinstance(exc, ConnectionError) or output_size(request) > 0:
             # As aiohttp: part of a response is out, no error answer can follow.
             raise ConnectionError("response already started; cannot send an error")
         if status < 500 or isinstance(exc, HttpProcessingError):
@@ -607,7 +612,7 @@ class LimitedRequestHandler(RequestHandler):
                                 exc_info=exc if isinstance(exc, BaseException) else None)
 
 
-class LimitedServer(Server):
+class LimitedServer(ServerBase):
     """aiohttp's connection factory, making ``LimitedRequestHandler``s and counting them."""
 
     def __init__(self, handler: Any, *, state: ServingState, **kwargs: Any) -> None:
@@ -615,14 +620,14 @@ class LimitedServer(Server):
         self.state = state
 
     def __call__(self) -> RequestHandler:
-        return LimitedRequestHandler(self, loop=self._loop, **self._kwargs)
+        return self.make_protocol(LimitedRequestHandler)
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
         state = self.state
         # Connections whose handler still runs count until it ends (aiohttp drops them
         # then): a request's work is what costs memory, not the socket.
-        state.active_connections = active = len(self._connections)
+        state.active_connections = active = self.connection_count
         limits = state.limits
         if active > limits.max_connections + limits.overflow_connections:
             state.rejects.note("over_capacity", _peer(transport),
@@ -636,7 +641,7 @@ class LimitedServer(Server):
             handler.answer_overloaded()
 
 
-class AppRunner(web.AppRunner):
+class AppRunner(AppRunnerBase):
     """``web.AppRunner`` serving through ``LimitedServer`` with the app's limits
     (``install()``; defaults if the app has none)."""
 
@@ -652,12 +657,9 @@ class AppRunner(web.AppRunner):
         kwargs.setdefault("handler_cancellation", True)
         super().__init__(app, **kwargs)
 
-    async def _make_server(self) -> Server:
-        plain = await super()._make_server()
-        return LimitedServer(
-            plain.request_handler, state=self.state, request_factory=plain.request_factory,
-            handler_cancellation=plain.handler_cancellation, loop=plain._loop,
-            **plain._kwargs)
+    def wrap_server(self, plain: Server) -> Server:
+        server: LimitedServer = LimitedServer.rebuild(plain, state=self.state)
+        return server
 
 
 def run_app(app: web.Application, *, host: str, port: int,

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from databus._redact import redact
-from databus._status_view import Answer, _count, _down, _int, _number, display_url
+from databus._status_render import _count, _int, _number, where
+from databus._status_view import Answer, _down, display_url
 from databus._tables import ALERT, Styled
 
 __all__ = ["not_ready_rows", "readiness_fields", "replicator_entry", "replicator_rows",
@@ -72,10 +73,13 @@ def up_cell(entry: Mapping[str, Any]) -> str:
 
 def replicator_service_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """The services table's rows of the replicators."""
+    from databus._status_render import down_row
+
     rows: list[tuple[str, ...]] = []
     for entry in document.get("replicators", ()):
-        if "error" in entry:
-            rows.append(("replicator", entry["url"], Styled("DOWN", ALERT), entry["error"]))
+        down = down_row("replicator", entry)
+        if down is not None:
+            rows.append(down)
         else:
             rows.append(("replicator", entry["url"], up_cell(entry),
                          f"replication {entry['replication']}, {entry['state']}"))
@@ -90,9 +94,9 @@ def not_ready_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
                       ("replicator", "replicators")):
         for entry in document.get(key, ()):
             for c in entry.get("not_ready") or ():
-                where = c.get("buffer") or c.get("source") or c.get("index")
-                name = str(c["component"]) + ("" if where is None else f" {where}")
-                rows.append((kind, entry["url"], name, Styled(str(c["state"]), ALERT),
+                at = c.get("buffer") or c.get("source") or c.get("index")
+                name = str(c["component"]) + ("" if at is None else f" {at}")
+                rows.append((kind, where(entry), name, Styled(str(c["state"]), ALERT),
                              str(c.get("error") or ""), str(c.get("message") or ""),
                              str(c.get("fix") or "")))
     return rows
@@ -106,7 +110,7 @@ def replicator_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
             continue
         lag_s = r.get("lag_seconds")
         state = r["state"] if r["ready"] else Styled(r["state"], ALERT)
-        rows.append((r["url"], r["replication"], state, _count(r["applied_scn"]),
+        rows.append((where(r), r["replication"], state, _count(r["applied_scn"]),
                      _count(r["lag_scn"]), "unknown" if lag_s is None else f"{lag_s:,.1f} s",
                      _count(r["batches"]), _count(r["errors"]), r["last_error"] or ""))
     return rows

@@ -3,7 +3,7 @@
 ::
 
     databus status --relay URL [URL ...] [--bootstrap URL [URL ...]]
-                   [--replicator URL [URL ...]]
+                   [--replicator URL [URL ...]] [--zookeeper HOSTS]
                    [--json | --watch [SECONDS]] [--timeout SECONDS]
                    [--ca-file PEM] [--cert-file PEM --key-file PEM] [--token TOKEN]
 
@@ -28,7 +28,12 @@ The JSON document (``--json``; keys are stable, documented in docs/operations.md
      "not_ready": <components not ready, all services together>,
      "relays": [<relay entry> | {"url": ..., "error": ...}],
      "bootstraps": [<bootstrap entry> | {"url": ..., "error": ...}],
-     "replicators": [<replicator entry> | {"url": ..., "error": ...}]}
+     "replicators": [<replicator entry> | {"url": ..., "error": ...}],
+     "clusters": <what `databus cluster status --json` prints>,
+     "groups": [<what `databus group status --json` prints, per group>]}
+
+``clusters`` and ``groups`` are there only with ``--zookeeper``
+(databus/_status_topology.py reads them and documents them).
 
 Each entry of a service that answered has ``"ready"`` and ``"not_ready"`` (the entries
 of its ``/readyz``: component, state, error, message, fix), computed from its
@@ -40,6 +45,11 @@ A relay whose ``/v1/consumers`` answers 404 (a relay older than the consumer reg
 gets ``"consumers": null, "consumers_error": "not available"``: it is up, only that
 part of the view is missing. URLs are printed with their password replaced by ``***``
 and every error message goes through ``databus._redact``.
+
+The tables fit the terminal's width (databus/_status_render.py, databus/_tables.py:
+numbers, SCNs and URLs never cut; URLs as host:port and the least needed columns hidden
+when needed); ``--wide`` lays them out on an unlimited width, everything shown. With
+``--watch`` a service that stops answering keeps its last rows, marked stale.
 
 Exit status: 0 when every named service answered its ``/v1/status`` and every
 component it shows is ready (what its ``/readyz`` would answer 200 for); 1 when any
@@ -53,7 +63,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 import urllib.parse
@@ -63,20 +72,47 @@ from typing import TYPE_CHECKING, Any
 
 from databus._json import dumps as dumps_json
 from databus._redact import redact, register_uri
-from databus._tables import ALERT, Styled, rich_table
+
+# The rows and the width rules of the tables (re-exported: the command's pure half).
+from databus._status_render import (
+    _int,
+    _number,
+    bootstrap_rows,
+    buffer_rows,
+    consumer_rows,
+    dump_cells,
+    dump_rows,
+    fetcher_rows,
+    keep_last_answers,
+    lag_text,
+    quarantine_rows,
+    status_table,
+)
+from databus._status_render import service_rows as _service_rows
+from databus._tables import ALERT, Styled
 from databus.config import redact_uri
 from databus.errors import ConfigError
 
 if TYPE_CHECKING:
     import aiohttp
-    from rich.console import Group
+    from rich.console import Console, Group
 
 __all__ = [
+    "ALERT",
     "DOCUMENT_VERSION",
     "Answer",
+    "Styled",
     "bootstrap_entry",
+    "bootstrap_rows",
+    "buffer_rows",
     "build_document",
     "collect",
+    "consumer_rows",
+    "dump_cells",
+    "dump_rows",
+    "fetcher_rows",
+    "lag_text",
+    "quarantine_rows",
     "register",
     "relay_entry",
     "render",
@@ -120,20 +156,6 @@ class Answer:
 def display_url(url: str) -> str:
     """``url`` as printed: its password (and secret-looking query values) masked."""
     return redact(redact_uri(url))
-
-
-def _number(value: Any) -> float | None:
-    """A JSON number, or None for anything else (null, a string, a bool, NaN)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _int(value: Any) -> int | None:
-    number = _number(value)
-    return None if number is None else int(number)
 
 
 def _fetcher(doc: Any, now: float) -> dict[str, Any] | None:
@@ -332,189 +354,9 @@ def build_document(relays: Sequence[dict[str, Any]], bootstraps: Sequence[dict[s
 
 def exit_status(document: Mapping[str, Any]) -> int:
     """0 when every service answered and everything it shows is ready, else 1."""
-    return 0 if document["ok"] and document.get("ready", True) else 1
+    from databus._status_topology import topology_ok
 
-
-# -- the pure half: entries out as text -------------------------------------------------
-
-
-def _size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def _count(n: float | None, suffix: str = "") -> str:
-    return "-" if n is None else f"{n:,.0f}{suffix}"
-
-
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.0f} s ago"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
-
-
-def lag_text(seconds: float | None) -> str:
-    """A lag in seconds as shown: "unknown" when the relay cannot say (never 0)."""
-    if seconds is None:
-        return "unknown"
-    if seconds < 100:
-        return f"{seconds:.1f} s"
-    return f"{seconds:,.0f} s"
-
-
-def _scn_range(low: int | None, high: int | None) -> str:
-    if low is None and high is None:
-        return "empty"
-    return f"{_count(low)}..{_count(high)}"
-
-
-def dump_cells(dump: Mapping[str, Any], width: int = 20) -> str:
-    """A dump's progress as one line with a bar (``databus demo`` shows the same)."""
-    percent = dump.get("percent") or 0.0
-    filled = int(width * percent / 100)
-    bar = "\u2588" * filled + "\u2591" * (width - filled)
-    where = f", {dump['table']}" if dump.get("table") else ""
-    rows, estimate = dump.get("rows") or 0, dump.get("estimate") or 0
-    return (f"{bar} {percent:5.1f}% {dump.get('state')}: {rows:,}/{estimate:,} rows{where}, "
-            f"{dump.get('rows_per_second') or 0:,.0f} rows/s")
-
-
-
-
-def _service_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(kind, url, state, detail) for the services table."""
-    from databus._status_services import replicator_service_rows, up_cell
-
-    rows: list[tuple[str, ...]] = []
-    for kind, key in (("relay", "relays"), ("bootstrap", "bootstraps")):
-        for entry in document[key]:
-            if "error" in entry:
-                rows.append((kind, entry["url"], Styled("DOWN", ALERT), entry["error"]))
-                continue
-            detail = [f"event loop {entry['event_loop']}"] if entry.get("event_loop") else []
-            if kind == "relay":
-                workers = entry.get("workers")
-                if workers:
-                    up = sum(1 for w in workers if w["state"] == "running")
-                    restarts = sum(w["restarts"] or 0 for w in workers)
-                    detail.append(f"{1 + len(workers)} processes ({up}/{len(workers)} "
-                                  f"workers running, {restarts} restart(s))")
-                detail.append(f"{len(entry['buffers'])} buffer(s)")
-                if entry["consumers"] is not None:
-                    detail.append(f"{len(entry['consumers'])} consumer(s)")
-            elif entry.get("storage"):
-                detail.append(entry["storage"])
-            rows.append((kind, entry["url"], up_cell(entry), ", ".join(detail)))
-    rows += replicator_service_rows(document)
-    return rows
-
-
-def buffer_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(relay, buffer, SCN range, fill, input rate, windows, events) per buffer."""
-    rows: list[tuple[str, ...]] = []
-    for relay in document["relays"]:
-        for b in relay.get("buffers", ()):
-            fill = "-" if b["fill"] is None else (
-                f"{100 * b['fill']:.1f}% ({_size(b['used_bytes'])}/{_size(b['capacity_bytes'])})")
-            rate = b["input_bytes_per_second"]
-            rows.append((relay["url"], b["name"], _scn_range(b["min_scn"], b["max_scn"]), fill,
-                         "-" if rate is None else f"{_size(rate)}/s",
-                         _count(b["windows"]), _count(b["events"])))
-    return rows
-
-
-def fetcher_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(relay, buffer, state, lag, source SCN, lag SCN, last window, restarts, last
-    error); lag is in seconds (the alert figure), lag SCN is only a position distance."""
-    rows: list[tuple[str, ...]] = []
-    for relay in document["relays"]:
-        for b in relay.get("buffers", ()):
-            f = b["fetcher"]
-            if f is None:
-                rows.append((relay["url"], b["name"], "none", "-", "-", "-", "-", "-", ""))
-                continue
-            state = f["state"] or "-"
-            if state not in ("running", "caught_up", "-"):
-                state = Styled(state, ALERT)
-            rows.append((relay["url"], b["name"], state, lag_text(f.get("lag_seconds")),
-                         _count(f["source_scn"]),
-                         _count(f["lag_scn"]), _ago(f["last_window_age_s"]),
-                         _count(f["restarts"]), f["last_error"] or ""))
-    return rows
-
-
-def consumer_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(relay, client id, buffer, SCN, lag SCN, lag (seconds), events/s, last seen,
-    mode) per consumer; one row saying why for a relay without a consumer list."""
-    rows: list[tuple[str, ...]] = []
-    for relay in document["relays"]:
-        if "error" in relay:
-            continue
-        consumers = relay["consumers"]
-        if consumers is None:
-            rows.append((relay["url"], f"consumers: {relay['consumers_error']}",
-                         *("",) * 7))
-            continue
-        if not consumers:
-            rows.append((relay["url"], "no consumer seen", *("",) * 7))
-        for c in consumers:
-            rate = _number(c["events_per_second"])
-            rows.append((
-                relay["url"], str(c["client_id"]), str(c["buffer"] or "-"),
-                _count(_number(c["checkpoint_scn"])), _count(_number(c["lag_scn"])),
-                lag_text(_number(c["lag_seconds"])),
-                "-" if rate is None else f"{rate:,.1f}",
-                _ago(_number(c["idle_s"])),
-                "stream" if c["streaming"] else "poll",
-            ))
-    return rows
-
-
-def bootstrap_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(url, log SCN, applied SCN, applier lag (seconds), log, snapshot rows,
-    components)."""
-    rows: list[tuple[str, ...]] = []
-    for b in document["bootstraps"]:
-        if "error" in b:
-            continue
-        parts = []
-        failed = False
-        for name, c in b["components"].items():
-            failed |= c["state"] not in ("running", "standby")
-            text = f"{name} {c['state']}"
-            if c["last_error"]:
-                text += f" ({c['last_error']})"
-            parts.append(text)
-        components = ", ".join(parts) or "-"
-        rows.append((b["url"], _count(b["log_scn"]), _count(b["applied_scn"]),
-                     lag_text(b.get("applier_lag_seconds")),
-                     f"{_count(b['log_windows'])} windows, {_size(b['log_bytes'])}",
-                     _count(b["snapshot_rows"]),
-                     Styled(components, ALERT) if failed else components))
-    return rows
-
-
-def quarantine_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(relay, buffer, source, state, SCN, since, reason, fix) per quarantined source."""
-    return [(relay["url"], b["name"], q["source"], Styled("QUARANTINED", ALERT),
-             _count(q["scn"]), _ago(q["age_s"]), q["reason"], q["fix"])
-            for relay in document["relays"] for b in relay.get("buffers", ())
-            for q in b.get("quarantined", ())]
-
-
-def dump_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    return [(relay["url"], b["name"], d["id"], dump_cells(d))
-            for relay in document["relays"] for b in relay.get("buffers", ())
-            for d in b["dumps"]]
+    return 0 if document["ok"] and document.get("ready", True) and topology_ok(document) else 1
 
 
 def render(document: Mapping[str, Any]) -> Group:
@@ -525,7 +367,7 @@ def render(document: Mapping[str, Any]) -> Group:
 
     from databus._status_services import not_ready_rows, replicator_rows
 
-    table = rich_table  # databus/_tables.py, shared by the status commands
+    table = status_table  # fits the width it is printed at (databus/_status_render.py)
 
     when = time.strftime("%H:%M:%S", time.localtime(document["generated_at"]))
     if not document["ok"]:
@@ -561,6 +403,9 @@ def render(document: Mapping[str, Any]) -> Group:
     ):
         if rows:
             parts.append(table(title, columns, rows, right))
+    from databus._status_topology import topology_parts
+
+    parts.extend(topology_parts(document))  # --zookeeper: clusters and groups
     return Group(*parts)
 
 
@@ -624,8 +469,13 @@ def _http_error(status: int, path: str, doc: Any) -> str:
 
 async def collect(session: aiohttp.ClientSession, relays: Sequence[str],
                   bootstraps: Sequence[str], timeout: float,
-                  replicators: Sequence[str] = ()) -> dict[str, Any]:
-    """Fetch every document at once and build the command's document."""
+                  replicators: Sequence[str] = (), zookeeper: str | None = None
+                  ) -> dict[str, Any]:
+    """Fetch every document at once (and, with ``zookeeper``, read the topology:
+    databus._status_topology) and build the command's document."""
+    from databus._status_topology import add_topology, collect_topology
+
+    topology = asyncio.ensure_future(collect_topology(zookeeper, timeout))
     relay_answers = [
         asyncio.gather(fetch_answer(session, url, "/v1/status", timeout),
                        fetch_answer(session, url, "/v1/consumers", timeout))
@@ -639,12 +489,14 @@ async def collect(session: aiohttp.ClientSession, relays: Sequence[str],
     boot_answered = await asyncio.gather(*boot_answers)
     repl_answered = await asyncio.gather(*repl_answers)
     now = time.time()
-    return build_document(
+    document = build_document(
         [relay_entry(url, s, c, now) for url, (s, c) in zip(relays, answered, strict=True)],
         [bootstrap_entry(url, a) for url, a in zip(bootstraps, boot_answered, strict=True)],
         now,
         [replicator_entry(url, a) for url, a in zip(replicators, repl_answered,
                                                     strict=True)])
+    add_topology(document, await topology)
+    return document
 
 
 # -- the command ------------------------------------------------------------------------
@@ -670,19 +522,41 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     mode.add_argument("--watch", nargs="?", type=float, const=DEFAULT_WATCH_S,
                       metavar="SECONDS", help="refresh in place every SECONDS "
                       f"(default {DEFAULT_WATCH_S:g}) until Ctrl-C")
+    parser.add_argument("--wide", action="store_true", help="show every column and "
+                        "full URLs whatever the terminal's width (lines may be longer "
+                        "than the terminal)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         metavar="SECONDS", help="per request (default %(default)g)")
     from databus.security._client_tools import add_client_args
 
     add_client_args(parser)
+    from databus._status_topology import add_topology_args
+
+    add_topology_args(parser)
     parser.set_defaults(handler=run)
+
+
+# --wide: the tables are laid out for this many columns (everything fits: nothing is
+# hidden or shortened); the terminal wraps what is longer than itself.
+WIDE_COLUMNS = 10_000
+
+
+def status_console(args: argparse.Namespace) -> Console:
+    """The console the view prints on: the terminal's width (``COLUMNS``, or 80 when
+    not a terminal), or an unlimited one with ``--wide``."""
+    from rich.console import Console
+
+    if getattr(args, "wide", False):
+        return Console(width=WIDE_COLUMNS)
+    return Console()
 
 
 def run(args: argparse.Namespace) -> int:
     replicators_given = getattr(args, "replicator", None) or []
-    if not args.relay and not args.bootstrap and not replicators_given:
-        raise ConfigError("name at least one service: --relay URL, --bootstrap URL or "
-                          "--replicator URL")
+    if not (args.relay or args.bootstrap or replicators_given
+            or getattr(args, "zookeeper", None)):
+        raise ConfigError("name at least one service: --relay URL, --bootstrap URL, "
+                          "--replicator URL or --zookeeper HOSTS")
     if args.timeout <= 0 or (args.watch is not None and args.watch <= 0):
         raise ConfigError("--timeout and --watch take a number of seconds > 0")
     for url in [*args.relay, *args.bootstrap, *replicators_given]:
@@ -705,7 +579,6 @@ def run(args: argparse.Namespace) -> int:
 async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse.Namespace,
                 last: list[int], replicators: Sequence[str] = ()) -> int:
     import aiohttp
-    from rich.console import Console
 
     from databus.security import NO_CREDENTIALS, client_session
 
@@ -716,22 +589,25 @@ async def _main(relays: Sequence[str], bootstraps: Sequence[str], args: argparse
                               timeout=aiohttp.ClientTimeout(total=None)) as session:
         if args.json:
             document = await collect(session, relays, bootstraps, args.timeout,
-                                     replicators)
+                                     replicators, getattr(args, "zookeeper", None))
             sys.stdout.write(dumps_json(document, indent=2) + "\n")
             return exit_status(document)
-        console = Console()
+        console = status_console(args)
         if args.watch is None:
             document = await collect(session, relays, bootstraps, args.timeout,
-                                     replicators)
+                                     replicators, getattr(args, "zookeeper", None))
             console.print(render(document))
             return exit_status(document)
         from rich.live import Live
+
+        answers: dict[Any, Any] = {}
 
         with Live(console=console, auto_refresh=False) as live:
             while True:
                 started = time.monotonic()
                 document = await collect(session, relays, bootstraps, args.timeout,
-                                     replicators)
+                                     replicators, getattr(args, "zookeeper", None))
                 last[0] = exit_status(document)
+                keep_last_answers(document, answers)  # a service gone: its old rows, marked
                 live.update(render(document), refresh=True)
                 await asyncio.sleep(max(0.0, args.watch - (time.monotonic() - started)))

@@ -1,4 +1,4 @@
-"""Checkpoints and the rules a server applies to them (DESIGN section 3).
+"""Checkpoints and the rules a server applies to them (docs/concepts.md, "Checkpoints").
 
 A checkpoint is owned by the consumer and sent on every pull; servers keep no consumer
 state, so the same checkpoint works on any relay replica and on the bootstrap service.

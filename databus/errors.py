@@ -5,7 +5,7 @@ again later (a server restarting, a connection lost), False when retrying cannot
 (bad input, corrupted bytes, a wrong config). Callers such as the client's pull loop
 and the fetcher host decide between backoff and giving up from this flag alone.
 
-Errors that travel over HTTP carry a stable ``code`` (DESIGN section 6), so a server
+Errors that travel over HTTP carry a stable ``code`` (docs/relay.md, "HTTP API"), so a server
 can render them as ``{"error": code, "message": ...}`` and a client can rebuild them.
 """
 
@@ -155,7 +155,7 @@ class SourceGapError(SourceError):
 
 
 class SourceQuarantinedError(DatabusError):
-    """One logical source failed in a way that belongs to it alone (DESIGN 17): a row
+    """One logical source failed in a way that belongs to it alone (docs/concepts.md): a row
     its schema cannot hold, a name the relay cannot serve, a statement-format or
     undecodable event touching it, an unsupported DDL. Under ``on_source_error =
     "quarantine"`` the relay keeps capturing the other sources and a stream including

@@ -1,5 +1,5 @@
 """The event wire format: one binary layout for the relay buffer, the wire, the bootstrap
-log and the client (DESIGN section 2). Everything about the bytes lives in this module.
+log and the client (docs/wire-format.md). Everything about the bytes lives in this module.
 
 Layout (big-endian, 56-byte fixed header, then key bytes, then the Avro value)::
 

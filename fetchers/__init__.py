@@ -1,7 +1,7 @@
 """Source adapters (fetchers): binlog, PostgreSQL logical decoding, trigger/TxLog,
 relay chaining and a synthetic load generator.
 
-The plugin API for third-party fetchers (DESIGN section 8) is what this package
+The plugin API for third-party fetchers is what this package
 exports; a fetcher registers its class under the ``databus.fetchers`` entry point
 group, named by its URI scheme. Everything else in the subpackages is private.
 """

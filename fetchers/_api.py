@@ -100,6 +100,12 @@ class DumpSource(Protocol):
         run unless ``dry_run``. Idempotent."""
         ...
 
+    def grant_statements(self, user: str) -> list[str]:
+        """The GRANTs an administrator runs so that ``user`` (the relay's) may write
+        watermarks (``databus dump setup`` prints them); none when access is not by
+        grant (SQLite's file permissions)."""
+        ...
+
     def check(self) -> None:
         """Raise ``DumpSetupError`` unless the watermark table exists and is writable."""
         ...

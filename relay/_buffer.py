@@ -904,6 +904,49 @@ class EventBuffer:
         # Bytes read after the writer moved the head past them may be another window's.
         return found if self._head_now() <= start else None
 
+    @property
+    def bytes_in(self) -> int:
+        """Window bytes written (``databus_relay_buffer_input_bytes_total``)."""
+        return self._bytes_in
+
+    def bytes_from(self, scn: int) -> int | None:
+        """Bytes from the start of the first window with SCN >= ``scn`` to the newest
+        window's end: what a consumer that needs that window next still has to read,
+        and what the buffer's capacity must keep for it (a consumer's eviction
+        headroom is ``capacity - bytes_from``). 0 when no such window is held yet, every
+        byte held when ``scn`` is at or before the oldest window; None when the bytes
+        looked at were overwritten meanwhile. Walks event headers from the nearest
+        indexed window, as ``window_timestamp_ns``."""
+        with self._lock:
+            published = self._snapshot()
+            if published.max_scn is None or scn > published.max_scn:
+                return 0
+            if published.min_scn is None or scn <= published.min_scn:
+                return published.tail - published.head
+            start = self._scan_start(scn - 1, published.head)
+        ring, cap, tail = self._ring, self.capacity, published.tail
+        pos, found = start, None
+        try:
+            while pos < tail:
+                pos = self._skip_pad(pos)
+                if pos >= tail:
+                    break
+                phys = pos % cap
+                if ring[phys] != 0xDB:
+                    return None  # overwritten under us, or damage (read() says)
+                length = _U32.unpack_from(ring, phys + 12)[0]
+                if length < HEADER_SIZE:
+                    return None
+                if _HDR_SCN.unpack_from(ring, phys + 16)[0] >= scn:
+                    found = pos
+                    break
+                pos += length
+        except (EventFormatError, struct.error):
+            return None
+        if self._head_now() > start:
+            return None
+        return 0 if found is None else tail - found
+
     def _skip_pad(self, pos: int) -> int:
         """The position of the event at or after ``pos``: past the end-of-lap padding if
         ``pos`` is provably padding. A 0x00 byte without a valid pad marker is damage

@@ -26,6 +26,13 @@ commit time is read from the buffer (the window's end-of-window event) through
 gets the oldest window's commit time: again a lower bound. Lag in SCN stays, but for a
 binlog source it is a byte distance across files (2^32 per file): never alert on it.
 
+A streaming consumer holds a connection: the registry counts its open streams per entry
+(``stream_opened``/``stream_closed``), and when the last one closes the entry is dropped
+at once (with it its ``/metrics`` series): a consumer that stopped is not listed, and
+its lag does not keep growing, for ``expiry_s``. A polling consumer has no connection to
+watch: its entry is dropped after ``expiry_s`` without a request. A restarted consumer
+with the same client id gets the same (reader, client id, buffer) key: one row.
+
 The ``record_served``/``consumer_id`` glue at the bottom reads a request's identity for
 the stream handlers (polling and streaming alike).
 """
@@ -33,12 +40,13 @@ the stream handlers (polling and streaming alike).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +202,8 @@ class ConsumerRegistry:
         self._consumers: OrderedDict[tuple[str, str, str], _Consumer] = OrderedDict()
         self._landings: dict[str, _Landings] = {}
         self._times: dict[tuple[str, int], int] = {}
+        # Streams open per key (streaming consumers): the entry goes when the last closes.
+        self._open: dict[tuple[str, str, str], int] = {}
         self.evicted_total = 0
 
     def observe(self, client_id: str, *, buffer: str, checkpoint: Checkpoint, events: int,
@@ -232,6 +242,36 @@ class ConsumerRegistry:
             entry.sources = sources
             entry.address = address
             entry.streaming = streaming
+
+    def stream_opened(self, client_id: str, *, buffer: str, reader: str = ANONYMOUS
+                      ) -> None:
+        """A streaming subscription of ``client_id`` to ``buffer`` started."""
+        if self.max_consumers == 0:
+            return
+        key = (reader, client_id, buffer)
+        with self._lock:
+            self._open[key] = self._open.get(key, 0) + 1
+
+    def stream_closed(self, client_id: str, *, buffer: str, reader: str = ANONYMOUS
+                      ) -> None:
+        """That subscription ended (the consumer went, or the relay ends it): when it
+        was the key's last open stream, the entry is dropped now (not counted as an
+        eviction): a streaming consumer is listed while it is connected."""
+        if self.max_consumers == 0:
+            return
+        key = (reader, client_id, buffer)
+        with self._lock:
+            left = self._open.get(key, 0) - 1
+            if left > 0:
+                self._open[key] = left
+                return
+            self._open.pop(key, None)
+            self._consumers.pop(key, None)
+
+    def open_streams(self) -> int:
+        """Streaming subscriptions open, all consumers together."""
+        with self._lock:
+            return sum(self._open.values())
 
     def window_landed(self, buffer: str, scn: int) -> None:
         """Window ``scn`` was published in ``buffer`` (called from its writer thread)."""
@@ -294,12 +334,21 @@ class ConsumerRegistry:
             return len(self._consumers)
 
     def _expire(self, now: float) -> None:
+        """Drop the entries not seen for ``expiry_s``, oldest first. An entry with a
+        stream open is a live consumer on a quiet buffer (heartbeats are not served
+        events): it stays, and goes when its stream closes."""
         consumers = self._consumers
+        kept = []
         while consumers:
-            oldest = next(iter(consumers.values()))
+            key, oldest = next(iter(consumers.items()))
             if now - oldest.last_seen_at <= self.expiry_s:
-                return
+                break
             consumers.popitem(last=False)
+            if self._open.get(key):
+                kept.append((key, oldest))
+        for key, entry in reversed(kept):  # back at the front, least recent first
+            consumers[key] = entry
+            consumers.move_to_end(key, last=False)
 
     def _entry_doc(self, c: _Consumer, max_scn: int | None, now: float, wall: float
                    ) -> dict[str, Any]:
@@ -420,3 +469,24 @@ def served_recorder(request: web.Request, *, buffer_name: str, streaming: bool
 
 def _record_nothing(checkpoint: Checkpoint, events: int, nbytes: int) -> None:
     return None
+
+
+@contextlib.contextmanager
+def stream_presence(request: web.Request, *, buffer_name: str) -> Iterator[None]:
+    """While a streaming subscription of ``request`` is open: its consumer's entry
+    stays listed, and goes at once when the last of its streams closes."""
+    registry = request.app.get(CONSUMERS)
+    try:
+        client_id = consumer_id(request)
+    except BadRequest:
+        registry = None
+    if registry is None:
+        yield
+        return
+    who = request.get(READER)
+    reader = who.name if who is not None else ANONYMOUS
+    registry.stream_opened(client_id, buffer=buffer_name, reader=reader)
+    try:
+        yield
+    finally:
+        registry.stream_closed(client_id, buffer=buffer_name, reader=reader)

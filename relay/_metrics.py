@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from databus._http import HttpStats, http_requests_family
+from databus.checkpoint import LATEST_SCN, WHOLE_WINDOW
 from databus.relay._consumers import ConsumerRegistry
 from databus.relay._readiness import component_families, components_of
 from databus.relay._relay import Relay
@@ -34,6 +35,8 @@ _BUFFER_FIELDS = [
 _DUMP_FAMILIES = [
     ("dumps_active", "Dumps queued, running or paused"),
     ("dump_rows_total", "Rows dumped into the buffer (all dumps)"),
+    ("dumps_failed_total", "Dumps that failed (kept in the relay's dump state: alert on "
+     "an increase; GET /v1/dumps says why)"),
     ("dump_rows", "Rows dumped so far by an active dump"),
     ("dump_estimated_rows", "Rows the source estimated for an active dump"),
     ("dump_rows_per_second", "Rows per second of an active dump while running"),
@@ -67,6 +70,16 @@ class RelayCollector(Collector):
             for buffer, doc in buffers.items():
                 gauge.add_metric([buffer], float(doc[name] or 0))
             yield gauge
+        # A counter of window bytes written, for rate() (input_bytes_per_second above
+        # is an average since the relay started).
+        written = CounterMetricFamily(f"{P}buffer_input_bytes_total", "Window bytes "
+                                      "written into the buffer", labels=["buffer"])
+        for buffer in buffers:
+            held = self.relay.buffers.get(buffer)
+            if held is not None:
+                written.add_metric([buffer], float(held.bytes_in))
+        yield written
+        yield from _cluster_families(buffers)
         fetchers = {n: doc.get("fetcher") or {} for n, doc in buffers.items()}
         restarts = CounterMetricFamily(f"{P}fetcher_restarts_total",
                                        "Fetcher restarts after an error", labels=["buffer"])
@@ -145,11 +158,62 @@ class RelayCollector(Collector):
                     gauge.add_metric([c["client_id"], c["buffer"], c["reader"]],
                                      float(c[name]))
             yield gauge
+        yield self._headroom(consumers)
         yield GaugeMetricFamily(f"{P}consumers_tracked", "Consumers tracked now",
                                 value=float(len(consumers)))
         yield CounterMetricFamily(f"{P}consumers_evicted_total",
                                   "Consumers evicted because max_tracked_consumers were "
                                   "tracked", value=float(self.consumers.evicted_total))
+
+    def _headroom(self, consumers: list[dict[str, Any]]) -> Metric:
+        """Per consumer, the bytes its buffer can still take before the window it needs
+        next is evicted (then it gets ``scn_not_found`` and must bootstrap): capacity
+        minus the bytes from that window to the newest. Over the buffer's input rate,
+        the time left (deploy/prometheus). Absent when it cannot be told."""
+        gauge = GaugeMetricFamily(
+            f"{P}consumer_eviction_headroom_bytes", "Bytes the buffer can still take "
+            "before the window the consumer needs next is evicted (capacity minus the "
+            "bytes from that window to the newest)", labels=["client_id", "buffer", "reader"])
+        for c in consumers:
+            held = self.relay.buffers.get(c["buffer"])
+            scn = int(c["checkpoint_scn"])
+            if held is None or scn == LATEST_SCN:
+                continue
+            # A partial window is needed again from its start; a whole one is done.
+            behind = held.bytes_from(max(scn, 0) if c["window_offset"] != WHOLE_WINDOW
+                                     else max(scn + 1, 0))
+            if behind is not None:
+                gauge.add_metric([c["client_id"], c["buffer"], c["reader"]],
+                                 float(max(0, held.capacity - behind)))
+        return gauge
+
+
+# Roles of a buffer's seat in a leader-follower cluster (relay/cluster/_member.py), and
+# of a member of an independent cluster: the one-hot states of cluster_role.
+_LEADER_FOLLOWER_ROLES = ("leader", "follower", "waiting")
+
+
+def _cluster_families(buffers: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """``cluster_role{buffer,cluster,role}`` (one-hot; leader-follower members have a
+    series for each of leader, follower and waiting, so that "no member of the cluster
+    leads this buffer" is a sum, 0) and ``cluster_epoch{buffer,cluster}``, for buffers
+    of a relay in a cluster (none otherwise)."""
+    role = GaugeMetricFamily(f"{P}cluster_role", "This relay's role for the buffer in "
+                             "its cluster (one-hot)", labels=["buffer", "cluster", "role"])
+    epoch = GaugeMetricFamily(f"{P}cluster_epoch", "The buffer's current leadership "
+                              "epoch", labels=["buffer", "cluster"])
+    for buffer, doc in buffers.items():
+        cluster = doc.get("cluster")
+        if not cluster:
+            continue
+        name, current = str(cluster.get("name", "")), str(cluster.get("role"))
+        roles = _LEADER_FOLLOWER_ROLES if cluster.get("mode") == "leader-follower" else ()
+        for each in (*roles, *(() if current in roles else (current,))):
+            role.add_metric([buffer, name, each], float(each == current))
+        if cluster.get("epoch") is not None:
+            epoch.add_metric([buffer, name], float(cluster["epoch"]))
+    yield role
+    yield epoch
 
 
 def relay_metrics(relay: Relay, stats: HttpStats, consumers: ConsumerRegistry

@@ -77,6 +77,7 @@ from databus.relay._consumers import (
     consumer_id,
     record_served,
     served_recorder,
+    stream_presence,
 )
 from databus.relay._dump_api import add_dump_routes
 from databus.relay._liveness import MainUnavailable
@@ -310,9 +311,11 @@ async def _follow(
         return response
     stats.streams += 1
     try:
-        await Follow(request, response, buffer, read, checkpoint, max_bytes,
-                     heartbeat_ms / 1000, on_write, shared.heartbeat,
-                     app[LIVENESS]).run(notifier, app[CLOSING])
+        # Listed while connected; gone from /v1/consumers when it closes.
+        with stream_presence(request, buffer_name=buffer_name):
+            await Follow(request, response, buffer, read, checkpoint, max_bytes,
+                         heartbeat_ms / 1000, on_write, shared.heartbeat,
+                         app[LIVENESS]).run(notifier, app[CLOSING])
     finally:
         stats.streams -= 1
     with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):

@@ -64,6 +64,7 @@ from typing import Protocol
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
+from databus._aiohttp_compat import send_pending_headers
 from databus._serving import (
     SERVING,
     WRITE_BUFFER_HIGH,
@@ -585,9 +586,7 @@ class Follow:
         transport = request.transport
         if transport is None or transport.is_closing():
             raise StreamEnd
-        send_headers = getattr(writer, "send_headers", None)
-        if send_headers is not None:
-            send_headers()  # aiohttp holds the headers back to send them with a body
+        send_pending_headers(writer)  # aiohttp holds them back to send with a body
         size = 0
         for part in parts:
             size += len(part)

@@ -180,6 +180,7 @@ class ForwardingConsumers(ConsumerRegistry):
     def __init__(self) -> None:
         super().__init__(max_consumers=0)
         self._pending: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._streams: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     def observe(self, client_id: str, *, buffer: str, checkpoint: Checkpoint, events: int,
                 nbytes: int, filter_json: str | None, sources: tuple[str, ...],
@@ -194,11 +195,32 @@ class ForwardingConsumers(ConsumerRegistry):
             "sources": list(sources), "address": address, "streaming": streaming,
             "reader": reader}
 
+    def stream_opened(self, client_id: str, *, buffer: str, reader: str = ANONYMOUS
+                      ) -> None:
+        self._stream_change(client_id, buffer, reader, "opened")
+
+    def stream_closed(self, client_id: str, *, buffer: str, reader: str = ANONYMOUS
+                      ) -> None:
+        self._stream_change(client_id, buffer, reader, "closed")
+
+    def _stream_change(self, client_id: str, buffer: str, reader: str, what: str) -> None:
+        """Streams opened and closed since the last report, per consumer: the main
+        process applies the openings, then what was served, then the closings (a stream
+        that opened and closed within one report leaves no entry)."""
+        change = self._streams.setdefault(
+            (reader, client_id, buffer), {"client_id": client_id, "buffer": buffer,
+                                          "reader": reader, "opened": 0, "closed": 0})
+        change[what] += 1
+
     def window_landed(self, buffer: str, scn: int) -> None:
         """Landing times are the main process's (lag is computed there)."""
 
     def take(self) -> list[dict[str, Any]]:
         taken, self._pending = list(self._pending.values()), {}
+        return taken
+
+    def take_streams(self) -> list[dict[str, Any]]:
+        taken, self._streams = list(self._streams.values()), {}
         return taken
 
 
@@ -364,6 +386,9 @@ async def _report(reporter: _Reporter, registry: ForwardingConsumers,
         seen = registry.take()
         for i in range(0, len(seen), REPORT_CONSUMERS):
             lines.append({"consumers": seen[i:i + REPORT_CONSUMERS]})
+        streams = registry.take_streams()  # after what they served (see _stream_change)
+        for i in range(0, len(streams), REPORT_CONSUMERS):
+            lines.append({"streams": streams[i:i + REPORT_CONSUMERS]})
         writer.write(b"".join(json.dumps(doc).encode() + b"\n" for doc in lines))
         with contextlib.suppress(ConnectionError):
             await writer.drain()

@@ -69,7 +69,7 @@ from databus.checkpoint import Checkpoint
 from databus.config._relay import x86_64
 from databus.errors import DatabusError
 from databus.fetchers._api import ConfiguredSources
-from databus.relay._consumers import CONSUMERS
+from databus.relay._consumers import CONSUMERS, ConsumerRegistry
 from databus.relay._fetcher_host import Backoff
 from databus.relay._liveness import (
     SESSION_LOST,
@@ -301,6 +301,8 @@ class _Worker:
     started: float = 0.0
     # Its last report of what it has open now (subtracted again when it goes away).
     gauges: dict[str, int] = field(default_factory=dict)
+    # Streams it holds open, per consumer key: closed for it when it goes.
+    streams: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 class WorkerPool:
@@ -417,6 +419,7 @@ class WorkerPool:
             worker.writer.close()
             worker.writer = None
         self._drop_gauges(worker)
+        self._close_streams(worker)
         proc = worker.proc
         assert proc is not None
         deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -460,6 +463,36 @@ class WorkerPool:
                     nbytes=seen["nbytes"], filter_json=seen["filter_json"],
                     sources=tuple(seen["sources"]), address=seen["address"],
                     streaming=seen["streaming"], reader=str(seen.get("reader", ANONYMOUS)))
+        for change in doc.get("streams", ()):
+            if consumers is not None:
+                self._streams_changed(worker, consumers, change)
+
+    @staticmethod
+    def _streams_changed(worker: _Worker, consumers: ConsumerRegistry,
+                         change: dict[str, Any]) -> None:
+        client_id, buffer = str(change["client_id"]), str(change["buffer"])
+        reader = str(change.get("reader", ANONYMOUS))
+        key = (reader, client_id, buffer)
+        opened, closed = int(change.get("opened", 0)), int(change.get("closed", 0))
+        for _ in range(opened):
+            consumers.stream_opened(client_id, buffer=buffer, reader=reader)
+        for _ in range(closed):
+            consumers.stream_closed(client_id, buffer=buffer, reader=reader)
+        left = worker.streams.get(key, 0) + opened - closed
+        if left > 0:
+            worker.streams[key] = left
+        else:
+            worker.streams.pop(key, None)
+
+    def _close_streams(self, worker: _Worker) -> None:
+        """A worker that ended closed its streams: their consumers are gone."""
+        consumers = self.app.get(CONSUMERS)
+        streams, worker.streams = worker.streams, {}
+        if consumers is None:
+            return
+        for (reader, client_id, buffer), count in streams.items():
+            for _ in range(count):
+                consumers.stream_closed(client_id, buffer=buffer, reader=reader)
 
     def _add_stats(self, worker: _Worker, stats: dict[str, Any]) -> None:
         own = self.stats

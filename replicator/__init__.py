@@ -1,5 +1,5 @@
-"""The replicator: keep tables in a target database equal to their source (DESIGN
-section 16, ``docs/replicator.md``).
+"""The replicator: keep tables in a target database equal to their source
+(``docs/replicator.md``).
 
 ``databus replicate --config replicate.toml`` follows relays through the client library
 and applies whole windows to a target (PostgreSQL, MariaDB/MySQL, SQLite) together with

@@ -1,7 +1,9 @@
 """``databus replicate assess``: what would block a replication, found before anything
 is written (paper 002's assessment): per table, the key, every column's target type,
-the target table if it exists (and whether its shape fits), the privileges to create
-and write tables, and the rows the bootstrap service holds for it.
+the target table if it exists (and whether its shape fits; "will be created" when not),
+the privileges to create and write tables, and the rows the bootstrap service holds for
+it. It writes nothing to the target: not a table, not the replication's state table
+(the privileges are probed in a transaction rolled back, replicator/targets/_probe.py).
 
 ``assess_table`` is pure (a table map against the target's columns); ``assess`` asks
 the relays and the target. A finding is ``blocking`` when replication cannot start with
@@ -135,20 +137,23 @@ async def assess(config: ReplicateConfig, target: Any,
                         else None)
             report.findings += assess_table(table, target.dialect, existing, nullable)
             if privileges is not None:
-                report.findings.append(Finding(privileges, True))
+                report.findings.append(privileges)
     finally:
         await asyncio.to_thread(target.close)
     return reports
 
 
-def _check_privileges(target: Any) -> str | None:
-    """None when the target lets us keep our state table (create it, write it); the
-    error otherwise (creating tables is checked the same way)."""
-    try:
-        target.ensure_state()
-        target.load_state("databus-assess-probe")
-    except DatabusError as exc:
-        return f"the target refused the replication state table: {exc}"
+def _check_privileges(target: Any) -> Finding | None:
+    """None when the target will let the replication keep its state table (create
+    it, write it); else a finding (creating tables is checked the same way). Writes
+    nothing: replicator/targets/_probe.py."""
+    from databus.replicator.targets._probe import probe_state
+
+    probe = probe_state(target)
+    if probe.refused is not None:
+        return Finding(probe.refused, True)
+    if probe.unsure is not None:
+        return Finding(probe.unsure, False)
     return None
 
 
@@ -159,7 +164,8 @@ def render(reports: Sequence[TableReport]) -> str:
         head = f"{r.source} -> {r.target or '?'}: {state}"
         if r.key:
             head += f" (key {', '.join(r.key)}; {r.columns} columns"
-            head += "; target table exists)" if r.target_exists else "; target table created)"
+            head += ("; target table exists)" if r.target_exists
+                     else "; target table will be created)")
         if r.estimated_rows is not None:
             head += f"; about {r.estimated_rows:,} rows"
         lines.append(head)

@@ -1,6 +1,6 @@
 """Snapshot export: a source's snapshot as Parquet with decoded columns, stamped with
 the SCN it is consistent at, so an offline job can process it and then tap into the
-stream (relay or bootstrap) from exactly that SCN (paper 000 section 3.2).
+stream (relay or bootstrap) from exactly that SCN (docs/spark.md, "Export").
 
 - Columns: one per field of the source's newest Avro schema (every event is decoded
   with fastavro, older schema versions resolved to the newest), mapped as

@@ -1,6 +1,6 @@
 """Snapshot seeding: a source's snapshot built from a dump of its table, stamped with the
 SCN the dump is consistent at, so that the bootstrap log only has to hold the changes
-after it (paper 000 section 6.2.2).
+after it (docs/spark.md, "Seeding").
 
 Dumps come from MariaDB/MySQL over JDBC (read so that every value encodes exactly as
 the binlog fetcher encodes it: same Avro schema, same bytes, same keys) or from Parquet

@@ -1,4 +1,4 @@
-"""Consumer groups (DESIGN section 15, docs/client.md "Consumer groups"): a stream's
+"""Consumer groups (docs/client.md "Consumer groups"): a stream's
 partitions shared by the members of a group, assigned on ZooKeeper, each partition
 checkpointed on its own.
 

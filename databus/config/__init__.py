@@ -1,4 +1,4 @@
-"""TOML config files loaded into frozen, validated dataclasses (DESIGN section 12).
+"""TOML config files loaded into frozen, validated dataclasses.
 
 How a file maps onto the dataclasses (the supported hints, ``${NAME}`` interpolation,
 error messages, what never reaches a log) is in ``_loader``'s docstring. The code:

@@ -1,12 +1,12 @@
 """Coordination on ZooKeeper (kazoo), shared by relay clusters and bootstrap failover
-(DESIGN 15, docs/clusters.md).
+(docs/clusters.md).
 
 - ``_lease``: the holder's lease, which fences a paused or cut-off holder (pure);
 - ``_member``: a process's session and its ephemeral member node;
 - ``_contender``: waiting in a kazoo Lock and holding it, one thread;
 - ``_readonly``: read-only looks for the status commands;
 - ``_client``: ``kazoo_client``, the one place a ``KazooClient`` is built (digest
-  credentials and ACLs, DESIGN 18).
+  credentials and ACLs, docs/security.md).
 """
 
 from databus.coordination._client import ZooKeeperNotAuthorized, kazoo_client, not_authorized

@@ -1,4 +1,4 @@
-"""Server-side filters (DESIGN section 4, paper 3.7): which events of a source a consumer gets.
+"""Server-side filters (docs/filters.md): which events of a source a consumer gets.
 
 Pure logic, no I/O. The relay calls ``passes`` on every event header it serves, so each
 filter precomputes what it needs (a frozenset of allowed buckets) when it is built. The

@@ -1,4 +1,4 @@
-"""Who may read what (DESIGN 18, docs/security.md): TLS contexts for listeners and
+"""Who may read what (docs/security.md): TLS contexts for listeners and
 clients, readers with per-source grants, and what clients present.
 
 - ``_tls``: ``server_context``/``CertificateReloader`` (listeners), ``client_context``.

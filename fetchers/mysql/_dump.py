@@ -152,6 +152,13 @@ class MysqlDumpSource:
             self._run_all("setting up dumps", statements, ddl=True)
         return statements
 
+    def grant_statements(self, user: str) -> list[str]:
+        """What an administrator grants ``user`` (the relay's) to write watermarks."""
+        db, table = self.config.watermark_table
+        name = user.replace("\\", "\\\\").replace("'", "\\'")
+        return [f"GRANT SELECT, INSERT, DELETE ON {quote(db)}.{quote(table)} TO "
+                f"'{name}'@'%'"]
+
     def check(self) -> None:
         db, table = self.config.watermark_table
         found = self._run("looking for the watermark table",

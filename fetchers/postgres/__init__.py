@@ -1,4 +1,4 @@
-"""The PostgreSQL logical decoding fetcher (``postgresql://``, DESIGN section 8, issue 18):
+"""The PostgreSQL logical decoding fetcher (``postgresql://``, docs/postgres-logical.md):
 changes read from a replication slot with the built-in ``pgoutput`` plugin, no triggers.
 
 - ``_uri``: the source URI;

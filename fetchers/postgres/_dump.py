@@ -114,6 +114,11 @@ class LogicalDumpSource:
                     cur.execute(statement)
         return statements
 
+    def grant_statements(self, user: str) -> list[str]:
+        """What an administrator grants ``user`` (the relay's) to write watermarks."""
+        grantee = '"' + user.replace('"', '""') + '"'
+        return [f"GRANT SELECT, INSERT, DELETE ON public.{WATERMARK_TABLE} TO {grantee}"]
+
     def check(self) -> None:
         with self._cursor() as cur:
             cur.execute("SELECT to_regclass(%s)", (f"public.{WATERMARK_TABLE}",))

@@ -1,4 +1,4 @@
-"""Relay chaining (DESIGN 15): the ``relay+http://`` fetcher, a relay's buffer fed by
+"""Relay chaining (docs/relay-chaining.md): the ``relay+http://`` fetcher, a relay's buffer fed by
 another relay's windows, byte-identical but for source ids (docs/relay-chaining.md).
 
 - ``_uri``: the URI (``ChainURI``: upstreams for failover, sources, filter, options);

@@ -32,7 +32,7 @@ from typing import Any
 from databus.errors import DumpSetupError
 from databus.fetchers._api import DumpChunk, DumpRow, FetcherContext
 from databus.fetchers._cursor import cursor_from_json, cursor_to_json
-from databus.fetchers.txlog._dialects import SqliteDialect
+from databus.fetchers.txlog._dialects import SqliteDialect, dialect_for
 from databus.fetchers.txlog._model import WATERMARK_READY, TableShape
 from databus.fetchers.txlog._schema import TableCodec
 from databus.fetchers.txlog._session import DbSession, check_table, missing_objects
@@ -120,6 +120,22 @@ class TxlogDumpSource:
         # Before the first watermark: the fetcher captures the table from its next batch
         # on (by itself it looks once a second, and would miss a watermark meanwhile).
         self.context.memory[WATERMARK_READY] = True
+
+    def grant_statements(self, user: str) -> list[str]:
+        """What an administrator grants ``user`` (the relay's) to write watermarks
+        (none for SQLite: file permissions; PostgreSQL also the TxLog and the
+        watermark table's delete log, which its capture triggers write as that user)."""
+        dialect = dialect_for(self.source.dialect, self.source.txlog_schema)
+        if isinstance(dialect, SqliteDialect):
+            return []
+        ref = dialect.watermark_shape().ref
+        table = dialect.table(ref)
+        grantee = '"' + user.replace('"', '""') + '"'
+        out = [f"GRANT SELECT, INSERT, DELETE ON {table} TO {grantee}"]
+        if self.source.dialect == "postgresql":
+            out.append(f"GRANT INSERT ON {dialect.txlog}, "
+                       f"{dialect.table(dialect.delete_log(ref))} TO {grantee}")
+        return out
 
     def _grants(self, session: DbSession) -> list[str]:
         """The GRANTs the source user lacks to write watermarks (none: it may).

@@ -1,4 +1,4 @@
-"""Relay clusters on ZooKeeper (DESIGN 15, docs/clusters.md).
+"""Relay clusters on ZooKeeper (docs/clusters.md).
 
 - ``_epochs``: a buffer's leadership epochs, kept with it (pure, one small file);
 - ``_member``: election, roles and fencing of each buffer, on the session and lock

@@ -1,4 +1,4 @@
-"""Dumps (DESIGN 8.1, DBLog): the existing rows of tables, read in chunks without locks
+"""Dumps (docs/dumps.md): the existing rows of tables, read in chunks without locks
 and interleaved with the change stream through watermarks.
 
 - ``_sink``: the watermark step between a fetcher and its buffer (pure, no I/O);

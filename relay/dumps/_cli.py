@@ -2,19 +2,21 @@
 
 ::
 
-    databus dump setup  --source URI [--dry-run | --check]
+    databus dump setup  --source URI [--dry-run | --check] [--relay-user NAME]
     databus dump start  --relay URL [--sources a,b] [--buffer B] [--keys JSON]
                         [--chunk-rows N] [--delay-ms M] [--parallelism P] [--wait]
     databus dump status --relay URL [ID] [--sources a,b] [--wait] [--json]
     databus dump pause|resume|cancel --relay URL [ID] [--sources a,b]
 
 ``setup`` talks to the source (the URI a relay's buffer uses): it creates the watermark
-table and checks that the URI's user can write it. The others talk to a relay's HTTP
-API (docs/dumps.md). The admin commands (start, pause, resume, cancel) need the relay's
-admin token: ``DATABUS_ADMIN_TOKEN`` in the environment, or ``--token`` (visible to
-other users in ``ps``: prefer the variable). pause, resume and cancel act on the dump
-``ID``, or on the one active dump that covers ``--sources``, or on the only active
-dump.
+table, checks that the URI's user can write it, and prints the SQL in two parts: what
+was run (the table, made by a user allowed to create tables) and the one GRANT block an
+administrator runs for the relay's user (``--relay-user``, default the URI's). The
+others talk to a relay's HTTP API (docs/dumps.md). The admin commands (start, pause,
+resume, cancel) need the relay's admin token: ``DATABUS_ADMIN_TOKEN`` in the
+environment, or ``--token`` (visible to other users in ``ps``: prefer the variable).
+pause, resume and cancel act on the dump ``ID``, or on the one active dump that covers
+``--sources``, or on the only active dump.
 
 TLS and readers (DESIGN 18): every command but ``setup`` takes ``--ca-file``,
 ``--cert-file``/``--key-file`` for ``https://`` relays; ``status`` takes the reader
@@ -38,6 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from databus._tables import Col, FitTable
 from databus.errors import ConfigError
 from databus.relay.dumps._admin_client import TOKEN_ENV, RelayAdmin
 from databus.schemas import Schema
@@ -66,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     mode.add_argument("--dry-run", action="store_true", help="print the SQL only")
     mode.add_argument("--check", action="store_true", help="change nothing; check that "
                       "the table exists and the URI's user can write it")
+    setup.add_argument("--relay-user", metavar="NAME", help="the user in the relay's "
+                       "source URI, named in the printed GRANT (default: this URI's user; "
+                       "give it when an administrator runs setup with their own URI)")
     setup.set_defaults(handler=_setup)
 
     def relay_args(p: argparse.ArgumentParser, *, admin: bool) -> None:
@@ -151,17 +157,47 @@ def _setup(args: argparse.Namespace) -> int:
                 print("ok: the watermark table exists and this user can write it")
                 return 0
             statements = source.setup(dry_run=args.dry_run)
-            for sql in statements:
-                print(sql.rstrip().rstrip(";") + ";")
-            if not args.dry_run:
+            user = args.relay_user or _uri_user(args.source)
+            grants = source.grant_statements(user) if user else []
+            sys.stdout.write(setup_script(statements, grants, user, ran=not args.dry_run))
+            if not args.dry_run and not args.relay_user:
                 source.check()
                 print("ok: the watermark table is ready; a relay reading this source with "
                       "this user can dump its tables", file=sys.stderr)
+            elif not args.dry_run:
+                print(f"ok: the watermark table is ready; once {user} has the grant above, "
+                      f"check with `databus dump setup --check --source <the relay's URI>`",
+                      file=sys.stderr)
         finally:
             source.close()
     finally:
         fetcher.close()
     return 0
+
+
+def _uri_user(uri: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.unquote(urllib.parse.urlsplit(uri).username or "")
+
+
+def setup_script(statements: list[str], grants: list[str], user: str, *, ran: bool) -> str:
+    """What ``dump setup`` prints: runnable SQL, two parts with one comment each. The
+    watermark table is made once per source by a user allowed to create tables (an
+    administrator, or the URI's user when it may: then setup just ran it); the relay
+    reads with its own user, who only needs one grant block to write watermarks."""
+    lines = [f"-- 1. The watermark table, made once per source by a user allowed to "
+             f"create tables ({'done just now, with this URI' if ran else 'not run: --dry-run'}):"]
+    lines += [sql.rstrip().rstrip(";") + ";" for sql in statements]
+    if grants:
+        lines.append(f"-- 2. The relay's user ({user}) writes watermarks: an administrator "
+                     "grants, once (besides SELECT on the tables to dump, which the relay "
+                     "reads already):")
+        lines += [sql.rstrip().rstrip(";") + ";" for sql in grants]
+    elif user:
+        lines.append("-- 2. No grant: the relay's user writes the watermark table with the "
+                     "database file's permissions.")
+    return "".join(line + "\n" for line in lines)
 
 
 # -- start, status, control -------------------------------------------------------------
@@ -255,40 +291,51 @@ def _fmt_eta(seconds: float | None) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def _print_dumps(dumps: list[dict[str, Any]], out: TextIO) -> None:
-    from rich.console import Console
-    from rich.table import Table
+# The dump tables (databus/_tables.py, shared by the status commands): numbers never cut,
+# the least needed columns hidden first on a narrow terminal.
+DUMP_COLUMNS = (Col("id"), Col("buffer", priority=2), Col("state"),
+                Col("reason", priority=3), Col("table", "text"), Col("rows", "num"),
+                Col("%", "num"), Col("rate", "num", 1), Col("eta", "num", 1),
+                Col("error", "text", 1, below=True))
+TABLE_COLUMNS = (Col("source", "text"), Col("state"), Col("ranges", "num", 2),
+                 Col("chunks", "num", 3), Col("rows", "num"), Col("overtaken", "num", 3),
+                 Col("%", "num"), Col("last scn", "num", 1),
+                 Col("error", "text", 1, below=True))
 
-    table = Table(title="dumps", title_justify="left")
-    for name in ("id", "buffer", "state", "reason", "table", "rows", "%", "rate", "eta",
-                 "error"):
-        table.add_column(name, justify="right" if name in ("rows", "%", "rate") else "left")
+
+WIDER = "a wider terminal shows them"
+
+
+def _console(out: TextIO) -> Any:
+    """The terminal's width on a terminal; 160 columns into a file or a pipe."""
+    from rich.console import Console
+
+    return Console(file=out, width=None if out.isatty() else 160)
+
+
+def _print_dumps(dumps: list[dict[str, Any]], out: TextIO) -> None:
+    rows = []
     for d in dumps:
         p = d["progress"]
         percent = "-" if p["percent"] is None else f"{p['percent']:.1f}"
-        rows = f"{p['rows']:,}" + (f" / {p['estimate']:,}" if p["estimate"] else "")
-        table.add_row(d["id"], d["buffer"], d["state"], d["reason"],
-                      p["table"] or ", ".join(d["sources"]), rows, percent, _fmt_rate(d),
-                      _fmt_eta(p["eta_seconds"]), d["error"] or "")
-    Console(file=out, width=160).print(table)
+        count = f"{p['rows']:,}" + (f" / {p['estimate']:,}" if p["estimate"] else "")
+        rows.append((d["id"], d["buffer"], d["state"], d["reason"],
+                     p["table"] or ", ".join(d["sources"]), count, percent, _fmt_rate(d),
+                     _fmt_eta(p["eta_seconds"]), d["error"] or ""))
+    _console(out).print(FitTable("dumps", DUMP_COLUMNS, rows, hint=WIDER))
 
 
 def _print_tables(dump: dict[str, Any], out: TextIO) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"tables of dump {dump['id']}", title_justify="left")
-    for name in ("source", "state", "ranges", "chunks", "rows", "overtaken", "%", "last scn",
-                 "error"):
-        table.add_column(name)
+    rows = []
     for t in dump["tables"]:
         ranges = t.get("ranges") or []
-        table.add_row(t["source"], t["state"],
-                      f"{sum(r['done'] for r in ranges)}/{len(ranges)}" if ranges else "-",
-                      str(t["chunks"]), f"{t['rows']:,}",
-                      str(t["overtaken"]), "-" if t["percent"] is None else str(t["percent"]),
-                      "-" if t["last_scn"] is None else str(t["last_scn"]), t["error"] or "")
-    Console(file=out, width=160).print(table)
+        rows.append((t["source"], t["state"],
+                     f"{sum(r['done'] for r in ranges)}/{len(ranges)}" if ranges else "-",
+                     str(t["chunks"]), f"{t['rows']:,}",
+                     str(t["overtaken"]), "-" if t["percent"] is None else str(t["percent"]),
+                     "-" if t["last_scn"] is None else str(t["last_scn"]), t["error"] or ""))
+    _console(out).print(FitTable(f"tables of dump {dump['id']}", TABLE_COLUMNS, rows,
+                                 hint=WIDER))
 
 
 def _follow(admin: RelayAdmin, ident: str, *, interval: float = 0.5,

@@ -277,8 +277,8 @@ class DumpManager:
             return out
 
     def metrics(self) -> list[tuple[str, dict[str, str], float]]:
-        """Prometheus samples: per buffer, active dumps and rows dumped (finished
-        dumps included); per active dump and table, rows and percent."""
+        """Prometheus samples: per buffer, active dumps, rows dumped (finished
+        dumps included) and failed dumps; per active dump and table, rows and percent."""
         with self._lock:
             samples: list[tuple[str, dict[str, str], float]] = []
             for buffer in self._ports:
@@ -287,6 +287,10 @@ class DumpManager:
                                 float(sum(d.active for d in dumps))))
                 samples.append(("databus_relay_dump_rows_total", {"buffer": buffer},
                                 float(sum(d.rows() for d in dumps))))
+                # Dumps are kept (state file) and a failed one stays failed: a count
+                # that only grows, for alerts on its increase.
+                samples.append(("databus_relay_dumps_failed_total", {"buffer": buffer},
+                                float(sum(d.state == "failed" for d in dumps))))
             for dump in self._dumps:
                 if not dump.active:
                     continue

@@ -1,4 +1,4 @@
-"""Per-source quarantine (DESIGN 17; docs/relay.md, "Quarantined sources").
+"""Per-source quarantine (docs/relay.md, "Quarantined sources").
 
 - ``_record``: the durable record of each buffer's quarantined sources
   (``data_dir/quarantine.json``) and the quarantine marker written into a window;

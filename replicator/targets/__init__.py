@@ -61,7 +61,7 @@ class Target(Protocol):
     def close(self) -> None: ...
 
     def hold(self, replication: str) -> Held:
-        """Safe start (DESIGN 17): this process runs ``replication`` on this target
+        """Safe start (docs/operations.md): this process runs ``replication`` on this target
         until the hold is released or the process ends; ``AlreadyRunningError`` when
         another process does."""
 

@@ -138,6 +138,12 @@ async def every_process(url: str, method: str, path: str, *,
 # -- a worker killed under 20 consumers --------------------------------------------------
 
 
+async def listed_ids(url: str) -> list[str]:
+    async with aiohttp.ClientSession() as session, \
+            session.get(f"{url}/v1/consumers") as resp:
+        return [c["client_id"] for c in (await resp.json())["consumers"]]
+
+
 @dataclass
 class Consumer:
     """Pulls with its checkpoint over one connection; when the connection breaks, it
@@ -261,14 +267,23 @@ def test_worker_killed_while_serving_20_consumers(tmp_path: Path) -> None:
                 for c in on_victim:  # they lost their connection, and came back elsewhere
                     assert victim not in c.pids[seen_before[c.name] + 1:], (c.name, c.pids)
                     assert c.pids[-1] != victim
+                # Every consumer, whichever process served it (workers report to the
+                # main one).
+                assert {c.name for c in consumers} <= set(await listed_ids(relay.url))
             finally:
                 until.set()
                 await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
-            async with aiohttp.ClientSession() as session, \
-                    session.get(f"{relay.url}/v1/consumers") as resp:
-                listed = {c["client_id"]: c for c in (await resp.json())["consumers"]}
-            # Every consumer, whichever process served it (workers report to the main one).
-            assert {c.name for c in consumers} <= set(listed)
+            # Stopped: a streaming consumer's row goes with its stream, whichever process
+            # held it (the workers report closings too); a polling one stays until its
+            # expiry.
+            streaming = {c.name for c in consumers if c.streaming}
+
+            async def streams_gone() -> bool:
+                return not streaming & set(await listed_ids(relay.url))
+
+            await async_wait_until(streams_gone, "the streaming consumers' rows gone", 10)
+            polling = {c.name for c in consumers if not c.streaming}
+            assert polling <= set(await listed_ids(relay.url))
 
         asyncio.run(main())
     finally:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -408,7 +408,7 @@ def test_the_client_library_sends_its_client_id(tmp_path: Path) -> None:
                 client.stop()
                 await task
                 assert client.metrics.consumer_scn == 40
-            expected = f"my-app@{socket.gethostname()}:{os.getpid()}"
+            expected = f"my-app@{socket.gethostname()}"  # no pid: stable across restarts
             listed = by_id((await consumers(r))["consumers"])
             assert set(listed) == {expected, "billing-indexer"}
             assert listed["billing-indexer"]["checkpoint_scn"] == 40
@@ -421,3 +421,148 @@ def test_client_id_is_checked_by_the_client() -> None:
         DatabusClient(["http://127.0.0.1:1"], client_id="x" * 257)
     with pytest.raises(ValueError, match="client_id"):
         DatabusClient(["http://127.0.0.1:1"], client_id="")
+
+
+# -- consumers that stop --------------------------------------------------------------
+
+
+def test_a_streaming_consumer_is_dropped_when_its_last_stream_closes() -> None:
+    clock = Clock(100.0)
+    reg = registry(clock)
+    reg.stream_opened("s", buffer="b")
+    observe(reg, "s", 3, streaming=True)
+    reg.stream_opened("s", buffer="b")  # a second stream under the same id
+    observe(reg, "p", 3)  # a polling consumer: no stream to watch
+    reg.stream_closed("s", buffer="b")
+    assert set(by_id(reg.snapshot({"b": 5}))) == {"s", "p"}  # one stream still open
+    reg.stream_closed("s", buffer="b")
+    assert set(by_id(reg.snapshot({"b": 5}))) == {"p"}  # at once, not after expiry_s
+    assert reg.evicted_total == 0 and reg.open_streams() == 0
+    # The polling one still goes only after its idle timeout.
+    clock.now += reg.expiry_s - 1
+    assert set(by_id(reg.snapshot({"b": 5}))) == {"p"}
+    clock.now += 2
+    assert reg.snapshot({"b": 5}) == []
+
+
+def test_an_open_stream_on_a_quiet_buffer_does_not_expire() -> None:
+    clock = Clock(100.0)
+    reg = registry(clock, expiry_s=10.0)
+    reg.stream_opened("quiet", buffer="b")
+    observe(reg, "quiet", 3, streaming=True)
+    observe(reg, "poller", 3)
+    clock.now += 60  # nothing served to either for a minute
+    assert set(by_id(reg.snapshot({"b": 3}))) == {"quiet"}
+    observe(reg, "late", 3)  # expiry runs again with the kept entry in front
+    assert set(by_id(reg.snapshot({"b": 3}))) == {"quiet", "late"}
+    reg.stream_closed("quiet", buffer="b")
+    assert set(by_id(reg.snapshot({"b": 3}))) == {"late"}
+
+
+def test_a_stream_of_another_reader_or_buffer_is_another_entry() -> None:
+    reg = registry(Clock())
+    for buffer in ("b", "c"):
+        reg.stream_opened("s", buffer=buffer)
+        observe(reg, "s", 3, buffer=buffer, streaming=True)
+    reg.stream_closed("s", buffer="c")
+    reg.stream_closed("s", buffer="b", reader="someone-else")  # not its stream
+    assert [d["buffer"] for d in reg.snapshot({"b": 3, "c": 3})] == ["b"]
+
+
+async def _stream_until_windows(r: RunningRelay, client_id: str) -> Any:
+    """A streaming subscription of ``client_id`` that stays open: the open response,
+    once the relay has recorded what it sent."""
+    resp = await r.get("/v1/stream", client_id=client_id, follow="true",
+                       checkpoint=json.dumps({"window_scn": 5}))
+    assert resp.status == 200 and resp.headers["X-Databus-Streaming"] == "1"
+    await resp.content.read(1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        listed = by_id((await consumers(r))["consumers"])
+        if client_id in listed and listed[client_id]["checkpoint_scn"] == 40:
+            return resp
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{client_id} never listed at SCN 40")
+
+
+async def _gone(r: RunningRelay, client_id: str, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if client_id not in by_id((await consumers(r))["consumers"]):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+def test_a_streaming_consumer_that_disconnects_is_gone_at_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": LOAD})) as r:
+            await r.wait_for_scn("load", 40)
+            # A consumer 30 windows behind (its lag would keep growing), and a poller.
+            await stream_all(r, client_id="poller")
+            stream = await _stream_until_windows(r, "streamer")
+            families = await metric_families(r)
+            assert "streamer" in {s.labels["client_id"] for s in
+                                  families["databus_relay_consumer_lag_seconds"].samples}
+            stream.close()  # the consumer goes away (its connection closes)
+            # The relay sees the connection end within a heartbeat; expiry_s is 300 s.
+            assert await _gone(r, "streamer", within=15)
+            families = await metric_families(r)
+            for name in ("lag_ms", "lag_scn", "lag_seconds", "events_per_second"):
+                ids = {s.labels["client_id"] for s in
+                       families[f"databus_relay_consumer_{name}"].samples}
+                assert ids == {"poller"}, name  # the poller stays: no connection to watch
+            assert families["databus_relay_consumers_tracked"].samples[0].value == 1
+
+    run(main())
+
+
+def test_a_restarted_client_with_the_same_id_is_one_row(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": LOAD})) as r:
+            await r.wait_for_scn("load", 40)
+            for _ in range(2):  # the app, then the app again (another client object)
+                client = DatabusClient([r.url], sources=["synthetic.events"],
+                                       checkpoint_store=MemoryCheckpointStore(),
+                                       name="my-app", poll_wait_ms=50)
+                client.register(Consumer())
+                task = asyncio.create_task(client.run_async())
+                deadline = time.monotonic() + 20
+                while client.metrics.consumer_scn != 40 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                listed = (await consumers(r))["consumers"]
+                assert [c["client_id"] for c in listed] == [client.client_id]
+                assert listed[0]["streaming"] is True
+                client.stop()
+                await task
+                # Stopped: its stream closed, so it is no longer listed.
+                assert await _gone(r, client.client_id, within=15)
+
+    run(main())
+
+
+def test_a_restarted_app_keeps_its_one_row(tmp_path: Path) -> None:
+    """Two runs of one app are two processes (two pids): with the default client id
+    the relay lists them as one consumer, the same entry."""
+    exe = Path(sys.executable).with_name("databus")
+
+    async def main() -> None:
+        async with running_relay(relay_config(tmp_path, {"load": LOAD})) as r:
+            await r.wait_for_scn("load", 40)
+            seen = []
+            for _ in range(2):  # polling: no stream to close, its row stays and is reused
+                proc = await asyncio.create_subprocess_exec(
+                    str(exe), "tail", "--relay", r.url, "--sources", "synthetic.events",
+                    "--from-earliest", "--exit", "--no-streaming",
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                _, err = await asyncio.wait_for(proc.communicate(), 60)
+                assert proc.returncode == 0, err.decode()
+                listed = (await consumers(r))["consumers"]
+                assert [c["client_id"] for c in listed] == \
+                    [f"databus-tail@{socket.gethostname()}"]
+                seen.append(listed[0])
+            # The same entry: first seen at the first run, the events of both runs.
+            assert seen[1]["first_seen"] == seen[0]["first_seen"]
+            assert seen[1]["events_total"] == 2 * seen[0]["events_total"] == 240
+
+    run(main())

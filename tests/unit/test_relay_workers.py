@@ -185,3 +185,33 @@ def test_forwarded_consumers_are_summed_per_client_and_buffer() -> None:
     assert taken["c2"]["filter_json"] == '{"x": 1}'
     assert registry.take() == []
     assert len(registry) == 0  # nothing kept in the worker
+
+
+def test_forwarded_streams_open_and_close_the_main_process_entries() -> None:
+    from databus.relay._consumers import ConsumerRegistry
+    from databus.relay._workers import WorkerPool, _Worker
+
+    worker_side = ForwardingConsumers()
+    worker_side.stream_opened("s", buffer="b")
+    worker_side.observe("s", buffer="b", checkpoint=Checkpoint(4), events=1, nbytes=9,
+                        filter_json=None, sources=(), address=None, streaming=True)
+    worker_side.stream_opened("t", buffer="b")
+    worker_side.stream_closed("t", buffer="b")  # opened and closed within one report
+    main = ConsumerRegistry()
+    for seen in worker_side.take():
+        main.observe(seen["client_id"], buffer=seen["buffer"],
+                     checkpoint=Checkpoint.loads(seen["checkpoint"]), events=seen["events"],
+                     nbytes=seen["nbytes"], filter_json=None, sources=(), address=None,
+                     streaming=True)
+    worker = _Worker.__new__(_Worker)
+    worker.streams = {}
+    for change in worker_side.take_streams():
+        WorkerPool._streams_changed(worker, main, change)
+    assert worker_side.take_streams() == []
+    assert [d["client_id"] for d in main.snapshot({"b": 4})] == ["s"]
+    assert worker.streams == {("anonymous", "s", "b"): 1} and main.open_streams() == 1
+    # The stream closes: gone from the main process too.
+    worker_side.stream_closed("s", buffer="b")
+    for change in worker_side.take_streams():
+        WorkerPool._streams_changed(worker, main, change)
+    assert main.snapshot({"b": 4}) == [] and worker.streams == {}

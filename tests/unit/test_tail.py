@@ -9,9 +9,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from databus.client._tail import tail
 from tests.relay_harness import RelayProcess, relay_config, running_relay
+from tests.waiting import wait_until
 
 SOURCE = "synthetic://?rate=0&keys=20&event_bytes=150&events_per_window=2&limit=10&seed=8"
 
@@ -76,11 +78,21 @@ def test_tail_command_line(tmp_path: Path) -> None:
             )
         import urllib.request
 
-        with urllib.request.urlopen(relay.url + "/v1/consumers", timeout=5) as resp:
-            consumers = {c["client_id"]: c for c in json.loads(resp.read())["consumers"]}
+        def listed() -> dict[str, Any]:
+            with urllib.request.urlopen(relay.url + "/v1/consumers", timeout=5) as resp:
+                return {c["client_id"]: c for c in json.loads(resp.read())["consumers"]}
+
+        # The relay sees the streaming tail's connection end within a heartbeat.
+        def streamer_gone() -> dict[str, Any] | None:
+            now = listed()
+            return None if "streamer" in now else now
+
+        consumers = wait_until(streamer_gone, "the streaming tail's row gone", 15)
     finally:
         relay.kill()
     for done in runs.values():
         assert [json.loads(line)["scn"] for line in done.stdout.splitlines()] == [9, 9, 10, 10]
-    assert consumers["streamer"]["streaming"] is True
+    # The streaming tail's row went when it exited (its stream closed): a poller's
+    # stays until the relay's consumer_expiry_s.
+    assert "streamer" not in consumers
     assert consumers["poller"]["streaming"] is False
