@@ -162,6 +162,10 @@ def test_a_fresh_venv_with_only_the_wheel_runs_init_and_its_configs(
     where = _run([str(python), "-c", "import databus, databus.deploy; "
                   "print(databus.__file__)"], tmp_path, env)
     assert where.startswith(str(venv)), where  # the wheel's, not the checkout's
+    if (ROOT / "databus" / "dashboard" / "static" / "index.html").is_file():
+        # The dashboard's page is found where it serves it from.
+        _run([str(python), "-c", "from importlib import resources; assert resources.files("
+              "'databus.dashboard').joinpath('static', 'index.html').is_file()"], tmp_path, env)
     databus = str(venv / "bin" / "databus")
     db = tmp_path / "shop.db"
     conn = sqlite3.connect(db)
