@@ -99,6 +99,8 @@ def format_report(found: Inspection, shown: str, out: TextIO) -> None:
             if s not in seen or s.startswith("--"):
                 lines.append(_statement(s))
             seen.add(s)
+    elif found.errors:
+        lines.append("-- no SQL to run yet: fix what failed above first")
     else:
         lines.append("-- no SQL to run: the source is set up")
     out.write(redact("\n".join(lines)) + "\n")

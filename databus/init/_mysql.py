@@ -15,7 +15,7 @@ from typing import Any
 
 import pymysql
 
-from databus.errors import DatabusError
+from databus.errors import DatabusError, SourceMisconfiguredError
 from databus.fetchers._api import FetcherContext
 from databus.fetchers.mysql._dump import MysqlDumpSource, setup_statements
 from databus.fetchers.mysql._select import quote
@@ -68,6 +68,10 @@ def inspect_mysql(uri: str) -> Inspection:
     try:
         conn = connect(config, "logging in")
     except DatabusError as exc:
+        if not isinstance(exc, SourceMisconfiguredError):  # not there: nothing to run
+            found.error("login", str(exc), "start the server, or correct the URI's host "
+                        "and port")
+            return found
         found.error("login", str(exc), f"create the user, or correct the URI: CREATE "
                     f"USER {account} IDENTIFIED BY '...'")
         found.sql.append(f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY '<password>'")

@@ -14,7 +14,7 @@ import dataclasses
 
 import psycopg2
 
-from databus.errors import DatabusError
+from databus.errors import DatabusError, SourceMisconfiguredError
 from databus.fetchers.postgres._setup import (
     WATERMARK_SCHEMA,
     WATERMARK_TABLE,
@@ -48,6 +48,10 @@ def inspect_postgres(uri: str, *, replica_identity_full: bool = False) -> Inspec
     try:
         conn = connect(source)
     except DatabusError as exc:
+        if not isinstance(exc, SourceMisconfiguredError):  # not there: nothing to run
+            found.error("login", str(exc), "start the server, or correct the URI's host "
+                        "and port")
+            return found
         found.error("login", str(exc), "create the role, or correct the URI: CREATE ROLE "
                     f"{role} LOGIN REPLICATION PASSWORD '...'")
         found.sql.append(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '<password>'")
