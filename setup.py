@@ -1,14 +1,19 @@
 """The compiled twins: databus.batch (Cython, linked with the machine's zlib) and the
 PostgreSQL logical fetcher's fast path (databus.fetchers.postgres._transcode_native).
 
-Everything else about the package is in pyproject.toml. The extension is optional: on
+The package list is made here from pyproject.toml's package-dir: every folder with an
+``__init__.py`` under its roots (so a new subpackage cannot be left out of the wheel),
+plus ``databus.docs`` (docs/, data only). Everything else about the package is in
+pyproject.toml. The extension is optional: on
 a machine without a C compiler, zlib headers or Cython the build says so in one
 warning line and the package runs on the pure-Python twin (databus.batch._python).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tomllib
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -79,4 +84,26 @@ def _extensions() -> list[Extension]:
     return list(cythonize(exts, language_level=3, quiet=True))
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+# Packages without an __init__.py that ship data only.
+DATA_PACKAGES = ("databus.docs",)
+
+
+def _packages() -> list[str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "pyproject.toml"), "rb") as f:
+        roots = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    found = set(DATA_PACKAGES)
+    for name, folder in roots.items():
+        top = os.path.join(here, folder)
+        for path, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+            if "__init__.py" not in files:
+                dirs[:] = []  # not a package: neither are its folders
+                continue
+            rel = os.path.relpath(path, top)
+            found.add(name if rel == "." else name + "." + rel.replace(os.sep, "."))
+    return sorted(found)
+
+
+setup(packages=_packages(), ext_modules=_extensions(),
+      cmdclass={"build_ext": OptionalBuildExt})
