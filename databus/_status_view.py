@@ -102,6 +102,7 @@ __all__ = [
     "DOCUMENT_VERSION",
     "Answer",
     "Styled",
+    "add_service_args",
     "bootstrap_entry",
     "bootstrap_rows",
     "buffer_rows",
@@ -509,13 +510,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "named and show buffers, fetchers, consumers, bootstrap services and "
         "replicators. Exit status 0 when every service answered and everything it shows "
         "is ready, 1 when any is down or anything is not ready (docs/operations.md).")
-    parser.add_argument("--relay", nargs="+", action="extend", default=[], metavar="URL",
-                        help="relay URL(s), e.g. http://127.0.0.1:11190")
-    parser.add_argument("--bootstrap", nargs="+", action="extend", default=[],
-                        metavar="URL", help="bootstrap service URL(s)")
-    parser.add_argument("--replicator", nargs="+", action="extend", default=[],
-                        metavar="URL", help="replicator status server URL(s) "
-                        "(replicate.metrics_port)")
+    add_service_args(parser)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true",
                       help="print one JSON document (stable keys) and exit")
@@ -527,13 +522,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "than the terminal)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         metavar="SECONDS", help="per request (default %(default)g)")
+    parser.set_defaults(handler=run)
+
+
+def add_service_args(parser: argparse.ArgumentParser) -> None:
+    """The services a view shows (``databus status``, ``databus dashboard``): relays,
+    bootstrap services, replicators, ZooKeeper, and the client credentials."""
+    from databus._status_topology import add_topology_args
     from databus.security._client_tools import add_client_args
 
+    parser.add_argument("--relay", nargs="+", action="extend", default=[], metavar="URL",
+                        help="relay URL(s), e.g. http://127.0.0.1:11190")
+    parser.add_argument("--bootstrap", nargs="+", action="extend", default=[],
+                        metavar="URL", help="bootstrap service URL(s)")
+    parser.add_argument("--replicator", nargs="+", action="extend", default=[],
+                        metavar="URL", help="replicator status server URL(s) "
+                        "(replicate.metrics_port)")
     add_client_args(parser)
-    from databus._status_topology import add_topology_args
-
     add_topology_args(parser)
-    parser.set_defaults(handler=run)
 
 
 # --wide: the tables are laid out for this many columns (everything fits: nothing is

@@ -38,13 +38,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(readiness, buffers, fetchers, consumers, dumps, bootstrap services, replicators) "
         "and, with --zookeeper, the relay and bootstrap clusters and the consumer groups, "
         "with sparklines of the last minutes (docs/operations.md, \"Dashboard\").")
-    parser.add_argument("--relay", nargs="+", action="extend", default=[], metavar="URL",
-                        help="relay URL(s), e.g. http://127.0.0.1:11190")
-    parser.add_argument("--bootstrap", nargs="+", action="extend", default=[],
-                        metavar="URL", help="bootstrap service URL(s)")
-    parser.add_argument("--replicator", nargs="+", action="extend", default=[],
-                        metavar="URL", help="replicator status server URL(s) "
-                        "(replicate.metrics_port)")
+    from databus._status_view import add_service_args
+
+    add_service_args(parser)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to serve on (default %(default)s)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
@@ -55,11 +51,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="per request to a service (default %(default)g)")
     parser.add_argument("--history", type=float, default=600.0, metavar="SECONDS",
                         help="how far back the sparklines go (default %(default)g)")
-    from databus._status_topology import add_topology_args
-    from databus.security._client_tools import add_client_args
-
-    add_topology_args(parser)
-    add_client_args(parser)
     parser.set_defaults(handler=run)
 
 
