@@ -109,7 +109,8 @@ class Sampler:
 
         async with self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(newer), wait_s)
+                async with asyncio.timeout(wait_s):
+                    await self._changed.wait_for(newer)
             return self.latest
 
     def healthy(self) -> tuple[bool, float | None]:
