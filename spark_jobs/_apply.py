@@ -99,7 +99,7 @@ class ApplyResult:
     rows: int
 
 
-def _local(path: str | os.PathLike[str]) -> Path:
+def local_path(path: str | os.PathLike[str]) -> Path:
     text = os.fspath(path)
     if text.startswith("file://"):
         text = text[len("file://"):]
@@ -112,7 +112,7 @@ def _local(path: str | os.PathLike[str]) -> Path:
 
 def read_commit(path: str | os.PathLike[str]) -> Commit | None:
     """The published commit of the table at ``path``, None when nothing is published."""
-    file = _local(path) / COMMIT_DIR / COMMIT_FILE
+    file = local_path(path) / COMMIT_DIR / COMMIT_FILE
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -134,7 +134,7 @@ def read_table(spark: SparkSession, path: str | os.PathLike[str]) -> DataFrame:
     commit = read_commit(path)
     if commit is None:
         return spark.createDataFrame([], T.StructType([]))
-    return _read_version(spark, _local(path), commit)
+    return _read_version(spark, local_path(path), commit)
 
 
 def _read_version(spark: SparkSession, root: Path, commit: Commit) -> DataFrame:
@@ -192,7 +192,7 @@ def apply_changes(batch_df: DataFrame, batch_id: int, path: str | os.PathLike[st
     """Apply one micro-batch to the table at ``path`` as the latest state per key (see
     the module docstring), exactly once per ``batch_id``. ``before_publish`` is called
     with the written version's directory before it is published (tests crash there)."""
-    root = _local(path)
+    root = local_path(path)
     commit = read_commit(root)
     query_id = _batch_query_id(batch_df.sparkSession)
     if commit is not None:
@@ -279,7 +279,7 @@ def foreach_batch(path: str | os.PathLike[str], *,
                   key_columns: Sequence[str] = ("source", "key")
                   ) -> Callable[[DataFrame, int], None]:
     """The function for ``writeStream.foreachBatch``: ``apply_changes`` to ``path``."""
-    _local(path)  # a wrong path fails when the query is set up, not at its first batch
+    local_path(path)  # a wrong path fails when the query is set up, not at its first batch
 
     def apply(batch_df: DataFrame, batch_id: int) -> None:
         apply_changes(batch_df, batch_id, path, key_columns=key_columns)

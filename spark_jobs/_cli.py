@@ -31,7 +31,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     spark = subparsers.add_parser(
-        "spark", help="PySpark jobs on the bootstrap store: compact, seed, export",
+        "spark", help="PySpark jobs: compact, seed, export the bootstrap store; stream to Parquet",
         description="Spark jobs on the PostgreSQL bootstrap store (docs/spark.md).")
     jobs = spark.add_subparsers(dest="job", metavar="JOB")
     for name, (add, _, text) in _JOBS.items():
@@ -39,6 +39,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         _common_arguments(parser)
         add(parser)
         parser.set_defaults(handler=_handler(name))
+    from databus.spark_jobs._stream_cli import add_stream
+
+    add_stream(jobs)
+
     def usage(args: argparse.Namespace) -> int:
         spark.print_help()
         return 2

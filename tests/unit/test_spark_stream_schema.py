@@ -350,5 +350,5 @@ def test_incompatible_changes_raise_one_clear_error(new: dict[str, Any], column:
 
 
 def test_source_name_can_be_given() -> None:
-    with pytest.raises(IncompatibleSchemaChange, match="source db1.orders:"):
+    with pytest.raises(IncompatibleSchemaChange, match=r"source db1\.orders:"):
         check_evolution(BASE, changed("n", "string"), source="db1.orders")
