@@ -137,7 +137,9 @@ def test_a_crash_before_publishing_leaves_the_previous_state(spark: SparkSession
     # The retried batch applies once; the stray version is gone.
     assert apply_changes(typed(spark, batch), 1, table).applied
     assert state(spark, table) == {"k": 2}
-    assert not written[0].exists() or written[0].name == read_commit(table).dir  # type: ignore[union-attr]
+    published = read_commit(table)
+    assert published is not None and published.batch_id == 1
+    assert not written[0].exists() or written[0].name == published.dir
     apply_changes(typed(spark, [(3, 0, "upsert", "k", 3)]), 2, table)
     apply_changes(typed(spark, [(4, 0, "upsert", "k", 4)]), 3, table)
     versions = sorted(p.name for p in table.iterdir() if p.name != COMMIT_DIR)
