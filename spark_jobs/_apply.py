@@ -204,23 +204,23 @@ def apply_changes(batch_df: DataFrame, batch_id: int, path: str | os.PathLike[st
         if batch_id <= commit.batch_id:
             return ApplyResult(batch_id, False, commit.version, commit.rows)
     _remove_unpublished(root, commit)
-    if commit is not None and batch_df.isEmpty():
-        # Nothing changes: the same version, now standing for this batch id too.
-        _publish(root, Commit(version=commit.version, dir=commit.dir, batch_id=batch_id,
-                              rows=commit.rows, schema=commit.schema,
-                              query_id=query_id or commit.query_id))
-        return ApplyResult(batch_id, True, commit.version, commit.rows)
     version = 1 if commit is None else commit.version + 1
     name = f"v{version:010d}-b{batch_id}"
     target = root / name
-    batch_df.persist()
+    spark = batch_df.sparkSession
+    batch_df.persist()  # read once: a batch of the databus source is read from a relay
     try:
-        state = None if commit is None else _read_version(batch_df.sparkSession, root, commit)
+        if commit is not None and batch_df.isEmpty():
+            # Nothing changes: the same version, now standing for this batch id too.
+            _publish(root, Commit(version=commit.version, dir=commit.dir,
+                                  batch_id=batch_id, rows=commit.rows, schema=commit.schema,
+                                  query_id=query_id or commit.query_id))
+            return ApplyResult(batch_id, True, commit.version, commit.rows)
+        state = None if commit is None else _read_version(spark, root, commit)
         new_state = merge_state(state, batch_df, list(key_columns))
         new_state.write.mode("overwrite").parquet(str(target))
-        written = batch_df.sparkSession.read.parquet(str(target))
-        rows = written.count()
         schema = new_state.schema.json()
+        rows = spark.read.schema(new_state.schema).parquet(str(target)).count()
     finally:
         batch_df.unpersist()
     if before_publish is not None:
