@@ -48,7 +48,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from databus.errors import SchemaError
-from databus.schemas import fingerprint
+from databus.schemas import Schema, fingerprint
 from databus.spark_jobs._arrow_avro import Column, record_columns
 from databus.spark_jobs._arrow_avro import _same as _export_same
 
@@ -200,7 +200,21 @@ _PLANS: dict[int, tuple[Mapping[str, Any], _Plan]] = {}
 _MAX_PLANS = 256
 
 
-def _cached_plan(avro_schema: Mapping[str, Any]) -> _Plan:
+AvroRecord = Mapping[str, Any] | Schema
+"""A record schema as parsed JSON, or a ``Schema`` (its ``schema``)."""
+
+
+def _json(avro_schema: AvroRecord) -> Mapping[str, Any]:
+    if isinstance(avro_schema, Schema):
+        raw = avro_schema.schema
+        if not isinstance(raw, Mapping):
+            raise SchemaError(f"schema {avro_schema.name} is not a record")
+        return raw
+    return avro_schema
+
+
+def _cached_plan(avro_schema: AvroRecord) -> _Plan:
+    avro_schema = _json(avro_schema)
     entry = _PLANS.get(id(avro_schema))
     if entry is not None and entry[0] is avro_schema:
         return entry[1]
@@ -211,7 +225,7 @@ def _cached_plan(avro_schema: Mapping[str, Any]) -> _Plan:
     return plan
 
 
-def spark_schema(avro_schema: Mapping[str, Any]) -> Any:
+def spark_schema(avro_schema: AvroRecord) -> Any:
     """The ``StructType`` of the value columns of an Avro record schema (see the module
     docstring); every field nullable."""
     return _cached_plan(avro_schema).struct
@@ -220,12 +234,12 @@ def spark_schema(avro_schema: Mapping[str, Any]) -> Any:
 RowConverter = Callable[[Mapping[str, Any] | None], tuple[Any, ...]]
 
 
-def row_converter(avro_schema: Mapping[str, Any]) -> RowConverter:
+def row_converter(avro_schema: AvroRecord) -> RowConverter:
     """``row_values`` of one schema as a function of the value (the hot path)."""
     return _cached_plan(avro_schema).convert
 
 
-def row_values(avro_schema: Mapping[str, Any], value: Mapping[str, Any] | None
+def row_values(avro_schema: AvroRecord, value: Mapping[str, Any] | None
                ) -> tuple[Any, ...]:
     """A decoded Avro record (fastavro's dict; None for a delete without a row) as the
     tuple of Python values Spark takes for ``spark_schema(avro_schema)``. ``value`` may
@@ -265,11 +279,12 @@ def _source_name(avro_schema: Mapping[str, Any]) -> str:
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
-def check_evolution(old_avro: Mapping[str, Any], new_avro: Mapping[str, Any], *,
+def check_evolution(old_avro: AvroRecord, new_avro: AvroRecord, *,
                     source: str | None = None) -> None:
     """Raise ``IncompatibleSchemaChange`` unless values of ``old_avro`` can be read as
     rows of ``spark_schema(new_avro)`` (the module docstring says what passes).
     ``source`` names the source in the message (default: the record's full name)."""
+    old_avro, new_avro = _json(old_avro), _json(new_avro)
     source = source or _source_name(new_avro)
     try:
         prints: tuple[int | None, int | None] = (fingerprint(dict(old_avro)),

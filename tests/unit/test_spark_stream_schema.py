@@ -23,6 +23,7 @@ from databus.errors import DatabusError, SchemaError
 from databus.fetchers.mysql._types import ColumnSpec, Kind, avro_field_type
 from databus.fetchers.postgres._types import PgType, column_mapping, share_named_types
 from databus.fetchers.txlog._schema import field_mapping
+from databus.schemas import Schema
 from databus.spark_jobs.stream._schema import (
     IncompatibleSchemaChange,
     check_evolution,
@@ -352,3 +353,11 @@ def test_incompatible_changes_raise_one_clear_error(new: dict[str, Any], column:
 def test_source_name_can_be_given() -> None:
     with pytest.raises(IncompatibleSchemaChange, match=r"source db1\.orders:"):
         check_evolution(BASE, changed("n", "string"), source="db1.orders")
+
+
+def test_a_schema_object_is_taken_as_its_json() -> None:
+    schema = Schema(record(("a", "long"), ("b", ["null", "string"])))
+    assert spark_schema(schema) == spark_schema(schema.schema)
+    assert row_values(schema, {"a": 1}) == (1, None)  # written before b was added
+    with pytest.raises(IncompatibleSchemaChange, match=r"'a' was removed"):
+        check_evolution(schema, Schema(record(("b", ["null", "string"]))))
