@@ -206,11 +206,11 @@ def test_foreach_batch_in_a_query_restarted_from_its_checkpoint(
     second = read_commit(table)
     assert first is not None and second is not None
     assert second.batch_id == first.batch_id + 1
-    if second.query_id is not None:  # Spark told the batch its query's id
-        assert second.query_id == first.query_id
-        with pytest.raises(Exception, match=r"written by streaming query"):
-            run(tmp_path / "other-cp")
-        assert state(spark, table) == {"b": 2}
+    # Spark tells each batch its query's id, which a restart from the checkpoint keeps.
+    assert second.query_id is not None and second.query_id == first.query_id
+    with pytest.raises(Exception, match=r"written by streaming query"):
+        run(tmp_path / "other-cp")
+    assert state(spark, table) == {"b": 2}
 
 
 # -- a reference fold ---------------------------------------------------------------
