@@ -174,6 +174,33 @@ def test_new_nullable_columns_and_wider_types(spark: SparkSession, tmp_path: Pat
         "a": (1, None), "b": (2**40, "x")}
 
 
+def test_value_columns_of_every_spark_type(spark: SparkSession, tmp_path: Path) -> None:
+    """Typed rows of a source's schema (spark_schema): arrays, maps, structs, binary,
+    decimals, dates and the ``__str`` column travel through the merge unchanged."""
+    from decimal import Decimal
+
+    table = tmp_path / "t"
+    schema = (f"{META}, tags array<string>, attrs map<string,bigint>, blob binary, "
+              "price decimal(12,2), day date, day__str string, dims struct<w:float,h:double>")
+
+    def row(scn: int, op: str, key: str, tag: str) -> tuple[Any, ...]:
+        if op == "delete":
+            return (scn, "s", op, key, T0, False, 0, 0, *([None] * 7))
+        return (scn, "s", op, key, T0, False, 0, 0, [tag, "x"], {tag: scn}, tag.encode(),
+                Decimal(f"{scn}.25"), dt.date(2020, 1, scn), None, (1.5, float(scn)))
+
+    apply_changes(spark.createDataFrame([row(1, "upsert", "a", "p"), row(1, "upsert", "b", "q"),
+                                         row(2, "upsert", "a", "r")], schema), 0, table)
+    apply_changes(spark.createDataFrame([row(3, "delete", "b", ""), row(4, "upsert", "c", "s")],
+                                        schema), 1, table)
+    got = {r["key"]: r for r in read_table(spark, table).collect()}
+    assert sorted(got) == ["a", "c"]
+    a = got["a"]
+    assert (a["tags"], a["attrs"], bytes(a["blob"]), a["price"], a["day"], a["day__str"],
+            tuple(a["dims"])) == (["r", "x"], {"r": 2}, b"r", Decimal("2.25"),
+                                  dt.date(2020, 1, 2), None, (1.5, 2.0))
+
+
 def test_foreach_batch_in_a_query_restarted_from_its_checkpoint(
         spark: SparkSession, tmp_path: Path) -> None:
     """A real streaming query (a file source): restarted from its checkpoint it applies
