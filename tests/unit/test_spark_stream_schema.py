@@ -361,3 +361,13 @@ def test_a_schema_object_is_taken_as_its_json() -> None:
     assert row_values(schema, {"a": 1}) == (1, None)  # written before b was added
     with pytest.raises(IncompatibleSchemaChange, match=r"'a' was removed"):
         check_evolution(schema, Schema(record(("b", ["null", "string"]))))
+
+
+def test_fields_a_newer_writer_added_are_left_out() -> None:
+    """A query keeps the columns it started with: a value of a newer version (an added
+    column) converts to those columns; it gets the new one once re-planned."""
+    old = record(("a", "long"))
+    new = record(("a", "long"), ("b", ["null", "string"]))
+    check_evolution(old, new)
+    assert spark_schema(old) != spark_schema(new)  # what tells a source to re-plan
+    assert row_values(old, round_trip(new, {"a": 1, "b": "x"})) == (1,)
