@@ -371,3 +371,9 @@ def test_fields_a_newer_writer_added_are_left_out() -> None:
     check_evolution(old, new)
     assert spark_schema(old) != spark_schema(new)  # what tells a source to re-plan
     assert row_values(old, round_trip(new, {"a": 1, "b": "x"})) == (1,)
+
+
+def test_json_text_of_times_is_iso() -> None:
+    when = dt.datetime(2020, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert json_text({"t": when, "h": dt.time(1, 2)}) == \
+        '{"t":"2020-01-02T03:04:05+00:00","h":"01:02:00"}'
