@@ -149,6 +149,48 @@ def test_a_crash_before_publishing_leaves_the_previous_state(spark: SparkSession
     assert sorted(p.name for p in (table / COMMIT_DIR).iterdir()) == [COMMIT_FILE]
 
 
+KILLED_CHILD = """
+import os, signal, sys
+from pyspark.sql import SparkSession
+from databus.spark_jobs._apply import apply_changes
+table, local = sys.argv[1], sys.argv[2]
+spark = (SparkSession.builder.master("local[1]").appName("killed-apply")
+         .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.local.dir", local)
+         .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+rows = [(2, "s", "upsert", "k", None, False, 0, 0, "k@2", 2),
+        (2, "s", "delete", "j", None, False, 0, 1, None, None)]
+df = spark.createDataFrame(rows, sys.argv[3])
+apply_changes(df, 1, table, before_publish=lambda d: os.kill(os.getpid(), signal.SIGKILL))
+"""
+
+
+def test_a_writer_killed_before_publishing_changes_nothing(spark: SparkSession,
+                                                          tmp_path: Path) -> None:
+    """A driver killed (SIGKILL: no finally, no cleanup) between writing a version and
+    publishing it: the table still reads the previous state, the retry applies once."""
+    import os
+    import subprocess
+    import sys
+
+    table = tmp_path / "t"
+    apply_changes(typed(spark, [(1, 0, "upsert", "k", 1), (1, 1, "upsert", "j", 1)]), 0,
+                  table)
+    before = read_commit(table)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    child = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(table),
+                            str(tmp_path / "local"), TYPED], env=env, capture_output=True,
+                           timeout=300, check=False)
+    assert child.returncode == -9, child.stderr.decode(errors="replace")[-2000:]
+    assert (table / "v0000000002-b1").is_dir()  # written, not published
+    assert read_commit(table) == before
+    assert state(spark, table) == {"k": 1, "j": 1}
+    assert apply_changes(typed(spark, [(2, 0, "upsert", "k", 2), (2, 1, "delete", "j", 0)]),
+                         1, table).applied
+    assert not apply_changes(typed(spark, [(2, 0, "upsert", "k", 2)]), 1, table).applied
+    assert state(spark, table) == {"k": 2}
+
+
 def test_a_killed_writer_leaves_a_stray_version_that_is_ignored(
         spark: SparkSession, tmp_path: Path) -> None:
     table = tmp_path / "t"
