@@ -32,7 +32,8 @@ Handler = Callable[[argparse.Namespace], int]
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     spark = subparsers.add_parser(
         "spark", help="PySpark jobs: compact, seed, export the bootstrap store; stream to Parquet",
-        description="Spark jobs on the PostgreSQL bootstrap store (docs/spark.md).")
+        description="Spark jobs on the PostgreSQL bootstrap store, and a streaming query "
+                    "into a Parquet table (docs/spark.md).")
     jobs = spark.add_subparsers(dest="job", metavar="JOB")
     for name, (add, _, text) in _JOBS.items():
         parser = jobs.add_parser(name, help=text, description=text)
