@@ -161,7 +161,7 @@ def _latest(df: DataFrame, keys: Sequence[str]) -> DataFrame:
     order = F.struct(*(F.col(c) for c in (*ORDER_COLUMNS, "_from_batch")))
     return (df.groupBy(*keys)
             .agg(F.max_by(F.struct(*(F.col(c) for c in columns)), order).alias("_row"))
-            .select(*(F.col(f"_row.{c}").alias(c) for c in columns)))
+            .select(*(F.col("_row").getField(c).alias(c) for c in columns)))
 
 
 def merge_state(state: DataFrame | None, batch: DataFrame, keys: Sequence[str]
