@@ -8,8 +8,24 @@ DataFrame functions (``latest_per_key``, ``encode_mysql_dump``, ``encode_parquet
 ``databus spark compact|seed|export`` is the command line. The runners are not
 re-exported here, where their names would hide their modules. PySpark is imported
 lazily: importing this package does not need it.
+
+``register(spark)`` makes the ``databus`` streaming source (``stream``) known to a
+session: ``spark.readStream.format("databus")``.
 """
 
 from databus.spark_jobs._common import JobRefused, JobSummary, SparkJobError
 
-__all__ = ["JobRefused", "JobSummary", "SparkJobError"]
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def register(spark: "SparkSession") -> None:
+    """Register the ``databus`` data source (``databus.spark_jobs.stream``)."""
+    from databus.spark_jobs.stream import register as register_stream
+
+    register_stream(spark)
+
+
+__all__ = ["JobRefused", "JobSummary", "SparkJobError", "register"]

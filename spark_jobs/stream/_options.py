@@ -15,6 +15,7 @@ option; values are never echoed for the credential options (``token``, ``keyFile
 | `startingScn` | start after this window SCN instead |
 | `caFile`, `certFile`, `keyFile`, `token` | TLS and the reader token |
 | `scn` | batch reads only: the snapshot must be at least this new |
+| `relayTimeout` | seconds (default 30) without a valid relay answer before the query fails |
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class SourceOptions:
     key_file: str | None
     token: str | None
     scn: int | None
+    relay_timeout: float = 30.0
 
     def client_kwargs(self) -> dict[str, Any]:
         """What every ``DatabusClient`` of the query is given (relays, credentials)."""
@@ -61,7 +63,8 @@ class SourceOptions:
 
 
 _KNOWN = {"relays", "zookeeper", "cluster", "bootstrap", "sources", "partitions",
-          "starting", "startingscn", "cafile", "certfile", "keyfile", "token", "scn"}
+          "starting", "startingscn", "cafile", "certfile", "keyfile", "token", "scn",
+          "relaytimeout"}
 # Spark passes some options of its own to every source (``path`` for load(path)).
 _SPARK_OWN = {"path"}
 
@@ -88,7 +91,7 @@ def _int(options: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def parse(raw: Mapping[str, str], *, streaming: bool = True) -> SourceOptions:
+def parse(raw: Mapping[str, str], *, streaming: bool | None = True) -> SourceOptions:
     """Check the options Spark passes (names case-insensitive, as Spark treats them)."""
     options = {k.lower(): v for k, v in raw.items()}
     unknown = sorted(set(options) - _KNOWN - _SPARK_OWN)
@@ -96,18 +99,17 @@ def parse(raw: Mapping[str, str], *, streaming: bool = True) -> SourceOptions:
         raise OptionError(f"unknown option(s) of the databus source: {', '.join(unknown)} "
                           f"(known: relays, zookeeper, cluster, bootstrap, sources, "
                           "partitions, starting, startingScn, caFile, certFile, keyFile, "
-                          "token, scn)")
+                          "token, scn, relayTimeout)")
     relays = _urls(options.get("relays", ""), "relays")
     zookeeper = options.get("zookeeper") or None
     cluster = options.get("cluster") or None
     bootstrap = _urls(options.get("bootstrap", ""), "bootstrap")
-    if streaming:
-        if relays and (zookeeper or cluster):
-            raise OptionError("give either relays or zookeeper and cluster, not both")
-        if not relays and not (zookeeper and cluster):
-            raise OptionError("the databus source needs relays=URL[,URL...] (or "
-                              "zookeeper and cluster, to find them)")
-    elif not bootstrap:
+    if relays and (zookeeper or cluster):
+        raise OptionError("give either relays or zookeeper and cluster, not both")
+    if not relays and not (zookeeper and cluster):
+        raise OptionError("the databus source needs relays=URL[,URL...] (or "
+                          "zookeeper and cluster, to find them)")
+    if streaming is False and not bootstrap:
         raise OptionError("a batch read of the databus source needs bootstrap=URL[,URL...]")
     sources = tuple(s.strip() for s in options.get("sources", "").split(",") if s.strip())
     if not sources:
@@ -127,13 +129,14 @@ def parse(raw: Mapping[str, str], *, streaming: bool = True) -> SourceOptions:
     if starting_scn is not None and "starting" in options:
         raise OptionError("give starting or startingScn, not both")
     scn = _int(options, "scn", 0, INT64_MAX)
-    if scn is not None and streaming:
+    if scn is not None and streaming is True:
         raise OptionError("option scn is for batch reads (spark.read) only")
     files = {}
     for name in ("caFile", "certFile", "keyFile"):
         value = options.get(name.lower())
         files[name] = value.strip() if value and value.strip() else None
     token = options.get("token") or None
+    relay_timeout = _int(options, "relayTimeout", 1, 24 * 3600) or 30
     return SourceOptions(relays, zookeeper, cluster, bootstrap, sources, partitions,
                          starting, starting_scn, files["caFile"], files["certFile"],
-                         files["keyFile"], token, scn)
+                         files["keyFile"], token, scn, float(relay_timeout))
