@@ -136,3 +136,44 @@ def test_two_partitions_split_keys_and_a_changed_count_is_refused(
 
         with pytest.raises(StreamingQueryException, match="partitions=2.*partitions=3"):
             run_query(databus_spark, tmp_path / "cp", {**options, "partitions": 3})
+
+
+# -- the bootstrap: relay B has dropped the stream's start, the bootstrap service holds
+# the state at BOOT_SCN (tests/unit/test_client_bootstrap.py's pipeline) ------------
+
+
+def fold(rows: list[Row], state: dict[tuple[str, object], int] | None = None
+         ) -> dict[tuple[str, object], int]:
+    """Latest state per key, applying the rows in the order they came (each key's rows
+    are in one partition, in commit order)."""
+    out = dict(state or {})
+    for r in rows:
+        key = (r.source, json.loads(r.key))
+        if r.op == "delete":
+            out.pop(key, None)
+        else:
+            out[key] = json.loads(r.value)["seq"]
+    return out
+
+
+def test_no_offset_catches_up_from_the_bootstrap_and_a_fallen_partition_too(
+        databus_spark: SparkSession, tmp_path: Path) -> None:
+    from tests.unit.test_client_bootstrap import LAST_SCN, SOURCES, pipeline, source_state
+
+    with ServerThread(pipeline(tmp_path)) as servers:
+        p = servers.value
+        expected = servers.call(source_state(p, LAST_SCN)).rows
+        options = {"relays": p.b.url, "bootstrap": p.boot, "sources": ",".join(SOURCES),
+                   "partitions": 2}
+        rows = run_query(databus_spark, tmp_path / "cp", options)
+        assert fold(rows) == expected
+        snapshot = [r for r in rows if r.from_snapshot]
+        assert snapshot and {r.partition for r in snapshot} == {0, 1}
+        assert any(not r.from_snapshot for r in rows)  # then the relay
+        assert max(r.scn for r in rows) == LAST_SCN
+        # Started after window 50, which relay B no longer holds: each partition gets
+        # the bootstrap's delta since 50, then the relay.
+        at_50 = servers.call(source_state(p, 50)).rows
+        late = run_query(databus_spark, tmp_path / "cp50", {**options, "startingScn": 50})
+        assert fold(late, at_50) == expected
+        assert any(r.from_snapshot for r in late)  # through the bootstrap service
