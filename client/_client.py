@@ -120,6 +120,13 @@ class DatabusClient:
     to ``https://`` relays and bootstrap services with readers (docs/security.md):
     the CA their certificates are verified against (default: the system's), a client
     certificate for mutual TLS, and a reader token.
+
+    ``stop_at_scn`` makes ``run``/``windows`` end on their own once the client's
+    position is an online checkpoint at or past that SCN (a read of a bounded range:
+    the Spark source's input partitions). Nothing after the window that reaches it is
+    delivered; windows whose events were all filtered out count too, since the relay
+    still sends their end. It needs a checkpoint after every window
+    (``checkpoint_every=1``) and consumers that do not answer ``SKIP_CHECKPOINT``.
     """
 
     def __init__(
@@ -154,6 +161,7 @@ class DatabusClient:
         cert_file: str | os.PathLike[str] | None = None,
         key_file: str | os.PathLike[str] | None = None,
         token: str | None = None,
+        stop_at_scn: int | None = None,
     ) -> None:
         # Relay discovery (docs/clusters.md, "Discovery"): the members of a relay
         # cluster on ZooKeeper instead of a list of URLs.
@@ -211,6 +219,18 @@ class DatabusClient:
             for name_, s in (reader_schemas or {}).items()
         }
         self.checkpoint_every = checkpoint_every
+        if stop_at_scn is not None:
+            if type(stop_at_scn) is not int or stop_at_scn < 0:
+                raise ValueError("stop_at_scn is an SCN: an int >= 0")
+            if checkpoint_every != 1:
+                raise ValueError("stop_at_scn needs checkpoint_every=1")
+            if group is not None:
+                raise ValueError("stop_at_scn is not for consumer group members")
+        self.stop_at_scn = stop_at_scn
+        # With stop_at_scn: items after the window that reaches it are cut off
+        # (``_submit``); ``_cut_bootstrapping`` follows the bootstrap marks handed on.
+        self._cut = False
+        self._cut_bootstrapping = False
         self.callback_timeout = callback_timeout
         self.retry_budget = retry_budget
         self.parallelism = parallelism
@@ -347,6 +367,10 @@ class DatabusClient:
                 "configure the bootstrap service (DatabusClient(bootstrap=[...])) to finish it"
             )
         committed = checkpoint_scn(stored) if stored is not None else None
+        stop_at = self.stop_at_scn
+        if stop_at is not None and stored is not None and _reaches(stored, stop_at):
+            return  # already there: nothing to read
+        self._cut = self._cut_bootstrapping = False
         start = stored or (Checkpoint.flexible() if self.start_from == "earliest"
                            else Checkpoint.latest())
         if segment is None or not self.metrics.started_at:
@@ -371,6 +395,8 @@ class DatabusClient:
                 metrics.consumer_scn = max(metrics.consumer_scn or 0, outcome.scn)
                 # Straight to the writer: a commit must not wait in the loop's queue.
                 writer.submit(outcome.checkpoint)
+                if stop_at is not None and _reaches(outcome.checkpoint, stop_at):
+                    self.stop()  # thread-safe; nothing after this window was handed on
             else:
                 # A runner thread may outlive the client's loop by one report (the loop
                 # closed while its last batch ran): nothing is waiting for it then.
@@ -737,6 +763,13 @@ class DatabusClient:
         segment = self._segment
         if segment is not None and segment.skip:
             items = segment.skip_items(items)
+        if self.stop_at_scn is not None:
+            if self._cut:  # past the stop: handed on to nobody
+                if taken:
+                    p.budget.release(nbytes)
+                return
+            items, self._cut, self._cut_bootstrapping = _cut_at(
+                items, self.stop_at_scn, self._cut_bootstrapping)
         metrics = self.metrics
         kinds = list(map(type, items))
         metrics.events += operator.countOf(kinds, DataEvent)  # C speed
@@ -793,6 +826,36 @@ class DatabusClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             self._consumers.remove(collector)
+
+
+def _reaches(checkpoint: Checkpoint, stop_at: int) -> bool:
+    """Whether ``checkpoint`` stands after a whole window at or past ``stop_at``."""
+    return (checkpoint.mode is Mode.ONLINE and checkpoint.window_offset < 0
+            and checkpoint.window_scn >= stop_at)
+
+
+def _cut_at(items: list[Item], stop_at: int, bootstrapping: bool
+            ) -> tuple[list[Item], bool, bool]:
+    """``items`` up to the end of the window whose checkpoint reaches ``stop_at`` (and
+    the bootstrap's end mark right after it); whether it was there; whether the items
+    handed on leave a bootstrap open. A bootstrap window's end counts only with the
+    checkpoint it carries (its SCN alone is the snapshot's, not a position)."""
+    for i, item in enumerate(items):
+        if isinstance(item, BootstrapMark):
+            bootstrapping = not item.end
+        elif isinstance(item, EndOfWindow):
+            checkpoint = item.checkpoint
+            if checkpoint is None:
+                if bootstrapping:
+                    continue
+                checkpoint = Checkpoint(item.scn)
+            if _reaches(checkpoint, stop_at):
+                end = i + 1
+                while end < len(items) and isinstance(items[end], BootstrapMark):
+                    bootstrapping = not cast(BootstrapMark, items[end]).end
+                    end += 1
+                return items[:end], True, bootstrapping
+    return items, False, bootstrapping
 
 
 def _only_catchup(sent: Checkpoint, got: Checkpoint) -> bool:

@@ -10,10 +10,26 @@ DataFrame functions (``latest_per_key``, ``encode_mysql_dump``, ``encode_parquet
 a streaming query's micro-batches (``databus spark stream``). The runners are not
 re-exported here, where their names would hide their modules. PySpark is imported
 lazily: importing this package does not need it.
+
+``register(spark)`` makes the ``databus`` streaming source (``stream``) known to a
+session: ``spark.readStream.format("databus")``.
 """
+
+from typing import TYPE_CHECKING
 
 from databus.spark_jobs._apply import apply_changes, foreach_batch, read_table
 from databus.spark_jobs._common import JobRefused, JobSummary, SparkJobError
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def register(spark: "SparkSession") -> None:
+    """Register the ``databus`` data source (``databus.spark_jobs.stream``)."""
+    from databus.spark_jobs.stream import register as register_stream
+
+    register_stream(spark)
+
+
 __all__ = ["JobRefused", "JobSummary", "SparkJobError", "apply_changes", "foreach_batch",
-           "read_table"]
+           "read_table", "register"]

@@ -1,0 +1,150 @@
+"""One input partition's read (runs on an executor; I/O): mod bucket ``i`` of ``P``
+from its start checkpoint up to and including window N, through ``DatabusClient``.
+
+The client does all the work and all the checks of any consumer: CRCs and whole
+windows, failover between relays, the bootstrap (snapshot, then catch-up, with the same
+filter) when the partition has read nothing yet or its checkpoint fell off the relays.
+``stop_at_scn=N`` ends it once its position is after window N; windows with no event of
+this bucket move that position too (the relay sends their ends).
+
+The client runs on its own thread and event loop; whole windows reach the generator
+through a small queue, so memory holds a few windows, not the micro-batch. A rollback
+after rows were handed to Spark (a window found bad after it was delivered, which the
+client then replays) fails the task instead of repeating those rows: Spark runs the task
+again from the same start checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from databus.checkpoint import Checkpoint
+from databus.client import CallbackResult, Consumer, DatabusClient, MemoryCheckpointStore
+from databus.client._events import Window
+from databus.errors import DatabusError
+from databus.spark_jobs.stream._options import SourceOptions
+from databus.spark_jobs.stream._rows import ValueColumns, window_rows
+
+_DONE = object()
+
+
+class PartitionReadError(DatabusError):
+    """A partition's read failed (the message says which and why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRead:
+    """What one task reads: picklable (an ``InputPartition``'s value)."""
+
+    partition: int
+    partitions: int
+    start: dict[str, Any]  # checkpoint JSON
+    stop_at_scn: int
+    avro_schema: dict[str, Any] | None  # one source: decode with it (typed columns)
+
+
+class _Collector(Consumer):
+    def __init__(self, read: PartitionRead, value_columns: ValueColumns | None,
+                 out: queue.Queue[object]) -> None:
+        self.read = read
+        self.value_columns = value_columns
+        self.out = out
+        self.handed = False
+        self.windows = 0
+        self.error: PartitionReadError | None = None
+
+    def on_window(self, window: Window) -> CallbackResult | None:
+        self.windows += 1
+        if window.events:
+            self.out.put(window_rows(window.events, self.read.partition, self.value_columns))
+            self.handed = True
+        return None
+
+    def on_rollback(self, scn: int) -> CallbackResult | None:
+        if self.handed:
+            self.error = PartitionReadError(
+                f"partition {self.read.partition}: the client rolled back to SCN {scn} "
+                "after rows were handed to Spark; failing the task (it is read again "
+                "from its start checkpoint)")
+            return CallbackResult.ERROR_FATAL
+        return None
+
+
+def _client(opts: SourceOptions, read: PartitionRead) -> DatabusClient:
+    spec = None
+    if read.partitions > 1:
+        spec = {s: {"type": "mod", "n": read.partitions, "buckets": [read.partition]}
+                for s in opts.sources}
+    reader = ({opts.sources[0]: read.avro_schema} if read.avro_schema is not None else None)
+    return DatabusClient(
+        **opts.client_kwargs(), bootstrap=list(opts.bootstrap) or None, filter=spec,
+        checkpoint_store=MemoryCheckpointStore(Checkpoint.from_json(dict(read.start))),
+        stop_at_scn=read.stop_at_scn, reader_schemas=reader,
+        # A slow Spark consumer must not count as a failed callback.
+        callback_timeout=24 * 3600.0, retry_budget=0,
+        name=f"spark-databus-{read.partition}of{read.partitions}",
+        client_id=f"spark-databus-{read.partition}of{read.partitions}")
+
+
+def read_partition(opts: SourceOptions, read: PartitionRead,
+                   value_columns: ValueColumns | None, relay_timeout: float,
+                   make_client: Callable[[SourceOptions, PartitionRead], DatabusClient] = _client,
+                   ) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``read``, window by window."""
+    out: queue.Queue[object] = queue.Queue(maxsize=16)
+    client = make_client(opts, read)
+    collector = _Collector(read, value_columns, out)
+    client.register(collector)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(client.run_async())
+        except BaseException as exc:  # noqa: BLE001 - handed to the task's thread
+            failure.append(exc)
+        finally:
+            out.put(_DONE)
+
+    thread = threading.Thread(target=run, name=f"databus-partition-{read.partition}",
+                              daemon=True)
+    thread.start()
+    last_progress = time.monotonic()
+    seen = (-2, 0, 0)
+    try:
+        while True:
+            try:
+                item = out.get(timeout=1.0)
+            except queue.Empty:
+                m = client.metrics
+                now_seen = (m.committed_scn if m.committed_scn is not None else -2,
+                            collector.windows, m.bootstraps)
+                if now_seen != seen:
+                    seen, last_progress = now_seen, time.monotonic()
+                elif (m.failovers and time.monotonic() - last_progress > relay_timeout):
+                    client.stop()
+                    raise PartitionReadError(
+                        f"partition {read.partition}: no progress in {relay_timeout:.0f} s "
+                        f"while relays failed ({m.failovers} failovers: bad or no answers; "
+                        "the executor's WARNING lines of databus.client say why)")
+                continue
+            if item is _DONE:
+                break
+            last_progress = time.monotonic()
+            yield from item  # type: ignore[misc]
+    finally:
+        client.stop()
+        thread.join(30)
+    if collector.error is not None:
+        raise collector.error
+    if failure:
+        error = failure[0]
+        if isinstance(error, PartitionReadError):
+            raise error
+        raise PartitionReadError(f"partition {read.partition}: {type(error).__name__}: "
+                                 f"{error}") from error

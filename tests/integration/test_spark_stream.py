@@ -1,0 +1,179 @@
+"""The ``databus`` Spark streaming source (spark_jobs/stream) against a real relay on a
+SQLite TxLog source: rows equal the source's changes (every change once, whole windows,
+commit order per key), a restarted query resumes from its checkpoint with nothing lost
+or repeated, partitions split keys by bucket, a changed partition count is refused, a
+relay answering garbage fails the query clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from databus.spark_jobs import register
+from tests.integration.spark_stream_support import ServerThread, captured, run_query
+from tests.relay_harness import relay_config, running_relay
+from tests.unit.test_txlog_support import BUFFER, CapturedWindow, SqliteSource
+from tests.waiting import wait_until
+
+if TYPE_CHECKING:
+    from pyspark.sql import Row, SparkSession
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ITEMS = "shop.items"
+TAGS = "shop.tags"
+DDL = ("CREATE TABLE items (id INTEGER PRIMARY KEY, sku TEXT, qty INTEGER)",
+       "CREATE TABLE tags (name TEXT PRIMARY KEY, n INTEGER)")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> SqliteSource:
+    source = SqliteSource(tmp_path / "shop.db", *DDL)
+    source.install("items,tags")
+    return source
+
+
+@pytest.fixture
+def databus_spark(spark: SparkSession) -> SparkSession:
+    register(spark)
+    return spark
+
+
+def write(db: SqliteSource, first: int, count: int) -> str:
+    """Transactions: inserts, updates (two of one key in one transaction), deletes, on
+    both tables; the last one writes the tag it returns (the TxLog source coalesces a
+    row's changes that it has not read yet, so windows cannot be counted)."""
+    for n in range(first, first + count):
+        db.txn(f"INSERT INTO items (id, sku, qty) VALUES ({n}, 'sku{n}', {n})",
+               f"INSERT OR REPLACE INTO tags (name, n) VALUES ('t{n % 5}', {n})")
+        if n % 3 == 0:
+            db.txn(f"UPDATE items SET qty = qty + 1 WHERE id = {n}",
+                   f"UPDATE items SET qty = qty + 1 WHERE id = {n}",
+                   f"DELETE FROM items WHERE id = {n - 1}")
+    marker = f"end-{first + count}"
+    db.txn(f"INSERT INTO tags (name, n) VALUES ('{marker}', 0)")
+    return marker
+
+
+def changes(windows: list[CapturedWindow], sources: set[str]) -> list[tuple[Any, ...]]:
+    """(scn, source, op, key JSON, seq, row) of every change, in stream order."""
+    out = []
+    for w in windows:
+        seq = 0
+        for c in w.changes:
+            if c.source in sources:
+                out.append((w.scn, c.source, c.op, json.dumps(c.key), seq, c.row))
+                seq += 1
+    return out
+
+
+def wait_captured(relay: ServerThread, marker: str) -> list[CapturedWindow]:
+    def done() -> list[CapturedWindow] | None:
+        windows = captured(relay)
+        keys = {c.key for w in windows for c in w.changes}
+        return windows if marker in keys else None
+
+    return wait_until(done, f"tag {marker} at the relay", 60)
+
+
+def typed(rows: list[Row]) -> list[tuple[Any, ...]]:
+    return [(r.scn, r.source, r.op, r.key, r.seq,
+             None if r.op == "delete" else {"id": r.id, "sku": r.sku, "qty": r.qty})
+            for r in rows]
+
+
+def test_rows_are_the_changes_and_a_restart_resumes(
+        databus_spark: SparkSession, db: SqliteSource, tmp_path: Path) -> None:
+    with ServerThread(running_relay(relay_config(tmp_path, {BUFFER: db.uri("items,tags")}))
+                      ) as relay:
+        url = relay.value.url
+        first = wait_captured(relay, write(db, 1, 9))
+        options = {"relays": url, "sources": ITEMS}
+        rows = run_query(databus_spark, tmp_path / "cp", options)
+        want = changes(first, {ITEMS})
+        # Deletes carry the key only: compare their rows on the meta columns.
+        assert [t[:5] for t in typed(rows)] == [t[:5] for t in want]
+        assert [t for t in typed(rows) if t[2] == "upsert"] == [
+            (*t[:5], {k: t[5][k] for k in ("id", "sku", "qty")}) for t in want
+            if t[2] == "upsert"]
+        assert {r.partition for r in rows} == {0}
+        assert all(r.timestamp is not None and not r.from_snapshot for r in rows)
+        # Stopped, more changes, started again from its checkpoint: only the new ones.
+        everything = wait_captured(relay, write(db, 10, 6))
+        again = run_query(databus_spark, tmp_path / "cp", options)
+        assert [t[:5] for t in typed(again)] == [
+            t[:5] for t in changes(everything[len(first):], {ITEMS})]
+
+
+def test_two_partitions_split_keys_and_a_changed_count_is_refused(
+        databus_spark: SparkSession, db: SqliteSource, tmp_path: Path) -> None:
+    with ServerThread(running_relay(relay_config(tmp_path, {BUFFER: db.uri("items,tags")}))
+                      ) as relay:
+        windows = wait_captured(relay, write(db, 1, 12))
+        options = {"relays": relay.value.url, "sources": f"{ITEMS},{TAGS}", "partitions": 2}
+        rows = run_query(databus_spark, tmp_path / "cp", options)
+        want = changes(windows, {ITEMS, TAGS})
+        got = [(r.scn, r.source, r.op, r.key) for r in rows]
+        # Every change once; per partition in commit order; every key in one partition.
+        assert sorted(got) == sorted(t[:4] for t in want)
+        for p in (0, 1):
+            mine = [(r.scn, r.seq) for r in rows if r.partition == p]
+            assert mine == sorted(mine)
+        by_key: dict[tuple[str, str], set[int]] = {}
+        for r in rows:
+            by_key.setdefault((r.source, r.key), set()).add(r.partition)
+        assert all(len(parts) == 1 for parts in by_key.values())
+        assert {r.partition for r in rows} == {0, 1}
+        ints = [r for r in rows if r.source == ITEMS]
+        assert all(r.partition == abs(int(r.key)) % 2 for r in ints)
+        values = {(r.scn, r.key): json.loads(r.value) for r in rows if r.op == "upsert"}
+        assert all(isinstance(v, dict) for v in values.values())
+        # The same checkpoint with partitions=3: refused, with the reason.
+        from pyspark.errors import StreamingQueryException
+
+        with pytest.raises(StreamingQueryException, match="partitions=2.*partitions=3"):
+            run_query(databus_spark, tmp_path / "cp", {**options, "partitions": 3})
+
+
+# -- the bootstrap: relay B has dropped the stream's start, the bootstrap service holds
+# the state at BOOT_SCN (tests/unit/test_client_bootstrap.py's pipeline) ------------
+
+
+def fold(rows: list[Row], state: dict[tuple[str, object], int] | None = None
+         ) -> dict[tuple[str, object], int]:
+    """Latest state per key, applying the rows in the order they came (each key's rows
+    are in one partition, in commit order)."""
+    out = dict(state or {})
+    for r in rows:
+        key = (r.source, json.loads(r.key))
+        if r.op == "delete":
+            out.pop(key, None)
+        else:
+            out[key] = json.loads(r.value)["seq"]
+    return out
+
+
+def test_no_offset_catches_up_from_the_bootstrap_and_a_fallen_partition_too(
+        databus_spark: SparkSession, tmp_path: Path) -> None:
+    from tests.unit.test_client_bootstrap import LAST_SCN, SOURCES, pipeline, source_state
+
+    with ServerThread(pipeline(tmp_path)) as servers:
+        p = servers.value
+        expected = servers.call(source_state(p, LAST_SCN)).rows
+        options = {"relays": p.b.url, "bootstrap": p.boot, "sources": ",".join(SOURCES),
+                   "partitions": 2}
+        rows = run_query(databus_spark, tmp_path / "cp", options)
+        assert fold(rows) == expected
+        snapshot = [r for r in rows if r.from_snapshot]
+        assert snapshot and {r.partition for r in snapshot} == {0, 1}
+        assert any(not r.from_snapshot for r in rows)  # then the relay
+        assert max(r.scn for r in rows) == LAST_SCN
+        # Started after window 50, which relay B no longer holds: each partition gets
+        # the bootstrap's delta since 50, then the relay.
+        at_50 = servers.call(source_state(p, 50)).rows
+        late = run_query(databus_spark, tmp_path / "cp50", {**options, "startingScn": 50})
+        assert fold(late, at_50) == expected
+        assert any(r.from_snapshot for r in late)  # through the bootstrap service
