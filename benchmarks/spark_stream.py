@@ -1,0 +1,158 @@
+"""The ``databus`` Spark streaming source into a no-op sink, as a ratio of one
+``DatabusClient`` reading the same stream from the same relay, in the same run.
+
+    .venv/bin/python benchmarks/spark_stream.py [--events 200000] [--event-bytes 256]
+        [--events-per-window 20] [--repeat 3] [--partitions 1 2] [--master local[2]]
+
+The relay is a ``databus relay`` process prefilled by the synthetic fetcher (int keys,
+one source, ``--events`` events in windows of ``--events-per-window``; room for all of
+them, so nothing is evicted). Then, alternating in each round so that the machine's
+noise falls on both alike:
+
+- the reference: ``DatabusClient`` (no filter, default options but 4 MiB requests),
+  one ``on_window`` consumer that reads every event's value (decodes it, as the source
+  must to make its typed columns), from the oldest window to the newest;
+- the source: a streaming query ``spark.readStream.format("databus")`` with
+  ``partitions`` P (each partition reads its mod bucket through the relay's filter),
+  a fresh checkpoint, written to ``writeStream.format("noop")``, run until it has read
+  everything (``processAllAvailable``); the rows counted from the query's progress
+  must equal the events. One SparkSession (``--master``, default ``local[2]``) serves
+  every round: its start is not timed, each query's planning is.
+
+The figure per P is the median over the rounds of (source events/s ÷ client events/s of
+the same round). Goal: >= 1.0 with 2 partitions on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _relay_proc import RelayProcess, code_version, loadavg
+
+from databus.client import Consumer, DatabusClient, MemoryCheckpointStore, Window
+
+SOURCE = "synthetic.events"
+
+
+class WindowCounter(Consumer):
+    """Counts events, reading each value; stops the client at window ``target``."""
+
+    def __init__(self, target: int) -> None:
+        self.events = 0
+        self.target = target
+        self.client: DatabusClient | None = None
+
+    def on_window(self, window: Window) -> None:
+        for event in window.events:
+            event.value  # noqa: B018  (decodes it)
+        self.events += len(window.events)
+        if window.scn >= self.target and self.client is not None:
+            self.client.stop()
+
+
+def client_rate(url: str, windows: int, events: int) -> float:
+    counter = WindowCounter(windows)
+    client = DatabusClient([url], sources=[SOURCE], checkpoint_store=MemoryCheckpointStore(),
+                           max_request_bytes=4 << 20, max_buffered_bytes=16 << 20)
+    counter.client = client
+    client.register(counter)
+    start = time.perf_counter()
+    asyncio.run(client.run_async())
+    elapsed = time.perf_counter() - start
+    assert counter.events == events, (counter.events, events)
+    return events / elapsed
+
+
+def spark_rate(spark: object, url: str, partitions: int, events: int, work: Path) -> float:
+    checkpoint = tempfile.mkdtemp(prefix="cp-", dir=work)
+    reader = (spark.readStream.format("databus")  # type: ignore[attr-defined]
+              .option("relays", url).option("sources", SOURCE)
+              .option("partitions", str(partitions)))
+    start = time.perf_counter()
+    query = (reader.load().writeStream.format("noop")
+             .option("checkpointLocation", checkpoint).start())
+    try:
+        query.processAllAvailable()
+        elapsed = time.perf_counter() - start
+        rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
+    finally:
+        query.stop()
+    assert rows == events, f"the query read {rows} rows, the relay holds {events} events"
+    return events / elapsed
+
+
+def session(master: str, work: Path) -> object:
+    from databus.spark_jobs import register
+    from databus.spark_jobs._common import spark_session
+
+    spark, _ = spark_session(master=master, app="databus-bench-spark-stream", jars=[], config={
+        "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1", "spark.sql.shuffle.partitions": "2",
+        "spark.local.dir": str(work / "spark-local"),
+        # One progress entry per batch is kept; a run is a handful of batches.
+        "spark.sql.streaming.numRecentProgressUpdates": "1000"})
+    register(spark)
+    return spark
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--event-bytes", type=int, default=256)
+    parser.add_argument("--events-per-window", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--partitions", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+    windows = args.events // args.events_per_window
+    events = windows * args.events_per_window
+    source = (f"synthetic://?rate=0&keys=100000&event_bytes={args.event_bytes}"
+              f"&events_per_window={args.events_per_window}&limit={windows}&seed=33"
+              f"&source={SOURCE}")
+    capacity = max(64, events * 2 * (args.event_bytes + 200) // (1 << 20) + 16)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    print(f"# spark stream: {events} events of {args.event_bytes} bytes, "
+          f"{args.events_per_window} per window, {args.repeat} rounds, {args.master}, "
+          f"{os.cpu_count()} cores; {code_version(('spark_jobs', 'client', 'relay'))}; "
+          f"{loadavg()} at the start")
+    with tempfile.TemporaryDirectory(prefix="databus-bench-spark-") as tmp:
+        work = Path(tmp)
+        spark = session(args.master, work)
+        try:
+            with RelayProcess(source, capacity) as relay:
+                relay.wait_for_scn(windows)
+                # A first, untimed pass of each: the JVM's and the relay's warm-up.
+                client_rate(relay.url, windows, events)
+                spark_rate(spark, relay.url, max(args.partitions), events, work)
+                clients: list[float] = []
+                ratios: dict[int, list[float]] = {p: [] for p in args.partitions}
+                rates: dict[int, list[float]] = {p: [] for p in args.partitions}
+                for _ in range(args.repeat):
+                    reference = client_rate(relay.url, windows, events)
+                    clients.append(reference)
+                    for p in args.partitions:
+                        rate = spark_rate(spark, relay.url, p, events, work)
+                        rates[p].append(rate)
+                        ratios[p].append(rate / reference)
+        finally:
+            spark.stop()  # type: ignore[attr-defined]
+    print(f"# {loadavg()} at the end")
+    print("| partitions | source, events/s (median) | DatabusClient, events/s (median) "
+          "| ÷ DatabusClient (median of rounds) | rounds |")
+    print("|---:|---:|---:|---:|---|")
+    for p in args.partitions:
+        print(f"| {p} | {statistics.median(rates[p]):,.0f} | {statistics.median(clients):,.0f}"
+              f" | {statistics.median(ratios[p]):.2f} | "
+              + ", ".join(f"{r:.2f}" for r in ratios[p]) + " |")
+
+
+if __name__ == "__main__":
+    main()
