@@ -45,12 +45,13 @@ def table_ddl(name: str) -> str:
 
 
 def _digits(rng: random.Random, groups: int) -> str:
-    """sysbench's ``c`` (11 groups) and ``pad`` (5 groups): ``###########-...``."""
+    """sysbench's ``c`` (10 groups: 119 characters) and ``pad`` (5 groups: 59) of 11
+    digits, joined by ``-``."""
     return "-".join(f"{rng.randrange(10 ** 11):011d}" for _ in range(groups))
 
 
 def row_values(rng: random.Random, row_id: int, rows: int) -> str:
-    return (f"({row_id}, {rng.randint(1, rows)}, '{_digits(rng, 11)}', "
+    return (f"({row_id}, {rng.randint(1, rows)}, '{_digits(rng, 10)}', "
             f"'{_digits(rng, 5)}')")
 
 
@@ -93,7 +94,7 @@ class Writer(threading.Thread):
         table = rng.choice(self.tables)
         pick = rng.randint(1, self.rows)
         out = [f"UPDATE `{table}` SET k = k + 1 WHERE id = {rng.randint(1, self.rows)}",
-               f"UPDATE `{table}` SET c = '{_digits(rng, 11)}' WHERE id = "
+               f"UPDATE `{table}` SET c = '{_digits(rng, 10)}' WHERE id = "
                f"{rng.randint(1, self.rows)}",
                f"DELETE FROM `{table}` WHERE id = {pick}"]
         if rng.random() < 0.1:  # the delete stays; a new row elsewhere

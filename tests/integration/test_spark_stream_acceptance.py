@@ -15,7 +15,8 @@ commit not), and started again from its checkpoint.
 After the writer stops and the query has committed a batch whose end offset stands
 after the relay's last window in every partition, each table of the Parquet table (read
 with pyarrow, not Spark) has the checksum MariaDB computes for the source table, and
-every row is in the partition of its key's mod bucket.
+every row is in the partition of its key's mod bucket. Then Ctrl-C (SIGINT) stops the
+driver: it stops its query and exits with status 0.
 
 Size (tests/tiers.py): ``make test`` writes 2 tables of 1,000 rows for about 20 s;
 ``make test-full`` 4 tables of 10,000 rows for 120 s; ``DATABUS_SPARK_STREAM_TABLES``,
@@ -24,6 +25,7 @@ Size (tests/tiers.py): ``make test`` writes 2 tables of 1,000 rows for about 20 
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,7 @@ def _kill_mid_batch(job: StreamJob, after_commit: int) -> int:
                        START_TIMEOUT, interval=0.01, max_interval=0.05,
                        diagnose=job.log)
     job.kill()
+    assert batch is not None
     return batch
 
 
@@ -161,6 +164,10 @@ def test_sysbench_tables_streamed_to_parquet_equal_the_source_after_two_kills(
         assert all(int(r["key"]) % PARTITIONS == r["partition"] for r in rows)
         assert {r["partition"] for r in rows} == set(range(PARTITIONS))
         assert len(killed_in) == KILLS and job.starts == KILLS + 1
+        # Ctrl-C stops the query and the driver cleanly (exit status 0).
+        assert job.proc is not None
+        job.proc.send_signal(signal.SIGINT)
+        assert job.proc.wait(120) == 0, job.log()
         print(f"{transactions} transactions, {len(rows)} rows, "
               f"{sum(bool(r['from_snapshot']) for r in rows)} of them from a snapshot; "
               f"killed while batches {killed_in} were in flight")
