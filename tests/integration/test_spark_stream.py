@@ -7,10 +7,14 @@ relay answering garbage fails the query clearly."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from databus.spark_jobs import register
 from tests.integration.spark_stream_support import ServerThread, captured, run_query
@@ -177,3 +181,60 @@ def test_no_offset_catches_up_from_the_bootstrap_and_a_fallen_partition_too(
         late = run_query(databus_spark, tmp_path / "cp50", {**options, "startingScn": 50})
         assert fold(late, at_50) == expected
         assert any(r.from_snapshot for r in late)  # through the bootstrap service
+
+
+# -- a relay answering garbage -------------------------------------------------------
+
+
+@asynccontextmanager
+async def garbage_relay(upstream: str | None) -> AsyncIterator[str]:
+    """A server answering garbage: to everything (``upstream`` None), or only to stream
+    reads that are not "from the latest" (the rest is passed to ``upstream``)."""
+    async with aiohttp.ClientSession() as session:
+        async def handle(request: web.Request) -> web.Response:
+            latest = '"window_scn": -2' in request.query.get("checkpoint", "").replace(
+                '"window_scn":-2', '"window_scn": -2')
+            if upstream is None or (request.path == "/v1/stream" and not latest):
+                return web.Response(body=b"\x7fnot databus events\x00" * 64,
+                                    content_type="application/x-databus-events")
+            async with session.get(upstream + request.path_qs) as resp:
+                return web.Response(body=await resp.read(), status=resp.status,
+                                    headers={k: v for k, v in resp.headers.items()
+                                             if k.lower().startswith(("x-databus",
+                                                                      "content-type"))})
+
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+def test_a_relay_answering_garbage_fails_the_query_clearly(
+        databus_spark: SparkSession, db: SqliteSource, tmp_path: Path) -> None:
+    from pyspark.errors import StreamingQueryException
+
+    options = {"sources": f"{ITEMS},{TAGS}", "relayTimeout": 3}
+    # Garbage to every request: the driver cannot plan a batch.
+    with ServerThread(garbage_relay(None)) as bad:
+        got: list[Row] = []
+        with pytest.raises(StreamingQueryException,
+                           match=r"no relay of http://127\.0\.0\.1:\d+ gave a valid answer"):
+            got = run_query(databus_spark, tmp_path / "cp1", {**options, "relays": bad.value})
+        assert got == []
+    # An honest catalog but garbage streams: the partitions' reads fail, nothing is
+    # written.
+    with ServerThread(running_relay(relay_config(tmp_path, {BUFFER: db.uri("items,tags")}))
+                      ) as relay:
+        wait_captured(relay, write(db, 1, 3))
+        with ServerThread(garbage_relay(relay.value.url)) as bad:
+            batches: list[Row] = []
+            with pytest.raises(StreamingQueryException,
+                               match=r"partition 0: no progress in 3 s \(relays failing"):
+                batches = run_query(databus_spark, tmp_path / "cp2",
+                                    {**options, "relays": bad.value})
+            assert batches == []
