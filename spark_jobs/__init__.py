@@ -13,9 +13,9 @@ lazily: importing this package does not need it.
 session: ``spark.readStream.format("databus")``.
 """
 
-from databus.spark_jobs._common import JobRefused, JobSummary, SparkJobError
-
 from typing import TYPE_CHECKING
+
+from databus.spark_jobs._common import JobRefused, JobSummary, SparkJobError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

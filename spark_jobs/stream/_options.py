@@ -11,11 +11,11 @@ option; values are never echoed for the credential options (``token``, ``keyFile
 | `bootstrap` | bootstrap service URLs, comma-separated (catch-up and the batch read) |
 | `sources` | logical sources, comma-separated (one: typed columns; several: `value` JSON) |
 | `partitions` | input partitions P (default 1): partition i reads mod bucket i of P |
-| `starting` | `earliest` (default: the bootstrap snapshot, or the relay's oldest window) or `latest` |
+| `starting` | `earliest` (default: the bootstrap snapshot, else the oldest window) or `latest` |
 | `startingScn` | start after this window SCN instead |
 | `caFile`, `certFile`, `keyFile`, `token` | TLS and the reader token |
 | `scn` | batch reads only: the snapshot must be at least this new |
-| `relayTimeout` | seconds (default 120) without a valid relay answer, or a partition without progress, before the query fails |
+| `relayTimeout` | seconds (default 120) without a valid relay answer or progress: then it fails |
 """
 
 from __future__ import annotations

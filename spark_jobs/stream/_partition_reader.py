@@ -106,7 +106,7 @@ def read_partition(opts: SourceOptions, read: PartitionRead,
     def run() -> None:
         try:
             asyncio.run(client.run_async())
-        except BaseException as exc:  # noqa: BLE001 - handed to the task's thread
+        except BaseException as exc:
             failure.append(exc)
         finally:
             out.put(_DONE)
@@ -135,7 +135,7 @@ def read_partition(opts: SourceOptions, read: PartitionRead,
                         f"partition {read.partition}: no progress in {relay_timeout:.0f} s "
                         f"(relays failing, answering what does not check out, or not "
                         "answering; the executor's WARNING lines of databus.client say "
-                        "why)")
+                        "why)") from None
                 continue
             if item is _DONE:
                 break

@@ -138,7 +138,7 @@ def test_two_partitions_split_keys_and_a_changed_count_is_refused(
         # The same checkpoint with partitions=3: refused, with the reason.
         from pyspark.errors import StreamingQueryException
 
-        with pytest.raises(StreamingQueryException, match="partitions=2.*partitions=3"):
+        with pytest.raises(StreamingQueryException, match=r"partitions=2.*partitions=3"):
             run_query(databus_spark, tmp_path / "cp", {**options, "partitions": 3})
 
 
