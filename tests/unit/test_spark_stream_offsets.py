@@ -35,7 +35,7 @@ def test_the_end_of_a_batch_is_after_the_newest_window() -> None:
 
 def test_another_partition_count_or_source_list_is_refused() -> None:
     written = _offsets.nothing_read(2, SOURCES).to_json()
-    with pytest.raises(_offsets.OffsetMismatch, match="partitions=2.*partitions=4"):
+    with pytest.raises(_offsets.OffsetMismatch, match=r"partitions=2.*partitions=4"):
         _offsets.parse(written, partitions=4, sources=SOURCES)
     with pytest.raises(_offsets.OffsetMismatch, match="sources"):
         _offsets.parse(written, partitions=2, sources=("shop.items",))
