@@ -697,6 +697,7 @@ class DatabusClient:
         await p.relay.catalog()
         decoder.reset()
         p.runner.submit([BootstrapMark(end=False)], gen, 0)
+        self._cut_bootstrapping = True  # (stop_at_scn) its windows' SCNs are not positions
         want = self.max_request_bytes
         waiting_for: str | None = None  # the store-behind reason last logged
         while True:

@@ -181,6 +181,15 @@ def test_no_offset_catches_up_from_the_bootstrap_and_a_fallen_partition_too(
         late = run_query(databus_spark, tmp_path / "cp50", {**options, "startingScn": 50})
         assert fold(late, at_50) == expected
         assert any(r.from_snapshot for r in late)  # through the bootstrap service
+        # A batch read: the bootstrap snapshot (and its catch-up) once, per bucket.
+        from tests.unit.test_client_bootstrap import BOOT_SCN
+
+        reader = databus_spark.read.format("databus")
+        for name, value in options.items():
+            reader = reader.option(name, str(value))
+        snap = reader.load().collect()
+        assert fold(snap) == servers.call(source_state(p, BOOT_SCN)).rows
+        assert {r.partition for r in snap} == {0, 1} and max(r.scn for r in snap) <= BOOT_SCN
 
 
 # -- a relay answering garbage -------------------------------------------------------
