@@ -1,8 +1,10 @@
 """The ``databus`` Spark streaming source (spark_jobs/stream) against a real relay on a
 SQLite TxLog source: rows equal the source's changes (every change once, whole windows,
 commit order per key), a restarted query resumes from its checkpoint with nothing lost
-or repeated, partitions split keys by bucket, a changed partition count is refused, a
-relay answering garbage fails the query clearly."""
+or repeated, a batch whose sink failed is read again whole from the same offsets,
+partitions split keys by bucket, a changed partition count is refused, a query with no
+offset catches up from the bootstrap and one that fell off the relay too (and a batch
+read of the snapshot), a relay answering garbage fails the query clearly."""
 
 from __future__ import annotations
 
@@ -247,3 +249,35 @@ def test_a_relay_answering_garbage_fails_the_query_clearly(
                 batches = run_query(databus_spark, tmp_path / "cp2",
                                     {**options, "relays": bad.value})
             assert batches == []
+
+
+def test_a_batch_that_failed_is_read_again_whole_after_a_restart(
+        databus_spark: SparkSession, db: SqliteSource, tmp_path: Path) -> None:
+    """The sink fails in the middle of batch 0 (after its offsets were logged, before
+    its commit): the restarted query reads that batch again from the same offsets, with
+    the same rows, and nothing after it twice."""
+    from pyspark.errors import StreamingQueryException
+
+    with ServerThread(running_relay(relay_config(tmp_path, {BUFFER: db.uri("items,tags")}))
+                      ) as relay:
+        windows = wait_captured(relay, write(db, 1, 8))
+        options = {"relays": relay.value.url, "sources": f"{ITEMS},{TAGS}", "partitions": 2}
+        seen: list[Row] = []
+
+        def failing(df: Any, batch_id: int) -> None:
+            seen.extend(df.collect())
+            raise RuntimeError("the sink failed")
+
+        reader = databus_spark.readStream.format("databus")
+        for name, value in options.items():
+            reader = reader.option(name, str(value))
+        query = (reader.load().writeStream.option("checkpointLocation", str(tmp_path / "cp"))
+                 .foreachBatch(failing).start())
+        with pytest.raises(StreamingQueryException, match="the sink failed"):
+            query.awaitTermination(120)
+        assert seen
+        rows = run_query(databus_spark, tmp_path / "cp", options)
+        key = lambda r: (r.partition, r.scn, r.seq, r.key)  # noqa: E731
+        assert sorted(map(key, rows[:len(seen)])) == sorted(map(key, seen))
+        assert sorted((r.scn, r.source, r.op, r.key) for r in rows) == sorted(
+            t[:4] for t in changes(windows, {ITEMS, TAGS}))
