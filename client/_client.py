@@ -500,6 +500,8 @@ class DatabusClient:
                     budget.reset()
                     position = replay_from or start
                     decoder.reset()
+                    # (stop_at_scn) the replay is cut afresh; a bootstrap says so again.
+                    self._cut = self._cut_bootstrapping = False
                     limited(log).warning("rolling back to %s after: %s (retry %d of %d)",
                                          position.dumps(), outcome.error, retries,
                                          self.retry_budget)
