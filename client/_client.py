@@ -500,6 +500,8 @@ class DatabusClient:
                     budget.reset()
                     position = replay_from or start
                     decoder.reset()
+                    # (stop_at_scn) the replay is cut afresh; a bootstrap says so again.
+                    self._cut = self._cut_bootstrapping = False
                     limited(log).warning("rolling back to %s after: %s (retry %d of %d)",
                                          position.dumps(), outcome.error, retries,
                                          self.retry_budget)
@@ -697,6 +699,7 @@ class DatabusClient:
         await p.relay.catalog()
         decoder.reset()
         p.runner.submit([BootstrapMark(end=False)], gen, 0)
+        self._cut_bootstrapping = True  # (stop_at_scn) its windows' SCNs are not positions
         want = self.max_request_bytes
         waiting_for: str | None = None  # the store-behind reason last logged
         while True:

@@ -11,11 +11,11 @@ option; values are never echoed for the credential options (``token``, ``keyFile
 | `bootstrap` | bootstrap service URLs, comma-separated (catch-up and the batch read) |
 | `sources` | logical sources, comma-separated (one: typed columns; several: `value` JSON) |
 | `partitions` | input partitions P (default 1): partition i reads mod bucket i of P |
-| `starting` | `earliest` (default: the bootstrap snapshot, or the relay's oldest window) or `latest` |
+| `starting` | `earliest` (default: the bootstrap snapshot, else the oldest window) or `latest` |
 | `startingScn` | start after this window SCN instead |
 | `caFile`, `certFile`, `keyFile`, `token` | TLS and the reader token |
 | `scn` | batch reads only: the snapshot must be at least this new |
-| `relayTimeout` | seconds (default 30) without a valid relay answer before the query fails |
+| `relayTimeout` | seconds (default 120) without a valid relay answer or progress: then it fails |
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class SourceOptions:
     key_file: str | None
     token: str | None
     scn: int | None
-    relay_timeout: float = 30.0
+    relay_timeout: float = 120.0
 
     def client_kwargs(self) -> dict[str, Any]:
         """What every ``DatabusClient`` of the query is given (relays, credentials)."""
@@ -136,7 +136,7 @@ def parse(raw: Mapping[str, str], *, streaming: bool | None = True) -> SourceOpt
         value = options.get(name.lower())
         files[name] = value.strip() if value and value.strip() else None
     token = options.get("token") or None
-    relay_timeout = _int(options, "relayTimeout", 1, 24 * 3600) or 30
+    relay_timeout = _int(options, "relayTimeout", 1, 24 * 3600) or 120
     return SourceOptions(relays, zookeeper, cluster, bootstrap, sources, partitions,
                          starting, starting_scn, files["caFile"], files["certFile"],
                          files["keyFile"], token, scn, float(relay_timeout))

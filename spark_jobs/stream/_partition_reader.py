@@ -106,7 +106,7 @@ def read_partition(opts: SourceOptions, read: PartitionRead,
     def run() -> None:
         try:
             asyncio.run(client.run_async())
-        except BaseException as exc:  # noqa: BLE001 - handed to the task's thread
+        except BaseException as exc:
             failure.append(exc)
         finally:
             out.put(_DONE)
@@ -126,12 +126,16 @@ def read_partition(opts: SourceOptions, read: PartitionRead,
                             collector.windows, m.bootstraps)
                 if now_seen != seen:
                     seen, last_progress = now_seen, time.monotonic()
-                elif (m.failovers and time.monotonic() - last_progress > relay_timeout):
+                elif time.monotonic() - last_progress > relay_timeout:
+                    # A healthy read moves: windows, checkpoints (filtered windows
+                    # too) or bootstrap batches. Bad answers are retried for ever by
+                    # the client (they never reach Spark): bounded here.
                     client.stop()
                     raise PartitionReadError(
                         f"partition {read.partition}: no progress in {relay_timeout:.0f} s "
-                        f"while relays failed ({m.failovers} failovers: bad or no answers; "
-                        "the executor's WARNING lines of databus.client say why)")
+                        f"(relays failing, answering what does not check out, or not "
+                        "answering; the executor's WARNING lines of databus.client say "
+                        "why)") from None
                 continue
             if item is _DONE:
                 break

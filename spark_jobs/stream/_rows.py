@@ -9,7 +9,7 @@ Columns, in order:
 | `op` | string | `upsert` or `delete` |
 | `key` | string | the row's key as JSON text (`42`, `"alice"`, `[1,"eu"]`; bytes as hex text) |
 | `timestamp` | timestamp | the source commit time of the event's window (null if unknown) |
-| `from_snapshot` | boolean | a row of the bootstrap service or of a relay's dump (a state, not one change) |
+| `from_snapshot` | boolean | from the bootstrap service or a relay's dump (a state, not a change) |
 | `partition` | int | the input partition (mod bucket of the key) that read it |
 | `seq` | int | the event's position among this partition's events of its window |
 

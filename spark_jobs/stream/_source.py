@@ -105,8 +105,8 @@ class DatabusDataSource(DataSource):
 
     def schema(self) -> StructType:
         _options.parse(dict(self.options), streaming=None)  # a bad option fails here
-        return self._planned(streaming=True if "scn" not in
-                             {k.lower() for k in self.options} else False).schema()
+        batch = "scn" in {k.lower() for k in self.options}
+        return self._planned(streaming=not batch).schema()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return DatabusStreamReader(self._planned(streaming=True))

@@ -40,7 +40,8 @@ def _spark_type(avro_type: object) -> DataType:
     from pyspark.sql import types
 
     name = _plain(avro_type)
-    return getattr(types, _PRIMITIVES[name] if name else "StringType")()
+    result: DataType = getattr(types, _PRIMITIVES[name] if name else "StringType")()
+    return result
 
 
 def spark_schema(avro_schema: dict[str, Any]) -> StructType:
@@ -48,7 +49,7 @@ def spark_schema(avro_schema: dict[str, Any]) -> StructType:
 
     fields = []
     for field in avro_schema["fields"]:
-        inner, nullable = _branch(field["type"])
+        inner, _nullable = _branch(field["type"])
         fields.append(StructField(field["name"], _spark_type(inner), True))
     return StructType(fields)
 

@@ -1,16 +1,22 @@
 """The ``databus`` Spark streaming source (spark_jobs/stream) against a real relay on a
 SQLite TxLog source: rows equal the source's changes (every change once, whole windows,
 commit order per key), a restarted query resumes from its checkpoint with nothing lost
-or repeated, partitions split keys by bucket, a changed partition count is refused, a
-relay answering garbage fails the query clearly."""
+or repeated, a batch whose sink failed is read again whole from the same offsets,
+partitions split keys by bucket, a changed partition count is refused, a query with no
+offset catches up from the bootstrap and one that fell off the relay too (and a batch
+read of the snapshot), a relay answering garbage fails the query clearly."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from databus.spark_jobs import register
 from tests.integration.spark_stream_support import ServerThread, captured, run_query
@@ -134,7 +140,7 @@ def test_two_partitions_split_keys_and_a_changed_count_is_refused(
         # The same checkpoint with partitions=3: refused, with the reason.
         from pyspark.errors import StreamingQueryException
 
-        with pytest.raises(StreamingQueryException, match="partitions=2.*partitions=3"):
+        with pytest.raises(StreamingQueryException, match=r"partitions=2.*partitions=3"):
             run_query(databus_spark, tmp_path / "cp", {**options, "partitions": 3})
 
 
@@ -177,3 +183,101 @@ def test_no_offset_catches_up_from_the_bootstrap_and_a_fallen_partition_too(
         late = run_query(databus_spark, tmp_path / "cp50", {**options, "startingScn": 50})
         assert fold(late, at_50) == expected
         assert any(r.from_snapshot for r in late)  # through the bootstrap service
+        # A batch read: the bootstrap snapshot (and its catch-up) once, per bucket.
+        from tests.unit.test_client_bootstrap import BOOT_SCN
+
+        reader = databus_spark.read.format("databus")
+        for name, value in options.items():
+            reader = reader.option(name, str(value))
+        snap = reader.load().collect()
+        assert fold(snap) == servers.call(source_state(p, BOOT_SCN)).rows
+        assert {r.partition for r in snap} == {0, 1} and max(r.scn for r in snap) <= BOOT_SCN
+
+
+# -- a relay answering garbage -------------------------------------------------------
+
+
+@asynccontextmanager
+async def garbage_relay(upstream: str | None) -> AsyncIterator[str]:
+    """A server answering garbage: to everything (``upstream`` None), or only to stream
+    reads that are not "from the latest" (the rest is passed to ``upstream``)."""
+    async with aiohttp.ClientSession() as session:
+        async def handle(request: web.Request) -> web.Response:
+            latest = '"window_scn": -2' in request.query.get("checkpoint", "").replace(
+                '"window_scn":-2', '"window_scn": -2')
+            if upstream is None or (request.path == "/v1/stream" and not latest):
+                return web.Response(body=b"\x7fnot databus events\x00" * 64,
+                                    content_type="application/x-databus-events")
+            async with session.get(upstream + request.path_qs) as resp:
+                return web.Response(body=await resp.read(), status=resp.status,
+                                    headers={k: v for k, v in resp.headers.items()
+                                             if k.lower().startswith(("x-databus",
+                                                                      "content-type"))})
+
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+def test_a_relay_answering_garbage_fails_the_query_clearly(
+        databus_spark: SparkSession, db: SqliteSource, tmp_path: Path) -> None:
+    from pyspark.errors import StreamingQueryException
+
+    options = {"sources": f"{ITEMS},{TAGS}", "relayTimeout": 3}
+    # Garbage to every request: the driver cannot plan a batch.
+    with ServerThread(garbage_relay(None)) as bad:
+        got: list[Row] = []
+        with pytest.raises(StreamingQueryException,
+                           match=r"no relay of http://127\.0\.0\.1:\d+ gave a valid answer"):
+            got = run_query(databus_spark, tmp_path / "cp1", {**options, "relays": bad.value})
+        assert got == []
+    # An honest catalog but garbage streams: the partitions' reads fail, nothing is
+    # written.
+    with ServerThread(running_relay(relay_config(tmp_path, {BUFFER: db.uri("items,tags")}))
+                      ) as relay:
+        wait_captured(relay, write(db, 1, 3))
+        with ServerThread(garbage_relay(relay.value.url)) as bad:
+            batches: list[Row] = []
+            with pytest.raises(StreamingQueryException,
+                               match=r"partition 0: no progress in 3 s \(relays failing"):
+                batches = run_query(databus_spark, tmp_path / "cp2",
+                                    {**options, "relays": bad.value})
+            assert batches == []
+
+
+def test_a_batch_that_failed_is_read_again_whole_after_a_restart(
+        databus_spark: SparkSession, db: SqliteSource, tmp_path: Path) -> None:
+    """The sink fails in the middle of batch 0 (after its offsets were logged, before
+    its commit): the restarted query reads that batch again from the same offsets, with
+    the same rows, and nothing after it twice."""
+    from pyspark.errors import StreamingQueryException
+
+    with ServerThread(running_relay(relay_config(tmp_path, {BUFFER: db.uri("items,tags")}))
+                      ) as relay:
+        windows = wait_captured(relay, write(db, 1, 8))
+        options = {"relays": relay.value.url, "sources": f"{ITEMS},{TAGS}", "partitions": 2}
+        seen: list[Row] = []
+
+        def failing(df: Any, batch_id: int) -> None:
+            seen.extend(df.collect())
+            raise RuntimeError("the sink failed")
+
+        reader = databus_spark.readStream.format("databus")
+        for name, value in options.items():
+            reader = reader.option(name, str(value))
+        query = (reader.load().writeStream.option("checkpointLocation", str(tmp_path / "cp"))
+                 .foreachBatch(failing).start())
+        with pytest.raises(StreamingQueryException, match="the sink failed"):
+            query.awaitTermination(120)
+        assert seen
+        rows = run_query(databus_spark, tmp_path / "cp", options)
+        key = lambda r: (r.partition, r.scn, r.seq, r.key)  # noqa: E731
+        assert sorted(map(key, rows[:len(seen)])) == sorted(map(key, seen))
+        assert sorted((r.scn, r.source, r.op, r.key) for r in rows) == sorted(
+            t[:4] for t in changes(windows, {ITEMS, TAGS}))

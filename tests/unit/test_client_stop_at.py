@@ -88,3 +88,35 @@ def test_stop_at_scn_is_checked() -> None:
         DatabusClient(["http://127.0.0.1:1"], stop_at_scn=-3)
     with pytest.raises(ValueError, match="checkpoint_every=1"):
         DatabusClient(["http://127.0.0.1:1"], stop_at_scn=3, checkpoint_every=2)
+
+
+def test_stop_below_the_snapshot_ends_with_the_bootstrap(tmp_path: Path) -> None:
+    """Snapshot windows carry the snapshot's SCN, not a position: a stop below it ends
+    once the bootstrap is done (its online checkpoint at the target), not at the first
+    snapshot batch."""
+    from tests.unit.test_client_bootstrap import BOOT_SCN, SOURCES, pipeline, source_state
+
+    async def main() -> None:
+        async with pipeline(tmp_path) as p:
+            expected = (await source_state(p, BOOT_SCN)).rows
+            store = MemoryCheckpointStore()
+            client = DatabusClient([p.b.url], bootstrap=[p.boot], sources=SOURCES,
+                                   checkpoint_store=store, stop_at_scn=0,
+                                   max_request_bytes=16 * 1024)
+            rows: dict[tuple[str, object], int] = {}
+
+            async def consume() -> None:
+                async with contextlib.aclosing(client.windows()) as windows:
+                    async for window in windows:
+                        for e in window.events:
+                            if e.is_delete:
+                                rows.pop((e.source, e.key), None)
+                            else:
+                                assert e.value is not None
+                                rows[(e.source, e.key)] = e.value["seq"]
+
+            await asyncio.wait_for(consume(), 60)
+            assert rows == expected
+            assert store.load() == Checkpoint(BOOT_SCN)
+
+    asyncio.run(main())
