@@ -59,6 +59,7 @@ TABLES = count("DATABUS_SPARK_STREAM_TABLES", smoke=2, full=4)
 ROWS = count("DATABUS_SPARK_STREAM_ROWS", smoke=1000, full=10_000)
 SECONDS = size("DATABUS_SPARK_STREAM_SECONDS", smoke=20, full=120)
 RATE = size("DATABUS_SPARK_STREAM_RATE", smoke=40, full=100)
+RELAY_MB = count("DATABUS_SPARK_STREAM_RELAY_MB", smoke=4, full=4)
 PARTITIONS = 4
 KILLS = 2
 # A driver's start (a JVM, a session, the first batch) on two busy cores.
@@ -98,7 +99,7 @@ def test_sysbench_tables_streamed_to_parquet_equal_the_source_after_two_kills(
     sql = fresh_database(mariadb_server, DB)
     sql.run(*(table_ddl(t) for t in tables))
     relay = RelayProcess(tmp_path, {"src": source_uri(mariadb_server, ",".join(sources))},
-                         capacity_mb=1, workers=1)
+                         capacity_mb=RELAY_MB, workers=1)
     boot: BootstrapProcess | None = None
     writer: Writer | None = None
     job: StreamJob | None = None
@@ -129,17 +130,25 @@ def test_sysbench_tables_streamed_to_parquet_equal_the_source_after_two_kills(
         job = StreamJob(tmp_path, relay.url, boot.url, sources, PARTITIONS)
         job.start()
         killed_in = []
+        timeline = []
+
+        def mark(what: str) -> None:
+            timeline.append(f"{time.monotonic() - started:.0f}s {what} "
+                            f"(batches {job.batches() if job else None})")
+
         for n in range(KILLS):
             # Spread the kills over the writing: not before n+1 thirds of it.
             while time.monotonic() - started < SECONDS * (n + 1) / (KILLS + 1):
                 assert job.running(), job.log()
                 time.sleep(0.2)
             killed_in.append(_kill_mid_batch(job, job.batches()[1]))
+            mark(f"killed in batch {killed_in[-1]}")
             job.start()
         while time.monotonic() - started < SECONDS:
             assert job.running(), job.log()
             time.sleep(0.2)
         transactions = writer.stop()
+        mark("writer stopped")
         assert transactions > 0
 
         # Caught up: a committed batch after the relay's last window in every partition.
@@ -156,6 +165,7 @@ def test_sysbench_tables_streamed_to_parquet_equal_the_source_after_two_kills(
         wait_until(caught_up, f"the query committed up to window {last}", START_TIMEOUT,
                    max_interval=1.0, diagnose=lambda: f"{job.committed_positions()}\n"
                                                       f"{job.log()}")
+        mark("caught up")
         rows = parquet_rows(job.table)
         expected = source_checksums(sql, tables)
         got = parquet_checksums(rows, DB, tables)
@@ -170,7 +180,7 @@ def test_sysbench_tables_streamed_to_parquet_equal_the_source_after_two_kills(
         assert job.proc.wait(120) == 0, job.log()
         print(f"{transactions} transactions, {len(rows)} rows, "
               f"{sum(bool(r['from_snapshot']) for r in rows)} of them from a snapshot; "
-              f"killed while batches {killed_in} were in flight")
+              f"killed while batches {killed_in} were in flight; " + "; ".join(timeline))
     finally:
         if writer is not None and writer.is_alive():
             writer.halt.set()
