@@ -5,9 +5,9 @@
         [--events-per-window 20] [--repeat 3] [--partitions 1 2] [--master local[2]]
 
 The relay is a ``databus relay`` process prefilled by the synthetic fetcher (int keys,
-one source, ``--events`` events in windows of ``--events-per-window``; room for all of
-them, so nothing is evicted). Then, alternating in each round so that the machine's
-noise falls on both alike:
+two sources, so the rows carry ``value`` as JSON text; ``--events`` events in windows of
+``--events-per-window``; room for all of them, so nothing is evicted). Then,
+alternating in each round so that the machine's noise falls on both alike:
 
 - the reference: ``DatabusClient`` (no filter, default options but 4 MiB requests),
   one ``on_window`` consumer that reads every event's value (decodes it, as the source
@@ -39,7 +39,10 @@ from _relay_proc import RelayProcess, code_version, loadavg
 
 from databus.client import Consumer, DatabusClient, MemoryCheckpointStore, Window
 
-SOURCE = "synthetic.events"
+# Two sources: the rows have the ``value`` JSON column. With one synthetic source the
+# typed columns would include the synthetic schema's ``seq``, which the source's own
+# ``seq`` column shadows (docs/decisions.md, "Issue 33: acceptance and benchmark").
+SOURCES = ("synthetic.a", "synthetic.b")
 
 
 class WindowCounter(Consumer):
@@ -60,7 +63,7 @@ class WindowCounter(Consumer):
 
 def client_rate(url: str, windows: int, events: int) -> float:
     counter = WindowCounter(windows)
-    client = DatabusClient([url], sources=[SOURCE], checkpoint_store=MemoryCheckpointStore(),
+    client = DatabusClient([url], sources=list(SOURCES), checkpoint_store=MemoryCheckpointStore(),
                            max_request_bytes=4 << 20, max_buffered_bytes=16 << 20)
     counter.client = client
     client.register(counter)
@@ -74,7 +77,7 @@ def client_rate(url: str, windows: int, events: int) -> float:
 def spark_rate(spark: object, url: str, partitions: int, events: int, work: Path) -> float:
     checkpoint = tempfile.mkdtemp(prefix="cp-", dir=work)
     reader = (spark.readStream.format("databus")  # type: ignore[attr-defined]
-              .option("relays", url).option("sources", SOURCE)
+              .option("relays", url).option("sources", ",".join(SOURCES))
               .option("partitions", str(partitions)))
     start = time.perf_counter()
     query = (reader.load().writeStream.format("noop")
@@ -89,7 +92,7 @@ def spark_rate(spark: object, url: str, partitions: int, events: int, work: Path
     return events / elapsed
 
 
-def session(master: str, work: Path) -> object:
+def session(master: str, work: Path, extra: dict[str, str]) -> object:
     from databus.spark_jobs import register
     from databus.spark_jobs._common import spark_session
 
@@ -98,7 +101,7 @@ def session(master: str, work: Path) -> object:
         "spark.driver.bindAddress": "127.0.0.1", "spark.sql.shuffle.partitions": "2",
         "spark.local.dir": str(work / "spark-local"),
         # One progress entry per batch is kept; a run is a handful of batches.
-        "spark.sql.streaming.numRecentProgressUpdates": "1000"})
+        "spark.sql.streaming.numRecentProgressUpdates": "1000", **extra})
     register(spark)
     return spark
 
@@ -111,21 +114,25 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--partitions", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable)")
     args = parser.parse_args()
     windows = args.events // args.events_per_window
     events = windows * args.events_per_window
     source = (f"synthetic://?rate=0&keys=100000&event_bytes={args.event_bytes}"
               f"&events_per_window={args.events_per_window}&limit={windows}&seed=33"
-              f"&source={SOURCE}")
+              f"&source={','.join(SOURCES)}")
     capacity = max(64, events * 2 * (args.event_bytes + 200) // (1 << 20) + 16)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     print(f"# spark stream: {events} events of {args.event_bytes} bytes, "
           f"{args.events_per_window} per window, {args.repeat} rounds, {args.master}, "
+          f"{' '.join(args.conf) or 'default settings'}, "
           f"{os.cpu_count()} cores; {code_version(('spark_jobs', 'client', 'relay'))}; "
           f"{loadavg()} at the start")
     with tempfile.TemporaryDirectory(prefix="databus-bench-spark-") as tmp:
         work = Path(tmp)
-        spark = session(args.master, work)
+        extra = dict(item.split("=", 1) for item in args.conf)
+        spark = session(args.master, work, extra)
         try:
             with RelayProcess(source, capacity) as relay:
                 relay.wait_for_scn(windows)
