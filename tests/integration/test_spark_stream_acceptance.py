@@ -3,8 +3,9 @@
 
 MariaDB with sysbench-shaped tables (``sbtest1..N``) under a writer (sysbench's
 ``oltp_write_only`` transaction, written in Python: tests/integration/
-spark_stream_acceptance_support.py), a relay (``databus relay``, 1 MB: the stream
-soon outgrows it) and a bootstrap service (``databus bootstrap``). ``databus spark
+spark_stream_acceptance_support.py), a relay (``databus relay``, 4 MB: the filled
+tables outgrow it, and a query down for a restart may fall off it) and a bootstrap
+service (``databus bootstrap``). ``databus spark
 stream`` (a child process: the driver, its JVM and its Python workers in one process
 group) runs a query with 4 partitions that keeps the latest state of every table in one
 Parquet table through ``apply_changes``; it starts with no offset, so its partitions
@@ -20,7 +21,8 @@ driver: it stops its query and exits with status 0.
 
 Size (tests/tiers.py): ``make test`` writes 2 tables of 1,000 rows for about 20 s;
 ``make test-full`` 4 tables of 10,000 rows for 120 s; ``DATABUS_SPARK_STREAM_TABLES``,
-``_ROWS``, ``_SECONDS`` and ``_RATE`` (transactions per second) override both.
+``_ROWS``, ``_SECONDS``, ``_RATE`` (transactions per second) and ``_RELAY_MB`` override
+both.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def test_sysbench_tables_streamed_to_parquet_equal_the_source_after_two_kills(
                        f"the bootstrap service at {top}", 120)
 
         # sysbench's prepare, through the relay, in steps the bootstrap service keeps up
-        # with (the relay holds 1 MB): the service gets every row.
+        # with (the relay holds a few MB): the service gets every row.
         fill(sql, tables, ROWS, after_each=boot_caught_up)
 
         writer = Writer(mariadb_server, DB, tables, ROWS, RATE)
