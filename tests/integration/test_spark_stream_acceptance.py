@@ -4,7 +4,7 @@
 MariaDB with sysbench-shaped tables (``sbtest1..N``) under a writer (sysbench's
 ``oltp_write_only`` transaction, written in Python: tests/integration/
 spark_stream_acceptance_support.py), a relay (``databus relay``, 4 MB: the filled
-tables outgrow it, and a query down for a restart may fall off it) and a bootstrap
+tables of the full size outgrow it, and a query down for a restart may fall off it) and a bootstrap
 service (``databus bootstrap``). ``databus spark
 stream`` (a child process: the driver, its JVM and its Python workers in one process
 group) runs a query with 4 partitions that keeps the latest state of every table in one
