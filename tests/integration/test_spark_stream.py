@@ -142,6 +142,13 @@ def test_two_partitions_split_keys_and_a_changed_count_is_refused(
 
         with pytest.raises(StreamingQueryException, match=r"partitions=2.*partitions=3"):
             run_query(databus_spark, tmp_path / "cp", {**options, "partitions": 3})
+        # starting=latest: nothing of what was there, then only what comes.
+        latest = {**options, "starting": "latest"}
+        assert run_query(databus_spark, tmp_path / "cp-latest", latest) == []
+        more = wait_captured(relay, write(db, 20, 3))
+        rows = run_query(databus_spark, tmp_path / "cp-latest", latest)
+        assert sorted((r.scn, r.source, r.op, r.key) for r in rows) == sorted(
+            t[:4] for t in changes(more[len(windows):], {ITEMS, TAGS}))
 
 
 # -- the bootstrap: relay B has dropped the stream's start, the bootstrap service holds
