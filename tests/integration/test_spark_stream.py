@@ -288,3 +288,12 @@ def test_a_batch_that_failed_is_read_again_whole_after_a_restart(
         assert sorted(map(key, rows[:len(seen)])) == sorted(map(key, seen))
         assert sorted((r.scn, r.source, r.op, r.key) for r in rows) == sorted(
             t[:4] for t in changes(windows, {ITEMS, TAGS}))
+
+
+def test_a_bad_option_fails_the_query_when_it_is_defined(databus_spark: SparkSession) -> None:
+    reader = (databus_spark.readStream.format("databus")
+              .option("relays", "http://127.0.0.1:1").option("sources", "shop.items")
+              .option("partitons", "2").option("token", "s3cret-token"))
+    with pytest.raises(Exception, match=r"unknown option.*partitons") as info:
+        reader.load()
+    assert "s3cret" not in str(info.value)
