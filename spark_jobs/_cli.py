@@ -31,14 +31,19 @@ Handler = Callable[[argparse.Namespace], int]
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     spark = subparsers.add_parser(
-        "spark", help="PySpark jobs on the bootstrap store: compact, seed, export",
-        description="Spark jobs on the PostgreSQL bootstrap store (docs/spark.md).")
+        "spark", help="PySpark jobs: compact, seed, export the bootstrap store; stream to Parquet",
+        description="Spark jobs on the PostgreSQL bootstrap store, and a streaming query "
+                    "into a Parquet table (docs/spark.md).")
     jobs = spark.add_subparsers(dest="job", metavar="JOB")
     for name, (add, _, text) in _JOBS.items():
         parser = jobs.add_parser(name, help=text, description=text)
         _common_arguments(parser)
         add(parser)
         parser.set_defaults(handler=_handler(name))
+    from databus.spark_jobs._stream_cli import add_stream
+
+    add_stream(jobs)
+
     def usage(args: argparse.Namespace) -> int:
         spark.print_help()
         return 2

@@ -10,7 +10,9 @@ snapshot, ``spark.read.format("databus")``.
 Modules, one concern each: ``_options`` (the options, checked), ``_offsets`` (offsets:
 one checkpoint per partition), ``_rows`` (events -> rows), ``_relay_info`` (the driver's
 questions to relays), ``_partition_reader`` (one task's read through ``DatabusClient``),
-``_source`` (the PySpark classes). Only ``_source`` imports PySpark.
+``_source`` (the PySpark classes), ``_schema`` (Avro record schemas as Spark
+``StructType``, decoded values as rows, and the schema evolution a running query
+accepts). PySpark is imported only when a session is given.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import pytest
 from databus.checkpoint import Checkpoint
 from databus.client._relay_stream import StreamFrame, StreamFramer
 from databus.relay._liveness import STALE_S
+from databus.relay._worker import REFRESH_S
 from databus.relay._workers import WORKER_HEADER
 from tests.integration.test_relay_workers import relay_with_workers, wait_for, workers_running
 from tests.waiting import async_wait_until
@@ -127,6 +128,11 @@ def test_a_stopped_main_process_makes_its_worker_say_not_ready(tmp_path: Path) -
                     # A long poll at the tail while the main process is stopped, on a
                     # connection the worker serves: it waits (no window comes) until
                     # the stamp is stale, then 503.
+                    # A window the writer published just before the stop reaches the
+                    # worker by its own look at the files (REFRESH_S) when the stopped
+                    # main process did not send the wake-up: let it, so that the tail
+                    # the poll waits at is the last window there will be.
+                    await asyncio.sleep(REFRESH_S + 0.2)
                     latest = Checkpoint.latest().dumps()
                     waiting = asyncio.create_task(polling.get(
                         f"{relay.url}/v1/stream",
