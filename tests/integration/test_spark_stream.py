@@ -190,6 +190,24 @@ def test_no_offset_catches_up_from_the_bootstrap_and_a_fallen_partition_too(
         late = run_query(databus_spark, tmp_path / "cp50", {**options, "startingScn": 50})
         assert fold(late, at_50) == expected
         assert any(r.from_snapshot for r in late)  # through the bootstrap service
+        # The same query into a Parquet table of the latest state per key
+        # (apply_changes): the table equals the source.
+        from databus.spark_jobs import foreach_batch, read_table
+
+        table = tmp_path / "table"
+        reader = databus_spark.readStream.format("databus")
+        for name, value in options.items():
+            reader = reader.option(name, str(value))
+        query = (reader.load().writeStream.foreachBatch(foreach_batch(table))
+                 .option("checkpointLocation", str(tmp_path / "cp-table"))
+                 .trigger(processingTime="200 milliseconds").start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        state = {(r.source, json.loads(r.key)): json.loads(r.value)["seq"]
+                 for r in read_table(databus_spark, table).collect()}
+        assert state == expected
         # A batch read: the bootstrap snapshot (and its catch-up) once, per bucket.
         from tests.unit.test_client_bootstrap import BOOT_SCN
 
