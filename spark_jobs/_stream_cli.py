@@ -125,13 +125,10 @@ def run_stream(args: argparse.Namespace) -> int:
     spark, owned = spark_session(master=args.master, app="databus-spark-stream", jars=[],
                                  config=conf)
     try:
-        # The source package registers the "databus" format with the session (to check
-        # when the source is merged: its registration function's name).
-        from databus.spark_jobs import stream
+        # The "databus" format is registered with the session by the source package.
+        from databus.spark_jobs.stream import register
 
-        register = getattr(stream, "register", None)
-        if callable(register):
-            register(spark)
+        register(spark)
         query = run_spark("starting the stream", start_query, spark, args)
         try:
             run_spark("the stream", query.awaitTermination)

@@ -12,7 +12,7 @@ one checkpoint per partition), ``_rows`` (events -> rows), ``_relay_info`` (the 
 questions to relays), ``_partition_reader`` (one task's read through ``DatabusClient``),
 ``_source`` (the PySpark classes), ``_schema`` (Avro record schemas as Spark
 ``StructType``, decoded values as rows, and the schema evolution a running query
-accepts). Only ``_source`` imports PySpark.
+accepts). PySpark is imported only when a session is given.
 """
 
 from __future__ import annotations

@@ -36,13 +36,9 @@ from pyspark.sql.types import (
 
 from databus.checkpoint import Checkpoint
 from databus.spark_jobs.stream import _offsets, _options, _relay_info
+from databus.spark_jobs.stream import _schema as _typed
 from databus.spark_jobs.stream._partition_reader import PartitionRead, read_partition
 from databus.spark_jobs.stream._rows import META_COLUMNS, VALUE_COLUMN, ValueColumns
-
-try:  # the full Avro mapping, once merged; until then a stand-in
-    from databus.spark_jobs.stream import _schema as _typed  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the merge
-    from databus.spark_jobs.stream import _typed_standin as _typed
 
 _TYPES = {"bigint": LongType, "string": StringType, "timestamp": TimestampType,
           "boolean": BooleanType, "int": IntegerType}
@@ -145,7 +141,7 @@ class DatabusStreamReader(DataSourceStreamReader):
             newest = _relay_info.newest_schema(self.opts, self.opts.sources[0],
                                                self.opts.relay_timeout)
             if newest != planned.avro:
-                _typed.check_evolution(planned.avro, newest)
+                _typed.check_evolution(planned.avro, newest, source=self.opts.sources[0])
         newest_scn = _relay_info.newest_scn(self.opts, self.opts.relay_timeout)
         return _offsets.advanced_to(begin, newest_scn).to_json()
 

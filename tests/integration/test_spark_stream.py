@@ -142,6 +142,13 @@ def test_two_partitions_split_keys_and_a_changed_count_is_refused(
 
         with pytest.raises(StreamingQueryException, match=r"partitions=2.*partitions=3"):
             run_query(databus_spark, tmp_path / "cp", {**options, "partitions": 3})
+        # starting=latest: nothing of what was there, then only what comes.
+        latest = {**options, "starting": "latest"}
+        assert run_query(databus_spark, tmp_path / "cp-latest", latest) == []
+        more = wait_captured(relay, write(db, 20, 3))
+        rows = run_query(databus_spark, tmp_path / "cp-latest", latest)
+        assert sorted((r.scn, r.source, r.op, r.key) for r in rows) == sorted(
+            t[:4] for t in changes(more[len(windows):], {ITEMS, TAGS}))
 
 
 # -- the bootstrap: relay B has dropped the stream's start, the bootstrap service holds
@@ -183,6 +190,24 @@ def test_no_offset_catches_up_from_the_bootstrap_and_a_fallen_partition_too(
         late = run_query(databus_spark, tmp_path / "cp50", {**options, "startingScn": 50})
         assert fold(late, at_50) == expected
         assert any(r.from_snapshot for r in late)  # through the bootstrap service
+        # The same query into a Parquet table of the latest state per key
+        # (apply_changes): the table equals the source.
+        from databus.spark_jobs import foreach_batch, read_table
+
+        table = tmp_path / "table"
+        reader = databus_spark.readStream.format("databus")
+        for name, value in options.items():
+            reader = reader.option(name, str(value))
+        query = (reader.load().writeStream.foreachBatch(foreach_batch(table))
+                 .option("checkpointLocation", str(tmp_path / "cp-table"))
+                 .trigger(processingTime="200 milliseconds").start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        state = {(r.source, json.loads(r.key)): json.loads(r.value)["seq"]
+                 for r in read_table(databus_spark, table).collect()}
+        assert state == expected
         # A batch read: the bootstrap snapshot (and its catch-up) once, per bucket.
         from tests.unit.test_client_bootstrap import BOOT_SCN
 
@@ -281,3 +306,12 @@ def test_a_batch_that_failed_is_read_again_whole_after_a_restart(
         assert sorted(map(key, rows[:len(seen)])) == sorted(map(key, seen))
         assert sorted((r.scn, r.source, r.op, r.key) for r in rows) == sorted(
             t[:4] for t in changes(windows, {ITEMS, TAGS}))
+
+
+def test_a_bad_option_fails_the_query_when_it_is_defined(databus_spark: SparkSession) -> None:
+    reader = (databus_spark.readStream.format("databus")
+              .option("relays", "http://127.0.0.1:1").option("sources", "shop.items")
+              .option("partitons", "2").option("token", "s3cret-token"))
+    with pytest.raises(Exception, match=r"unknown option.*partitons") as info:
+        reader.load()
+    assert "s3cret" not in str(info.value)
