@@ -19,14 +19,18 @@ with pyarrow, not Spark) has the checksum MariaDB computes for the source table,
 every row is in the partition of its key's mod bucket. Then Ctrl-C (SIGINT) stops the
 driver: it stops its query and exits with status 0.
 
-Size (tests/tiers.py): ``make test`` writes 2 tables of 1,000 rows for about 20 s;
-``make test-full`` 4 tables of 10,000 rows for 120 s; ``DATABUS_SPARK_STREAM_TABLES``,
+Size (tests/tiers.py): ``make test-full`` writes 4 tables of 10,000 rows for 120 s
+(``DATABUS_SPARK_STREAM_ACCEPTANCE=1`` runs it in ``make test``'s tier too, at 2 tables
+of 1,000 rows for about 20 s: three JVM starts make even that 2.5 to 4 minutes, so
+``make test`` leaves it out; the source's failure cases in test_spark_stream.py run
+there); ``DATABUS_SPARK_STREAM_TABLES``,
 ``_ROWS``, ``_SECONDS``, ``_RATE`` (transactions per second) and ``_RELAY_MB`` override
 both.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -48,7 +52,7 @@ from tests.integration.spark_stream_acceptance_support import (
     table_ddl,
 )
 from tests.relay_harness import RelayProcess
-from tests.tiers import count, size
+from tests.tiers import FULL, count, size
 from tests.waiting import wait_until
 
 # One JVM at a time on a two-core machine: run beside the session SparkSession's tests
@@ -96,6 +100,9 @@ def _kill_mid_batch(job: StreamJob, after_commit: int) -> int:
 # Three JVM starts, the fill through the bootstrap service, the writing, the catch-up:
 # more than the suite's 300 s default on two busy cores.
 @pytest.mark.timeout(900 + 4 * SECONDS)
+@pytest.mark.skipif(not (FULL or os.environ.get("DATABUS_SPARK_STREAM_ACCEPTANCE") == "1"),
+                    reason="an issue-size run: make test-full (or "
+                    "DATABUS_SPARK_STREAM_ACCEPTANCE=1)")
 def test_sysbench_tables_streamed_to_parquet_equal_the_source_after_two_kills(
         mariadb_server: MariaDBServer, tmp_path: Path) -> None:
     find_prerequisites()  # pyspark and java, or a clear error
