@@ -28,6 +28,7 @@ from decimal import Decimal
 from typing import Any
 
 from databus.client._events import DataEvent
+from databus.errors import DatabusError
 from databus.event import Op
 
 META_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -39,6 +40,37 @@ VALUE_COLUMN = ("value", "string")
 
 # value dict -> the typed columns (one source), or None: the ``value`` JSON column.
 ValueColumns = Callable[[dict[str, Any] | None], tuple[Any, ...]]
+
+
+# A value column named like one of the row's own columns (case-insensitively, as Spark
+# resolves names) is shown with this prefix: a table with a column ``key``, ``source``
+# or ``timestamp`` is common, and two fields of one name would misread every row.
+CLASH_PREFIX = "value_"
+
+
+class ColumnClashError(DatabusError):
+    """A value column cannot be given a name of its own (the message says which)."""
+
+    code = "column_clash"
+
+
+def value_column_names(names: Sequence[str], *, source: str) -> list[str]:
+    """The names the value's columns get in the rows: their own, or ``value_<name>``
+    for one that clashes with a row column (``scn``, ``source``, ``op``, ``key``,
+    ``timestamp``, ``from_snapshot``, ``partition``, ``seq``, ``value``)."""
+    taken = {n.lower() for n, _ in (*META_COLUMNS, VALUE_COLUMN)}
+    own = [n.lower() for n in names]
+    out = []
+    for name in names:
+        shown = name if name.lower() not in taken else CLASH_PREFIX + name
+        if shown.lower() in taken or (shown != name and shown.lower() in own):
+            raise ColumnClashError(
+                f"source {source}: its column {name!r} clashes with the row's column of "
+                f"that name and {shown!r} is taken too; read it with several sources "
+                "(the JSON value column) or rename the column")
+        taken.add(shown.lower())
+        out.append(shown)
+    return out
 
 
 def json_ddl() -> str:
@@ -92,5 +124,5 @@ def window_rows(events: Sequence[DataEvent], partition: int,
     return [event_row(e, partition, i, value_columns) for i, e in enumerate(events)]
 
 
-__all__ = ["META_COLUMNS", "VALUE_COLUMN", "event_row", "json_ddl", "key_json",
-           "value_json", "window_rows"]
+__all__ = ["CLASH_PREFIX", "META_COLUMNS", "VALUE_COLUMN", "ColumnClashError", "event_row",
+           "json_ddl", "key_json", "value_column_names", "value_json", "window_rows"]

@@ -38,7 +38,12 @@ from databus.checkpoint import Checkpoint
 from databus.spark_jobs.stream import _offsets, _options, _relay_info
 from databus.spark_jobs.stream import _schema as _typed
 from databus.spark_jobs.stream._partition_reader import PartitionRead, read_partition
-from databus.spark_jobs.stream._rows import META_COLUMNS, VALUE_COLUMN, ValueColumns
+from databus.spark_jobs.stream._rows import (
+    META_COLUMNS,
+    VALUE_COLUMN,
+    ValueColumns,
+    value_column_names,
+)
 
 _TYPES = {"bigint": LongType, "string": StringType, "timestamp": TimestampType,
           "boolean": BooleanType, "int": IntegerType}
@@ -71,7 +76,11 @@ class _Planned:
         if self.avro is None:
             fields.append(StructField(VALUE_COLUMN[0], StringType(), True))
         else:
-            fields += list(_typed.spark_schema(self.avro).fields)
+            typed = _typed.spark_schema(self.avro).fields
+            names = value_column_names([f.name for f in typed],
+                                       source=self.opts.sources[0])
+            fields += [StructField(n, f.dataType, f.nullable, f.metadata)
+                       for n, f in zip(names, typed, strict=True)]
         return StructType(fields)
 
     def value_columns(self) -> ValueColumns | None:

@@ -315,3 +315,27 @@ def test_a_bad_option_fails_the_query_when_it_is_defined(databus_spark: SparkSes
     with pytest.raises(Exception, match=r"unknown option.*partitons") as info:
         reader.load()
     assert "s3cret" not in str(info.value)
+
+
+def test_value_columns_named_like_row_columns_are_read_under_a_prefix(
+        databus_spark: SparkSession, tmp_path: Path) -> None:
+    """A table with columns ``key``, ``timestamp`` and ``seq``: the row's own columns
+    keep their meaning and the table's come as ``value_key``, ``value_timestamp``,
+    ``value_seq`` (two fields of one name misread every row)."""
+    (tmp_path / "clash").mkdir()
+    db = SqliteSource(tmp_path / "clash" / "shop.db", "CREATE TABLE events (id INTEGER PRIMARY KEY, "
+                      "key TEXT, timestamp INTEGER, seq INTEGER)")
+    db.install("events")
+    with ServerThread(running_relay(relay_config(tmp_path, {BUFFER: db.uri("events")}))
+                      ) as relay:
+        for n in range(1, 6):
+            db.txn(f"INSERT INTO events (id, key, timestamp, seq) "
+                   f"VALUES ({n}, 'k{n}', {1000 + n}, {-n})")
+        wait_until(lambda: {c.key for w in captured(relay) for c in w.changes} >= {5} or None,
+                   "the five rows at the relay", 60)
+        rows = run_query(databus_spark, tmp_path / "cp",
+                         {"relays": relay.value.url, "sources": "shop.events"})
+    assert sorted((r.key, r.value_key, r.value_timestamp, r.value_seq, r.seq) for r in rows
+                  ) == [(str(n), f"k{n}", 1000 + n, -n, 0) for n in range(1, 6)]
+    assert all(r.source == "shop.events" and r.op == "upsert" and r.timestamp is not None
+               for r in rows)

@@ -75,3 +75,17 @@ def test_keys_as_json_text() -> None:
     assert key_json("alice") == '"alice"'
     assert key_json((1, "eu")) == '[1,"eu"]'
     assert key_json(b"\x01\xff") == '"01ff"'
+
+
+def test_value_columns_named_like_row_columns_get_a_prefix() -> None:
+    from databus.spark_jobs.stream._rows import ColumnClashError, value_column_names
+
+    assert value_column_names(["id", "qty"], source="s.t") == ["id", "qty"]
+    # Spark resolves names case-insensitively: Key clashes with key.
+    assert value_column_names(["id", "Key", "timestamp", "value", "seq"], source="s.t") == [
+        "id", "value_Key", "value_timestamp", "value_value", "value_seq"]
+    # The prefixed name is a column of the table too: no name of its own is left.
+    with pytest.raises(ColumnClashError, match="'key' clashes.*'value_key' is taken"):
+        value_column_names(["key", "value_key"], source="s.t")
+    with pytest.raises(ColumnClashError):
+        value_column_names(["value_key", "key"], source="s.t")
