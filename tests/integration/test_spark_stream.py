@@ -323,7 +323,8 @@ def test_value_columns_named_like_row_columns_are_read_under_a_prefix(
     keep their meaning and the table's come as ``value_key``, ``value_timestamp``,
     ``value_seq`` (two fields of one name misread every row)."""
     (tmp_path / "clash").mkdir()
-    db = SqliteSource(tmp_path / "clash" / "shop.db", "CREATE TABLE events (id INTEGER PRIMARY KEY, "
+    db = SqliteSource(tmp_path / "clash" / "shop.db",
+                      "CREATE TABLE events (id INTEGER PRIMARY KEY, "
                       "key TEXT, timestamp INTEGER, seq INTEGER)")
     db.install("events")
     with ServerThread(running_relay(relay_config(tmp_path, {BUFFER: db.uri("events")}))

@@ -85,7 +85,7 @@ def test_value_columns_named_like_row_columns_get_a_prefix() -> None:
     assert value_column_names(["id", "Key", "timestamp", "value", "seq"], source="s.t") == [
         "id", "value_Key", "value_timestamp", "value_value", "value_seq"]
     # The prefixed name is a column of the table too: no name of its own is left.
-    with pytest.raises(ColumnClashError, match="'key' clashes.*'value_key' is taken"):
+    with pytest.raises(ColumnClashError, match=r"'key' clashes.*'value_key' is taken"):
         value_column_names(["key", "value_key"], source="s.t")
     with pytest.raises(ColumnClashError):
         value_column_names(["value_key", "key"], source="s.t")
