@@ -25,18 +25,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from databus.checkpoint import Checkpoint, Mode
-from databus.errors import CheckpointError
+from databus.errors import CheckpointError, DatabusError
 
 VERSION = 1
 FILTER_KEY = "mod"  # the bucket of the partition key: the relay's ``mod`` filter
 
 
-class OffsetError(ValueError):
+class OffsetError(DatabusError, ValueError):
     """An offset that cannot be read (not one this source wrote)."""
+
+    code = "bad_offset"
 
 
 class OffsetMismatch(OffsetError):
     """An offset written by a query with other partitions or sources."""
+
+    code = "offset_mismatch"
 
 
 @dataclass(frozen=True, slots=True)

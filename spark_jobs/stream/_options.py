@@ -25,12 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from databus.checkpoint import INT64_MAX
+from databus.errors import ConfigError
 
 MAX_PARTITIONS = 1024
 
 
-class OptionError(ValueError):
+class OptionError(ConfigError, ValueError):
     """A bad option of the databus source (the message names it)."""
+
+    code = "bad_option"
 
 
 @dataclass(frozen=True, slots=True)
