@@ -24,35 +24,19 @@ import pytest
 from tests.fixtures._procs import free_port
 from tests.integration.test_replicator_failures import new_source
 from tests.relay_harness import wait_port_closed
-from tests.unit.test_deploy_systemd import INSTALLED, UNITS_DIR, directive, exec_argv, tool
+from tests.unit.test_deploy_systemd import (
+    INSTALLED,
+    UNITS_DIR,
+    allowed_syscalls,
+    directive,
+    exec_argv,
+    tool,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 UNIT = UNITS_DIR / "databus-relay.service"
-
-
-def allowed_syscalls(group: str) -> set[str]:
-    """The system calls of a ``systemd-analyze syscall-filter`` group, nested groups
-    expanded."""
-    done = subprocess.run([tool("systemd-analyze"), "syscall-filter"], capture_output=True,
-                          text=True, timeout=60, check=True)
-    groups: dict[str, set[str]] = {}
-    current = ""
-    for line in done.stdout.splitlines():
-        if line.startswith("@"):
-            current = line.strip()
-            groups[current] = set()
-        elif line.startswith("    ") and current and not line.strip().startswith("#"):
-            groups[current].add(line.strip())
-
-    def expand(name: str) -> set[str]:
-        out: set[str] = set()
-        for each in groups.get(name, ()):
-            out |= expand(each) if each.startswith("@") else {each}
-        return out
-
-    return expand(group)
 
 
 def traced_calls(trace: Path, pid: int | None = None) -> set[str]:

@@ -134,11 +134,11 @@ def test_the_hardening_rates_ok(unit: Path, tmp_path: Path) -> None:
         assert int(directive(unit, key)[0]) > 0, key
 
 
-def test_the_relays_needs_are_in_its_system_call_filter() -> None:
-    # mmap (the buffers), socketpair and prctl/setsid (worker processes) are in
-    # @system-service; @system-service is what every unit allows.
+def allowed_syscalls(group: str) -> set[str]:
+    """The system calls of a ``systemd-analyze syscall-filter`` group, nested groups
+    expanded."""
     done = subprocess.run([tool("systemd-analyze"), "syscall-filter"], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, check=True)
     groups: dict[str, set[str]] = {}
     current = ""
     for line in done.stdout.splitlines():
@@ -148,13 +148,19 @@ def test_the_relays_needs_are_in_its_system_call_filter() -> None:
         elif line.startswith("    ") and current and not line.strip().startswith("#"):
             groups[current].add(line.strip())
 
-    def expand(group: str) -> set[str]:
+    def expand(name: str) -> set[str]:
         out: set[str] = set()
-        for name in groups.get(group, ()):
-            out |= expand(name) if name.startswith("@") else {name}
+        for each in groups.get(name, ()):
+            out |= expand(each) if each.startswith("@") else {each}
         return out
 
-    allowed = expand("@system-service")
+    return expand(group)
+
+
+def test_the_relays_needs_are_in_its_system_call_filter() -> None:
+    # mmap (the buffers), socketpair and prctl/setsid (worker processes) are in
+    # @system-service; @system-service is what every unit allows.
+    allowed = allowed_syscalls("@system-service")
     assert {"mmap", "munmap", "msync", "socketpair", "prctl", "setsid", "clone",
             "execve", "accept4", "epoll_wait"} <= allowed
 
