@@ -85,7 +85,7 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -881,24 +881,15 @@ class EventBuffer:
                     not published.min_scn <= scn <= published.max_scn:
                 return None
             start = self._scan_start(scn, published.head)
-        ring, cap, tail = self._ring, self.capacity, published.tail
-        pos, found = start, None
+        ring, found = self._ring, None
         try:
-            while pos < tail:
-                pos = self._skip_pad(pos)
-                if pos >= tail:
-                    break
-                phys = pos % cap
-                if ring[phys] != 0xDB:
-                    break  # not an event: overwritten under us, or damage (read() says)
-                length = _U32.unpack_from(ring, phys + 12)[0]
+            for _pos, phys in self._event_headers(start, published.tail):
                 at = _HDR_SCN.unpack_from(ring, phys + 16)[0]
-                if length < HEADER_SIZE or at > scn:
+                if at > scn:
                     break
                 if at == scn and _HDR_SOURCE.unpack_from(ring, phys + 34)[0] == EOW_SOURCE_ID:
                     found = int(_HDR_SCN.unpack_from(ring, phys + 24)[0])
                     break
-                pos += length
         except (EventFormatError, struct.error):
             return None
         # Bytes read after the writer moved the head past them may be another window's.
@@ -924,28 +915,36 @@ class EventBuffer:
             if published.min_scn is None or scn <= published.min_scn:
                 return published.tail - published.head
             start = self._scan_start(scn - 1, published.head)
-        ring, cap, tail = self._ring, self.capacity, published.tail
-        pos, found = start, None
+        ring, tail, found = self._ring, published.tail, None
         try:
-            while pos < tail:
-                pos = self._skip_pad(pos)
-                if pos >= tail:
-                    break
-                phys = pos % cap
-                if ring[phys] != 0xDB:
-                    return None  # overwritten under us, or damage (read() says)
-                length = _U32.unpack_from(ring, phys + 12)[0]
-                if length < HEADER_SIZE:
-                    return None
+            for pos, phys in self._event_headers(start, tail):
                 if _HDR_SCN.unpack_from(ring, phys + 16)[0] >= scn:
                     found = pos
                     break
-                pos += length
         except (EventFormatError, struct.error):
             return None
         if self._head_now() > start:
             return None
         return 0 if found is None else tail - found
+
+    def _event_headers(self, start: int, tail: int) -> Iterator[tuple[int, int]]:
+        """(logical position, ring offset) of each event from ``start`` up to ``tail``,
+        past end-of-lap padding, for walks over headers under the writer
+        (``window_timestamp_ns``, ``bytes_from``). Bytes that are not an event header
+        (overwritten under the walk, or damage: ``read()`` says which) raise
+        ``EventFormatError``."""
+        ring, cap, pos = self._ring, self.capacity, start
+        while pos < tail:
+            pos = self._skip_pad(pos)
+            if pos >= tail:
+                return
+            phys = pos % cap
+            length = _U32.unpack_from(ring, phys + 12)[0]
+            if ring[phys] != 0xDB or length < HEADER_SIZE:
+                raise EventFormatError("not an event header", offset=phys,
+                                       reason="overwritten or damaged")
+            yield pos, phys
+            pos += length
 
     def _skip_pad(self, pos: int) -> int:
         """The position of the event at or after ``pos``: past the end-of-lap padding if
