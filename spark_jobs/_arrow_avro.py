@@ -242,6 +242,8 @@ def to_arrays(records: list[Mapping[str, Any]], columns: list[Column]) -> list[p
             texts = [v if isinstance(v, str) else None for v in values]
             arrays.append(pa.array(typed, type=column.mapped.type))
             arrays.append(pa.array(texts, type=pa.string()))
+        elif convert is _same:  # most columns: no call per value
+            arrays.append(pa.array(values, type=column.mapped.type))
         else:
             arrays.append(pa.array([convert(v) for v in values], type=column.mapped.type))
     return arrays

@@ -7,9 +7,10 @@ filter) when the partition has read nothing yet or its checkpoint fell off the r
 ``stop_at_scn=N`` ends it once its position is after window N; windows with no event of
 this bucket move that position too (the relay sends their ends).
 
-The client runs on its own thread and event loop; whole windows reach the generator
-through a small queue, so memory holds a few windows, not the micro-batch. A rollback
-after rows were handed to Spark (a window found bad after it was delivered, which the
+The client runs on its own thread and event loop; whole windows are gathered into
+Arrow record batches (``_arrow_rows``) of about ``BATCH_ROWS`` rows, which reach the
+generator through a small queue, so memory holds a few batches, not the micro-batch. A
+rollback after rows were taken (a window found bad after it was delivered, which the
 client then replays) fails the task instead of repeating those rows: Spark runs the task
 again from the same start checkpoint.
 """
@@ -24,12 +25,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from databus.checkpoint import Checkpoint
 from databus.client import CallbackResult, Consumer, DatabusClient, MemoryCheckpointStore
 from databus.client._events import Window
 from databus.errors import DatabusError
+from databus.spark_jobs.stream._arrow_rows import BATCH_ROWS, RowBatches
 from databus.spark_jobs.stream._options import SourceOptions
-from databus.spark_jobs.stream._rows import ValueColumns, window_rows
 
 _DONE = object()
 
@@ -50,27 +53,41 @@ class PartitionRead:
 
 
 class _Collector(Consumer):
-    def __init__(self, read: PartitionRead, value_columns: ValueColumns | None,
-                 out: queue.Queue[object]) -> None:
+    """Gathers whole windows' rows (on the client's dispatch thread) and hands them over
+    as record batches of at least ``batch_rows`` rows; ``flush`` hands the rest."""
+
+    def __init__(self, read: PartitionRead, batches: RowBatches, out: queue.Queue[object],
+                 batch_rows: int = BATCH_ROWS) -> None:
         self.read = read
-        self.value_columns = value_columns
+        self.batches = batches
+        self.batch_rows = batch_rows
         self.out = out
-        self.handed = False
+        self.taken = False
         self.windows = 0
         self.error: PartitionReadError | None = None
+        self._lock = threading.Lock()
 
     def on_window(self, window: Window) -> CallbackResult | None:
         self.windows += 1
         if window.events:
-            self.out.put(window_rows(window.events, self.read.partition, self.value_columns))
-            self.handed = True
+            with self._lock:
+                self.batches.add(window.events)
+                self.taken = True
+                if len(self.batches) >= self.batch_rows:
+                    self.out.put(self.batches.take())
         return None
 
+    def flush(self) -> None:
+        with self._lock:
+            batch = self.batches.take()
+            if batch is not None:
+                self.out.put(batch)
+
     def on_rollback(self, scn: int) -> CallbackResult | None:
-        if self.handed:
+        if self.taken:
             self.error = PartitionReadError(
                 f"partition {self.read.partition}: the client rolled back to SCN {scn} "
-                "after rows were handed to Spark; failing the task (it is read again "
+                "after rows were taken for Spark; failing the task (it is read again "
                 "from its start checkpoint)")
             return CallbackResult.ERROR_FATAL
         return None
@@ -92,20 +109,22 @@ def _client(opts: SourceOptions, read: PartitionRead) -> DatabusClient:
         client_id=f"spark-databus-{read.partition}of{read.partitions}")
 
 
-def read_partition(opts: SourceOptions, read: PartitionRead,
-                   value_columns: ValueColumns | None, relay_timeout: float,
+def read_partition(opts: SourceOptions, read: PartitionRead, batches: RowBatches,
+                   relay_timeout: float,
                    make_client: Callable[[SourceOptions, PartitionRead], DatabusClient] = _client,
-                   ) -> Iterator[tuple[Any, ...]]:
-    """The rows of ``read``, window by window."""
-    out: queue.Queue[object] = queue.Queue(maxsize=16)
+                   ) -> Iterator[pa.RecordBatch]:
+    """The rows of ``read`` as record batches, in commit order."""
+    out: queue.Queue[object] = queue.Queue(maxsize=4)
     client = make_client(opts, read)
-    collector = _Collector(read, value_columns, out)
+    collector = _Collector(read, batches, out)
     client.register(collector)
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
             asyncio.run(client.run_async())
+            if collector.error is None:
+                collector.flush()
         except BaseException as exc:
             failure.append(exc)
         finally:
@@ -140,7 +159,8 @@ def read_partition(opts: SourceOptions, read: PartitionRead,
             if item is _DONE:
                 break
             last_progress = time.monotonic()
-            yield from item  # type: ignore[misc]
+            assert isinstance(item, pa.RecordBatch)
+            yield item
     finally:
         client.stop()
         thread.join(30)

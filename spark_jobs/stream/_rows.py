@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from datetime import UTC, date, datetime, time
-from decimal import Decimal
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from databus.client._events import DataEvent
@@ -79,30 +78,45 @@ def json_ddl() -> str:
 
 
 def _plain(value: object) -> object:
+    """What JSON has no type for: bytes as hex, dates and times in ISO 8601, decimals,
+    UUIDs and the rest as their text."""
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).hex()
     if isinstance(value, datetime | date | time):
         return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, tuple):
-        return list(value)
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+    return str(value)
+
+
+# One encoder, made once: ``json.dumps`` with these arguments builds a new one per call,
+# which costs more than the encoding of a small row.
+_ENCODER = json.JSONEncoder(default=_plain, separators=(",", ":"), ensure_ascii=False)
 
 
 def key_json(key: object) -> str:
     """The key as compact JSON text (bytes, and bytes in a composite key, as hex)."""
+    if type(key) is int:
+        return str(key)  # what json.dumps writes for an int, without the encoder
     if isinstance(key, bytes):
-        return json.dumps(key.hex())
-    return json.dumps(list(key) if isinstance(key, tuple) else key, default=_plain,
-                      separators=(",", ":"), ensure_ascii=False)
+        return _ENCODER.encode(key.hex())
+    return _ENCODER.encode(list(key) if isinstance(key, tuple) else key)
 
 
 def value_json(value: dict[str, Any] | None) -> str | None:
+    """A decoded value as the JSON text of the ``value`` column (several sources)."""
     if value is None:
         return None
-    return json.dumps(value, default=_plain, separators=(",", ":"), ensure_ascii=False,
-                      sort_keys=False)
+    return _ENCODER.encode(value)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def event_time(timestamp_ns: int) -> datetime | None:
+    """The ``timestamp`` column: the commit time to the microsecond below (exactly what
+    the Arrow rows hold), None when unknown (0)."""
+    if timestamp_ns <= 0:
+        return None
+    return _EPOCH + timedelta(microseconds=timestamp_ns // 1000)
 
 
 def event_row(event: DataEvent, partition: int, seq: int,
@@ -111,7 +125,7 @@ def event_row(event: DataEvent, partition: int, seq: int,
     ts = event.timestamp_ns
     meta = (event.scn, event.source, "delete" if event.op == Op.DELETE else "upsert",
             key_json(event.key),
-            datetime.fromtimestamp(ts / 1e9, tz=UTC) if ts > 0 else None,
+            event_time(ts),
             bool(event.from_bootstrap or event.from_dump), partition, seq)
     if value_columns is None:
         return (*meta, value_json(event.value))
@@ -125,4 +139,4 @@ def window_rows(events: Sequence[DataEvent], partition: int,
 
 
 __all__ = ["CLASH_PREFIX", "META_COLUMNS", "VALUE_COLUMN", "ColumnClashError", "event_row",
-           "json_ddl", "key_json", "value_column_names", "value_json", "window_rows"]
+           "event_time", "json_ddl", "key_json", "value_column_names", "value_json", "window_rows"]

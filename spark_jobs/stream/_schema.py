@@ -39,8 +39,6 @@ fits a ``long``. Anything else raises ``IncompatibleSchemaChange``.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -319,19 +317,3 @@ def check_evolution(old_avro: AvroRecord, new_avro: AvroRecord, *,
         if column.name not in old_names and not column.nullable:
             raise refuse(column.name, "was added as non-null (older rows have no value "
                                       "for it)")
-
-
-def json_text(value: Any) -> str | None:
-    """A decoded value as the JSON text of the ``value`` column (several sources):
-    dates and times in ISO 8601, decimals and UUIDs as their text, bytes as hex."""
-    if value is None:
-        return None
-    return json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).hex()
-    if isinstance(value, dt.date | dt.time):  # datetime too
-        return value.isoformat()
-    return str(value)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -37,13 +38,9 @@ from pyspark.sql.types import (
 from databus.checkpoint import Checkpoint
 from databus.spark_jobs.stream import _offsets, _options, _relay_info
 from databus.spark_jobs.stream import _schema as _typed
+from databus.spark_jobs.stream._arrow_rows import RowBatches
 from databus.spark_jobs.stream._partition_reader import PartitionRead, read_partition
-from databus.spark_jobs.stream._rows import (
-    META_COLUMNS,
-    VALUE_COLUMN,
-    ValueColumns,
-    value_column_names,
-)
+from databus.spark_jobs.stream._rows import META_COLUMNS, VALUE_COLUMN, value_column_names
 
 _TYPES = {"bigint": LongType, "string": StringType, "timestamp": TimestampType,
           "boolean": BooleanType, "int": IntegerType}
@@ -83,19 +80,10 @@ class _Planned:
                        for n, f in zip(names, typed, strict=True)]
         return StructType(fields)
 
-    def value_columns(self) -> ValueColumns | None:
-        avro = self.avro
-        if avro is None:
-            return None
-
-        def columns(value: dict[str, Any] | None) -> tuple[Any, ...]:
-            return tuple(_typed.row_values(avro, value))
-        return columns
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, DatabusPartition)
-        return read_partition(self.opts, partition.read, self.value_columns(),
-                              self.opts.relay_timeout)
+        batches = RowBatches(self.schema(), partition.read.partition, self.avro)
+        return read_partition(self.opts, partition.read, batches, self.opts.relay_timeout)
 
 
 class DatabusDataSource(DataSource):
@@ -166,7 +154,7 @@ class DatabusStreamReader(DataSourceStreamReader):
                     i, self.opts.partitions, since.to_json(), stop, self.planned.avro)))
         return reads
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.planned.read(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -187,5 +175,5 @@ class DatabusBatchReader(DataSourceReader):
                                                self.opts.scn or 0, self.planned.avro))
                 for i in range(p)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.planned.read(partition)

@@ -24,10 +24,10 @@ from databus.fetchers.mysql._types import ColumnSpec, Kind, avro_field_type
 from databus.fetchers.postgres._types import PgType, column_mapping, share_named_types
 from databus.fetchers.txlog._schema import field_mapping
 from databus.schemas import Schema
+from databus.spark_jobs.stream._rows import value_json as json_text
 from databus.spark_jobs.stream._schema import (
     IncompatibleSchemaChange,
     check_evolution,
-    json_text,
     row_converter,
     row_values,
     spark_schema,
