@@ -112,6 +112,7 @@ class DatabusStreamReader(DataSourceStreamReader):
     def __init__(self, planned: _Planned) -> None:
         self.planned = planned
         self.opts = planned.opts
+        self._latest: dict[str, Any] | None = None
 
     def _parse(self, offset: object) -> _offsets.Offset:
         return _offsets.parse(offset, partitions=self.opts.partitions,
@@ -140,7 +141,14 @@ class DatabusStreamReader(DataSourceStreamReader):
             if newest != planned.avro:
                 _typed.check_evolution(planned.avro, newest, source=self.opts.sources[0])
         newest_scn = _relay_info.newest_scn(self.opts, self.opts.relay_timeout)
-        return _offsets.advanced_to(begin, newest_scn).to_json()
+        latest = _offsets.advanced_to(begin, newest_scn).to_json()
+        self._latest = latest
+        return latest
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The relay's newest window as an offset (``latestOffset`` in the query's
+        progress), as of the last plan; None before the first."""
+        return self._latest
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]
                    ) -> Sequence[InputPartition]:

@@ -77,9 +77,10 @@ def newest_scn(relay: ServerThread) -> int | None:
 
 
 def run_query(spark: SparkSession, checkpoint: Path, options: dict[str, object],
-              ) -> list[Row]:
+              progress: list[dict[str, Any]] | None = None) -> list[Row]:
     """Run a ``databus`` query until it has read everything available, then stop it;
-    the rows of every micro-batch, in batch order."""
+    the rows of every micro-batch, in batch order (``progress``: gets the query's
+    progress reports)."""
     got: list[Row] = []
 
     def batch(df: Any, batch_id: int) -> None:
@@ -92,6 +93,8 @@ def run_query(spark: SparkSession, checkpoint: Path, options: dict[str, object],
              .foreachBatch(batch).trigger(processingTime="200 milliseconds").start())
     try:
         query.processAllAvailable()
+        if progress is not None:
+            progress.extend(query.recentProgress)
     finally:
         query.stop()
     return got

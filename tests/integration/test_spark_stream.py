@@ -98,8 +98,17 @@ def test_rows_are_the_changes_and_a_restart_resumes(
         url = relay.value.url
         first = wait_captured(relay, write(db, 1, 9))
         options = {"relays": url, "sources": ITEMS}
-        rows = run_query(databus_spark, tmp_path / "cp", options)
+        progress: list[dict[str, Any]] = []
+        rows = run_query(databus_spark, tmp_path / "cp", options, progress)
         want = changes(first, {ITEMS})
+        # Spark's own progress: rows read, and each batch's offsets (the partition's
+        # position) up to the relay's newest window (latestOffset).
+        assert sum(p["numInputRows"] for p in progress) == len(rows)
+        ran = [p["sources"][0] for p in progress if p["numInputRows"]]
+        newest = max(w.scn for w in first)
+        end = json.loads(ran[-1]["endOffset"])
+        assert end["checkpoints"]["0"]["window_scn"] == newest
+        assert json.loads(ran[-1]["latestOffset"]) == end
         # Deletes carry the key only: compare their rows on the meta columns.
         assert [t[:5] for t in typed(rows)] == [t[:5] for t in want]
         assert [t for t in typed(rows) if t[2] == "upsert"] == [
