@@ -219,8 +219,10 @@ def db(tmp_path: Path) -> SqliteSource:
 
 @pytest.fixture
 def relay(db: SqliteSource, tmp_path: Path) -> Iterator[ServerThread]:
-    with ServerThread(running_relay(relay_config(tmp_path, {BUFFER: db.uri("items")}))
-                      ) as server:
+    # 32 MB: every window since the start stays (the test counts them), whatever time
+    # the driver's restarts take.
+    config = relay_config(tmp_path, {BUFFER: db.uri("items")}, capacity_mb=32)
+    with ServerThread(running_relay(config)) as server:
         yield server
 
 
@@ -343,8 +345,9 @@ def test_driver_killed_mid_batch_and_after_a_publish_resumes_exactly_once(
     last = driver.newest("commits")
     final = read_commit(table)
     assert final is not None and final.batch_id == last
-    windows = captured(relay)
-    assert final.version == batches_with_rows(driver, windows, last), (
-        f"{final} after {last + 1} batches; killed in {k1} and after publishing {k2}")
+    with_rows = batches_with_rows(driver, captured(relay), last)
+    assert final.version == with_rows, (
+        f"version {final.version} after {with_rows} batches with rows of {last + 1} "
+        f"(killed in batch {k1} and after batch {k2}'s publish)")
     print(f"{transactions} transactions, {len(rows)} rows, {last + 1} batches, "
           f"version {final.version}; killed in batch {k1} and after batch {k2}'s publish")
