@@ -17,8 +17,8 @@ partitions, ``--trigger 0.5``). It is killed twice:
    That point lasts milliseconds, so the child, started to die after batch K1, kills
    its own process group there: the same SIGKILL, at a known point.
 
-Then the writer stops, and the third run catches up. The table (``read_table``) equals the
-source table; its ``commit.json`` names the last committed batch; and its version
+Then the writer stops, and the third run catches up. The table (``read_table``) equals
+the source table; its ``commit.json`` names the last committed batch; and its version
 counter equals the number of batches that had rows (counted from the query's offset
 log against the relay's windows): every batch with rows published one version, the
 re-run of K1 once and the re-run of K2 none (a second apply of K2 would count one
