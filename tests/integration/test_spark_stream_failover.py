@@ -202,8 +202,10 @@ class RunningQuery:
         held = self.held_id
 
         def previous_end() -> dict[int, int] | None:
+            # The last batch's progress (or, after a trigger with nothing new, an idle
+            # one, which may carry the next batch's id: its offsets are the same).
             progress = self.query.lastProgress
-            if progress is None or progress["batchId"] != held - 1:
+            if progress is None or progress["batchId"] not in (held - 1, held):
                 return None
             end = progress["sources"][0]["endOffset"]
             offset = json.loads(end) if isinstance(end, str) else end
