@@ -5,7 +5,10 @@ The client does all the work and all the checks of any consumer: CRCs and whole
 windows, failover between relays, the bootstrap (snapshot, then catch-up, with the same
 filter) when the partition has read nothing yet or its checkpoint fell off the relays.
 ``stop_at_scn=N`` ends it once its position is after window N; windows with no event of
-this bucket move that position too (the relay sends their ends).
+this bucket move that position too (the relay sends their ends). A relay window past N
+(the relay has no window N: another member, which the driver asked, had one) ends it as
+well, and its rows are not handed to Spark: the next micro-batch starts after N and reads
+them.
 
 The client runs on its own thread and event loop; whole windows are gathered into
 Arrow record batches (``_arrow_rows``) of about ``BATCH_ROWS`` rows, which reach the
@@ -69,6 +72,12 @@ class _Collector(Consumer):
 
     def on_window(self, window: Window) -> CallbackResult | None:
         self.windows += 1
+        if window.scn > self.read.stop_at_scn and not window.from_bootstrap:
+            # The relay read has no window N (docs/clusters.md: a member that read a
+            # trigger-captured source again may lack a window another one has): this
+            # one ends the read and belongs to the next micro-batch, which starts
+            # after N. Handed now, it would be handed again there.
+            return None
         if window.events:
             with self._lock:
                 self.batches.add(window.events)
