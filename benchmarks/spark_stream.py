@@ -41,13 +41,38 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _relay_proc import RelayProcess, code_version, loadavg
+from _relay_proc import CLK_TCK, RelayProcess, code_version, descendants, loadavg
 
 from databus.client import Consumer, DatabusClient, MemoryCheckpointStore, Window
 
 # Two sources: the rows have the ``value`` JSON column; one: its typed columns (the
 # synthetic schema's ``seq`` comes as ``value_seq``).
 SOURCES = ("synthetic.a", "synthetic.b")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants, with the children each of them
+    has reaped (Spark's short-lived Python planners): utime + stime + cutime + cstime."""
+    total = 0.0
+    for one in (pid, *descendants(pid)):
+        try:
+            with open(f"/proc/{one}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        total += sum(int(x) for x in fields[11:15]) / CLK_TCK
+    return total
+
+
+class Cpu:
+    """CPU seconds spent by this process's tree and the relay's between two reads."""
+
+    def __init__(self, relay_pid: int) -> None:
+        self.relay_pid = relay_pid
+
+    def now(self) -> float:
+        return tree_cpu(os.getpid()) + tree_cpu(self.relay_pid)
 
 
 class WindowCounter(Consumer):
@@ -158,12 +183,19 @@ def main() -> None:
                 ratios: dict[int, list[float]] = {p: [] for p in args.partitions}
                 rates: dict[int, list[float]] = {p: [] for p in args.partitions}
                 in_batches: dict[int, list[float]] = {p: [] for p in args.partitions}
+                # CPU µs per event, the relay's included (0: the client).
+                cpu_us: dict[int, list[float]] = {p: [] for p in (0, *args.partitions)}
+                cpu = Cpu(relay.pid)
                 for _ in range(args.repeat):
+                    before = cpu.now()
                     reference = client_rate(relay.url, windows, events, sources)
+                    cpu_us[0].append((cpu.now() - before) / events * 1e6)
                     clients.append(reference)
                     for p in args.partitions:
+                        before = cpu.now()
                         whole, batches = spark_rate(spark, relay.url, p, events, work,
                                                     sources)
+                        cpu_us[p].append((cpu.now() - before) / events * 1e6)
                         rates[p].append(whole)
                         ratios[p].append(whole / reference)
                         in_batches[p].append(batches / reference)
@@ -179,6 +211,12 @@ def main() -> None:
               f" | {statistics.median(ratios[p]):.2f} | {statistics.median(in_batches[p]):.2f}"
               " | " + ", ".join(f"{r:.2f}" for r in ratios[p]) + "; "
               + ", ".join(f"{r:.2f}" for r in in_batches[p]) + " |")
+    print()
+    print("CPU per event (µs, all processes: the relay, the client or the JVM and its "
+          "Python workers; median): DatabusClient "
+          f"{statistics.median(cpu_us[0]):.1f}; "
+          + "; ".join(f"{p} partition(s) {statistics.median(cpu_us[p]):.1f}"
+                      for p in args.partitions))
 
 
 if __name__ == "__main__":
