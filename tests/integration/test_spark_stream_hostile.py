@@ -393,12 +393,30 @@ def test_a_column_added_keeps_the_query_running_and_one_removed_fails_it(
         assert state[101] == "newer"
         assert state[100] is None and state[1] is None  # read before the restart
         assert state[4] is None  # written before the column was added
+        # A query started before another nullable column is added, that reads its
+        # first rows after it: the columns it started with (every reader of a query
+        # takes the query's schema version, not the newest).
+        fresh: list[Row] = []
+        query = start_query(databus_spark, tmp_path / "cp-fresh",
+                            {**options, "starting": "latest"}, fresh)
+        try:
+            query.processAllAvailable()
+            db.run("ALTER TABLE items ADD COLUMN size INTEGER")
+            db.txn("INSERT INTO items (id, sku, qty, note, size) "
+                   "VALUES (102, 'sku102', 9, 'n', 3)")
+            added = windows_with(relay, 102, "the row with a size at the relay")
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        assert got(fresh, columns) == want(added[len(later):], columns)
+        assert "size" not in fresh[-1].asDict()
         # A column removed: the next batch fails the query, naming the source and
         # the column; nothing of the new version is written.
-        count = len(more)
         query = start_query(databus_spark, tmp_path / "cp", options, more, table)
         try:
             query.processAllAvailable()
+            count = len(more)
+            assert {r.id for r in more} >= {101, 102}
             db.run("ALTER TABLE items DROP COLUMN qty")
             db.txn("INSERT INTO items (id, sku, note) VALUES (200, 'sku200', 'dropped')")
             dropped = windows_with(relay, 200, "the row written without qty at the relay")
@@ -408,5 +426,6 @@ def test_a_column_added_keeps_the_query_running_and_one_removed_fails_it(
         finally:
             query.stop()
         assert more[count:] == []
-        new_version = {w.scn for w in dropped[len(later):]}
+        new_version = {w.scn for w in dropped[len(added):]}
         assert not {r.scn for r in more} & new_version
+        assert 200 not in {r.id for r in read_table(databus_spark, table).collect()}
