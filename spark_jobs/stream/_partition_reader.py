@@ -21,6 +21,7 @@ again from the same start checkpoint.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -102,6 +103,23 @@ class _Collector(Consumer):
         return None
 
 
+class _LastWarning(logging.Handler):
+    """The last WARNING (or worse) of ``databus.client`` logged on one thread (the
+    partition's client): why a read that makes no progress does not, for its error."""
+
+    def __init__(self, thread: str) -> None:
+        super().__init__(logging.WARNING)
+        self.thread = thread
+        self.message: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.threadName == self.thread:
+            try:
+                self.message = record.getMessage()
+            except Exception:  # a bad record must not break the read
+                self.message = str(record.msg)
+
+
 def _client(opts: SourceOptions, read: PartitionRead) -> DatabusClient:
     spec = None
     if read.partitions > 1:
@@ -143,6 +161,9 @@ def read_partition(opts: SourceOptions, read: PartitionRead, batches: RowBatches
 
     thread = threading.Thread(target=run, name=f"databus-partition-{read.partition}",
                               daemon=True)
+    warned = _LastWarning(thread.name)
+    client_log = logging.getLogger("databus.client")
+    client_log.addHandler(warned)
     thread.start()
     last_progress = time.monotonic()
     seen = (-2, 0, 0)
@@ -161,11 +182,13 @@ def read_partition(opts: SourceOptions, read: PartitionRead, batches: RowBatches
                     # too) or bootstrap batches. Bad answers are retried for ever by
                     # the client (they never reach Spark): bounded here.
                     client.stop()
+                    why = (f"; the client's last warning: {warned.message[:500]}"
+                           if warned.message else "")
                     raise PartitionReadError(
                         f"partition {read.partition}: no progress in {relay_timeout:.0f} s "
                         f"(relays failing, answering what does not check out, or not "
                         "answering; the executor's WARNING lines of databus.client say "
-                        "why)") from None
+                        f"why){why}") from None
                 continue
             if item is _DONE:
                 break
@@ -175,6 +198,7 @@ def read_partition(opts: SourceOptions, read: PartitionRead, batches: RowBatches
     finally:
         client.stop()
         thread.join(30)
+        client_log.removeHandler(warned)
     if collector.error is not None:
         raise collector.error
     if failure:

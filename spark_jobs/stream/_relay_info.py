@@ -72,22 +72,33 @@ def newest_scn(opts: SourceOptions, timeout: float = TIMEOUT_S) -> int | None:
     return result
 
 
-def newest_schema(opts: SourceOptions, source: str, timeout: float = TIMEOUT_S
-                  ) -> dict[str, Any]:
-    """The newest Avro schema of ``source`` (``GET /v1/schemas?source=``)."""
-    async def job(puller: RelayPuller) -> dict[str, Any]:
-        async def attempt(relay: str) -> dict[str, Any]:
+def schema_versions(opts: SourceOptions, source: str, timeout: float = TIMEOUT_S
+                    ) -> list[dict[str, Any]]:
+    """Every Avro schema version of ``source`` the relay has, oldest first (``GET
+    /v1/schemas?source=``); at least one."""
+    async def job(puller: RelayPuller) -> list[dict[str, Any]]:
+        async def attempt(relay: str) -> list[dict[str, Any]]:
             doc = await puller._get_json(f"{relay}/v1/schemas?source={source}")
             if not isinstance(doc, dict) or not isinstance(doc.get("versions"), list):
                 raise ValueError("the relay's /v1/schemas answer has no versions")
             versions = doc["versions"]
             if not versions:
                 raise ValueError(f"the relay has no schema of {source} yet")
-            schema = versions[-1].get("schema")
-            if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
-                raise ValueError(f"the relay's schema of {source} is not an Avro record")
-            return json.loads(json.dumps(schema))  # type: ignore[no-any-return]
+            out = []
+            for version in versions:
+                schema = version.get("schema") if isinstance(version, dict) else None
+                if not isinstance(schema, dict) or not isinstance(schema.get("fields"), list):
+                    raise ValueError(f"the relay's schema of {source} is not an Avro record")
+                out.append(json.loads(json.dumps(schema)))
+            return out
         return await puller._retrying(attempt)
 
-    result: dict[str, Any] = asyncio.run(_ask(opts, f"the schema of {source}", timeout, job))
+    result: list[dict[str, Any]] = asyncio.run(
+        _ask(opts, f"the schema of {source}", timeout, job))
     return result
+
+
+def newest_schema(opts: SourceOptions, source: str, timeout: float = TIMEOUT_S
+                  ) -> dict[str, Any]:
+    """The newest Avro schema of ``source`` (``GET /v1/schemas?source=``)."""
+    return schema_versions(opts, source, timeout)[-1]

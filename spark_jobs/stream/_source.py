@@ -36,6 +36,7 @@ from pyspark.sql.types import (
 )
 
 from databus.checkpoint import Checkpoint
+from databus.errors import DatabusError, SchemaError
 from databus.spark_jobs.stream import _offsets, _options, _relay_info
 from databus.spark_jobs.stream import _schema as _typed
 from databus.spark_jobs.stream._arrow_rows import RowBatches
@@ -58,26 +59,67 @@ class DatabusPartition(InputPartition):
         self.read = read
 
 
-class _Planned:
-    """What the driver works out once: the options and the single source's schema."""
+def _value_fields(avro: dict[str, Any], source: str) -> list[StructField]:
+    """The value columns of one source's Avro schema version, as the query has them."""
+    typed = _typed.spark_schema(avro).fields
+    names = value_column_names([f.name for f in typed], source=source)
+    return [StructField(n, f.dataType, f.nullable, f.metadata)
+            for n, f in zip(names, typed, strict=True)]
 
-    def __init__(self, raw: dict[str, str], streaming: bool) -> None:
+
+def query_version(versions: Sequence[dict[str, Any]], schema: StructType, source: str
+                  ) -> dict[str, Any] | None:
+    """The newest of a source's schema ``versions`` whose columns are the query's
+    ``schema`` (the row's own columns, then the value's): the version the query was
+    planned with, though newer ones came since. None when no version has them."""
+    meta = [n for n, _ in META_COLUMNS]
+    if [f.name for f in schema.fields[:len(meta)]] != meta:
+        return None
+    wanted = [(f.name, f.dataType) for f in schema.fields[len(meta):]]
+    for version in reversed(versions):
+        avro: dict[str, Any] = version
+        try:
+            fields = _value_fields(avro, source)
+        except DatabusError:  # a version whose columns cannot be read (names clash)
+            continue
+        if [(f.name, f.dataType) for f in fields] == wanted:
+            return avro
+    return None
+
+
+class _Planned:
+    """What the driver works out once: the options and the single source's schema.
+
+    Spark makes several readers of one query, at different times (the driver's, and
+    each micro-batch's read function's): given the query's ``schema``, a reader takes
+    the schema version that has those columns, not the newest one, so that every
+    reader makes rows of the query's columns whatever changed since it was planned."""
+
+    def __init__(self, raw: dict[str, str], streaming: bool,
+                 schema: StructType | None = None) -> None:
         self.opts = _options.parse(raw, streaming=streaming)
         self.avro: dict[str, Any] | None = None
         if len(self.opts.sources) == 1:
-            self.avro = _relay_info.newest_schema(self.opts, self.opts.sources[0],
-                                                  self.opts.relay_timeout)
+            source = self.opts.sources[0]
+            versions = _relay_info.schema_versions(self.opts, source,
+                                                   self.opts.relay_timeout)
+            self.avro = versions[-1]
+            if schema is not None:
+                found = query_version(versions, schema, source)
+                if found is None:
+                    raise SchemaError(
+                        f"source {source}: the query's columns ({schema.simpleString()[:300]}"
+                        f") are those of no schema version of {source} on the relays; the "
+                        f"databus source's columns come from the source's schema (give no "
+                        f".schema()): {_typed.JSON_MODE_HINT}")
+                self.avro = found
 
     def schema(self) -> StructType:
         fields = _meta_fields()
         if self.avro is None:
             fields.append(StructField(VALUE_COLUMN[0], StringType(), True))
         else:
-            typed = _typed.spark_schema(self.avro).fields
-            names = value_column_names([f.name for f in typed],
-                                       source=self.opts.sources[0])
-            fields += [StructField(n, f.dataType, f.nullable, f.metadata)
-                       for n, f in zip(names, typed, strict=True)]
+            fields += _value_fields(self.avro, self.opts.sources[0])
         return StructType(fields)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -93,8 +135,8 @@ class DatabusDataSource(DataSource):
     def name(cls) -> str:
         return "databus"
 
-    def _planned(self, streaming: bool) -> _Planned:
-        return _Planned(dict(self.options), streaming)
+    def _planned(self, streaming: bool, schema: StructType | None = None) -> _Planned:
+        return _Planned(dict(self.options), streaming, schema)
 
     def schema(self) -> StructType:
         _options.parse(dict(self.options), streaming=None)  # a bad option fails here
@@ -102,10 +144,10 @@ class DatabusDataSource(DataSource):
         return self._planned(streaming=not batch).schema()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return DatabusStreamReader(self._planned(streaming=True))
+        return DatabusStreamReader(self._planned(streaming=True, schema=schema))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return DatabusBatchReader(self._planned(streaming=False))
+        return DatabusBatchReader(self._planned(streaming=False, schema=schema))
 
 
 class DatabusStreamReader(DataSourceStreamReader):
@@ -134,13 +176,16 @@ class DatabusStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: object = None) -> dict[str, Any]:
         begin = self._parse(start)
         planned = self.planned
+        newest_scn = _relay_info.newest_scn(self.opts, self.opts.relay_timeout)
         if planned.avro is not None:
             # A schema change the query's columns cannot take fails it here, clearly.
+            # Asked after the newest window: a fetcher registers a schema version
+            # before it writes a window with it, so no window of the batch has a
+            # version newer than this one.
             newest = _relay_info.newest_schema(self.opts, self.opts.sources[0],
                                                self.opts.relay_timeout)
             if newest != planned.avro:
                 _typed.check_evolution(planned.avro, newest, source=self.opts.sources[0])
-        newest_scn = _relay_info.newest_scn(self.opts, self.opts.relay_timeout)
         latest = _offsets.advanced_to(begin, newest_scn).to_json()
         self._latest = latest
         return latest
