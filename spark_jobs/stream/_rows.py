@@ -101,11 +101,27 @@ def key_json(key: object) -> str:
     return _ENCODER.encode(list(key) if isinstance(key, tuple) else key)
 
 
+def _value_encoder() -> Callable[[dict[str, Any]], str]:
+    """``_ENCODER.encode`` of a dict, without its Python frames (``iterencode`` makes a
+    new C encoder per call): the C encoder made once, with no check for circular
+    references, which a decoded value (a tree) cannot have. Same text; 1-2 µs less a
+    row. Where the C encoder is missing, ``_ENCODER.encode``."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover (CPython has it)
+        return _ENCODER.encode
+    chunks = make(None, _plain, json.encoder.encode_basestring, None, ":", ",", False,
+                  False, True)
+    return lambda value: "".join(chunks(value, 0))
+
+
+_encode_value = _value_encoder()
+
+
 def value_json(value: dict[str, Any] | None) -> str | None:
     """A decoded value as the JSON text of the ``value`` column (several sources)."""
     if value is None:
         return None
-    return _ENCODER.encode(value)
+    return _encode_value(value)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -149,3 +149,21 @@ def test_random_windows(windows: list[list[tuple[Any, Any, bool]]], partition: i
                for k, v, b in w] for i, w in enumerate(windows)]
     same(events, SCHEMA, partition)
     same(events, None, partition)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary()
+    | st.decimals(allow_nan=False) | st.dates() | st.times() | st.uuids(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=6))
+def test_value_json_is_the_encoders_text(value: dict[str, Any]) -> None:
+    """The C encoder made once writes what ``json.dumps`` with the same arguments does."""
+    from databus.spark_jobs.stream._rows import _plain, value_json
+
+    assert value_json(value) == json.dumps(value, default=_plain, separators=(",", ":"),
+                                           ensure_ascii=False)
