@@ -18,7 +18,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from databus.spark_jobs import register
 from tests.integration.spark_stream_support import ServerThread, captured, run_query
 from tests.relay_harness import relay_config, running_relay
 from tests.unit.test_txlog_support import BUFFER, CapturedWindow, SqliteSource
@@ -40,12 +39,6 @@ def db(tmp_path: Path) -> SqliteSource:
     source = SqliteSource(tmp_path / "shop.db", *DDL)
     source.install("items,tags")
     return source
-
-
-@pytest.fixture
-def databus_spark(spark: SparkSession) -> SparkSession:
-    register(spark)
-    return spark
 
 
 def write(db: SqliteSource, first: int, count: int) -> str:

@@ -31,7 +31,6 @@ import pytest
 
 from databus.event import Op, decode_eow, decode_event, iter_events
 from databus.schemas import AvroCodec, Schema
-from databus.spark_jobs import register
 from tests.fixtures.servers import EnsembleChroot
 from tests.integration.cluster_support import OrdersWriter, cluster_toml, get_json, wait_for
 from tests.relay_harness import RelayProcess
@@ -49,12 +48,6 @@ CAPACITY_MB = 32  # holds every window of a test: the query starts at the oldest
 
 # One change as the query's row says it: (partition, scn, op, key JSON, seq, qty).
 Change = tuple[int, int, str, str, int, int | None]
-
-
-@pytest.fixture
-def databus_spark(spark: SparkSession) -> SparkSession:
-    register(spark)
-    return spark
 
 
 @pytest.fixture

@@ -36,7 +36,6 @@ from databus.relay._access import tls_for
 from databus.relay._relay import Relay
 from databus.relay._server import create_app
 from databus.security import client_context
-from databus.spark_jobs import register
 from tests.fixtures._certs import PKI
 from tests.hostile_upstream import HostileUpstream
 from tests.integration.spark_stream_support import ServerThread, captured
@@ -61,12 +60,6 @@ def db(tmp_path: Path) -> SqliteSource:
     source = SqliteSource(tmp_path / "shop.db", *DDL)
     source.install("items,tags")
     return source
-
-
-@pytest.fixture
-def databus_spark(spark: SparkSession) -> SparkSession:
-    register(spark)
-    return spark
 
 
 def write(db: SqliteSource, first: int, count: int) -> str:
