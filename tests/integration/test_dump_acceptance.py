@@ -63,15 +63,35 @@ PATIENCE = 120 + ROWS / 2000
 
 
 class Replica(Consumer):
-    """A consumer keeping ``source`` as a dict by key, as a user's would."""
+    """A consumer keeping ``source`` as a dict by key, as a user's would. The dump
+    markers it saw are kept with their window's SCN: after a relay kill the client may
+    roll back and replay the windows after its last checkpoint (the promise: duplicates
+    only as whole replayed windows), and a replayed marker is not a second dump."""
 
     def __init__(self) -> None:
         self.rows: dict[Any, dict[str, Any]] = {}
         self.scn = 0
         self.dumped = 0
-        self.dump_starts: list[str] = []
-        self.dump_ends: list[str] = []
+        self._window = -1
+        self._starts: list[tuple[int, str]] = []
+        self._ends: list[tuple[int, str]] = []
         self.lock = threading.Lock()
+
+    @property
+    def dump_starts(self) -> list[str]:
+        return [source for _, source in self._starts]
+
+    @property
+    def dump_ends(self) -> list[str]:
+        return [source for _, source in self._ends]
+
+    def on_start_data_event_sequence(self, scn: int) -> None:
+        self._window = scn
+
+    def on_rollback(self, scn: int) -> None:
+        # The windows after ``scn`` come again, with their markers.
+        self._starts = [m for m in self._starts if m[0] <= scn]
+        self._ends = [m for m in self._ends if m[0] <= scn]
 
     def on_data_event(self, event: DataEvent) -> None:
         with self.lock:
@@ -86,10 +106,10 @@ class Replica(Consumer):
         self.scn = max(self.scn, scn)
 
     def on_dump_start(self, source: str) -> None:
-        self.dump_starts.append(source)
+        self._starts.append((self._window, source))
 
     def on_dump_end(self, source: str) -> None:
-        self.dump_ends.append(source)
+        self._ends.append((self._window, source))
 
 
 def _row_text(values: list[Any]) -> str:
