@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
+from urllib.parse import quote
 
 from databus.checkpoint import Checkpoint
 from databus.client._relay_puller import RelayPuller
@@ -78,7 +79,7 @@ def schema_versions(opts: SourceOptions, source: str, timeout: float = TIMEOUT_S
     /v1/schemas?source=``); at least one."""
     async def job(puller: RelayPuller) -> list[dict[str, Any]]:
         async def attempt(relay: str) -> list[dict[str, Any]]:
-            doc = await puller._get_json(f"{relay}/v1/schemas?source={source}")
+            doc = await puller._get_json(f"{relay}/v1/schemas?source={quote(source, safe='')}")
             if not isinstance(doc, dict) or not isinstance(doc.get("versions"), list):
                 raise ValueError("the relay's /v1/schemas answer has no versions")
             versions = doc["versions"]
