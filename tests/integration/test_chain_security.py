@@ -102,9 +102,17 @@ def test_revoked_upstream_token_is_a_clear_retried_error_then_resumes_without_ga
                 assert fetcher["state"] in ("failed", "backoff")
                 assert "revoked" in fetcher["last_error"]
                 assert "401 unauthorized" in fetcher["last_error"]
-                status = await down.get("/readyz")
-                ready_text = await status.text()
-                assert status.status == 503 and "refused this relay" in ready_text
+                # Not ready while refused. Each retry's attempt reports "running" until
+                # the upstream answers it (a few ms), so one look may fall in one: the
+                # answer must be 503 within a few looks, with the reason.
+                async def refused_ready() -> tuple[int, str] | None:
+                    answer = await down.get("/readyz")
+                    text = await answer.text()
+                    return (answer.status, text) if answer.status == 503 else None
+
+                _, ready_text = await async_wait_until(
+                    refused_ready, "/readyz answering 503 while refused", 10)
+                assert "refused this relay" in ready_text
                 # Retried with backoff, not in a hot loop: a few tries a second at most
                 # (the test relay's backoff grows to 0.5 s).
                 before = gate.refused
