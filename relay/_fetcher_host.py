@@ -78,6 +78,12 @@ FetcherState = Literal["starting", "running", "backoff", "standby", "stopped", "
 # that ended in an expected condition (its lease ran out, its leader is gone); a role
 # change cuts it short.
 _EXPECTED_RETRY_S = 0.25
+# A retry's attempt is "starting" (not ready) until it reads (``_confirm``: a window, or
+# a second report of the source's position) or has run this long without failing: a
+# source that refuses, drops or black-holes every try is not shown "running" while a
+# try is under way. The bound keeps a fetcher that reports nothing on an idle source
+# from staying "starting" for ever.
+UNCONFIRMED_S = 5.0
 
 # Lag in seconds (DESIGN 17): how long after a window a fetcher that never said when it
 # will report again (``FetcherContext.report_read_through``) is still believed; after
@@ -288,6 +294,10 @@ class _Runner:
         self.windows_landed = 0  # windows the fetcher wrote (this thread's attempts)
         # Retrying after a misconfiguration: "failed" until a try reads (``_confirm``).
         self.fixing = False
+        # Retrying after any other failure: "starting" until a try reads (``_confirm``)
+        # or has lasted UNCONFIRMED_S (``_settle``).
+        self.retrying = False
+        self.attempt_started = 0.0
         self.attempt_reports = 0  # source positions and details reported this try
         self.expected_streak = 0  # attempts in a row that ended in an expected condition
 
@@ -371,16 +381,26 @@ class _Runner:
             self._confirm()
 
     def _confirm(self) -> None:
-        """A fetcher retried after a misconfiguration reads its source again (it lands
-        a window or reports the source's position): it is "running" from now on."""
-        if self.fixing and threading.current_thread() is self.thread:
+        """A fetcher retried after a failure reads its source again (it lands a window
+        or reports the source's position): it is "running" from now on."""
+        if (self.fixing or self.retrying) and threading.current_thread() is self.thread:
             with self.lock:
-                if self.fixing and self.state == "failed":
+                if (self.fixing and self.state == "failed") or (
+                        self.retrying and self.state == "starting"):
                     self.state = "running"
-                self.fixing = False
+                self.fixing = self.retrying = False
+
+    def _settle(self) -> None:
+        """(Under ``lock``.) A retry's attempt that has lasted UNCONFIRMED_S without
+        failing is "running", though it reported nothing (an idle source)."""
+        if (self.retrying and self.state == "starting"
+                and time.monotonic() - self.attempt_started >= UNCONFIRMED_S):
+            self.state = "running"
+            self.retrying = False
 
     def get_state(self) -> FetcherState:
         with self.lock:
+            self._settle()
             return self.state
 
     def set_state(self, state: FetcherState) -> None:
@@ -441,8 +461,14 @@ class _Runner:
                     if after is not None:
                         self.buffer.start_after(after)
                 self.attempt_reports = 0
-                if not self.fixing:  # else "running" once it reads (``_confirm``)
-                    self.set_state("running")
+                with self.lock:
+                    self.attempt_started = time.monotonic()
+                    if self.fixing:
+                        pass  # "failed" until it reads (``_confirm``)
+                    elif self.retrying:
+                        self.state = "starting"  # until it reads (``_confirm``, ``_settle``)
+                    else:
+                        self.state = "running"
                 self.attempts += 1
                 fetcher.run(sink, after, self.attempt_stop)
             except Exception as exc:
@@ -522,6 +548,7 @@ class _Runner:
             self.last_error_at = time.time()
             self.state = "backoff" if retriable else "failed"
             self.fixing = fixable
+            self.retrying = retriable and not fixable
         source = redact_uri(uri or self.uri)
         if fixable:
             delay = self.backoff.failed(ran_for, progressed)
@@ -548,6 +575,7 @@ class _Runner:
         with self.lock:
             self.restarts += 1
             self.state = "starting"
+            self.attempt_started = time.monotonic()
         return True
 
     def skip_gap(self, error: SourceGapError) -> bool:
@@ -597,6 +625,7 @@ class _Runner:
         buffer_state = self.buffer.state()
         source_scn = self.source_scn
         with self.lock:
+            self._settle()
             state, restarts = self.state, self.restarts
             last_error, last_error_at = self.last_error, self.last_error_at
         # Against the resume point, so an empty buffer that started after the source's

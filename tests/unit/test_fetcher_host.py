@@ -91,6 +91,20 @@ class QuitterFetcher(Fetcher):
         QuitterFetcher.runs += 1
 
 
+class StallingFetcher(Fetcher):
+    """Fails its first try; every later try hangs without reading or reporting (a
+    source that black-holes the connection, or an idle one that says nothing)."""
+
+    scheme: ClassVar[str] = "stalling"
+    runs: ClassVar[int] = 0
+
+    def run(self, sink: WindowSink, start_after_scn: int | None, stop: threading.Event) -> None:
+        StallingFetcher.runs += 1
+        if StallingFetcher.runs == 1:
+            raise SourceError("connection reset by the source")
+        stop.wait()
+
+
 class PositionedFetcher(SyntheticFetcher):
     """A synthetic source whose 'current position' is SCN 1000."""
 
@@ -106,7 +120,7 @@ class PositionedFetcher(SyntheticFetcher):
 FETCHERS: dict[str, type[Fetcher]] = {
     cls.scheme: cls
     for cls in (SyntheticFetcher, FlakyFetcher, LeakyFetcher, BrokenFetcher, QuitterFetcher,
-                PositionedFetcher)
+                PositionedFetcher, StallingFetcher)
 }
 
 
@@ -145,6 +159,7 @@ class Relay:
 def _reset_counters() -> None:
     FlakyFetcher.runs = []
     BrokenFetcher.runs = 0
+    StallingFetcher.runs = 0
     QuitterFetcher.runs = 0
 
 
@@ -230,6 +245,27 @@ def test_status_reports_state_restarts_error_and_lag(tmp_path: Path) -> None:
     doc = status.to_json()
     assert doc["state"] == "running" and doc["restarts"] == 9 and doc["lag_scn"] == 0
     assert relay.host.status()["load"].state == "stopped"
+
+
+def test_a_retry_is_not_running_until_it_reads(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a failure, the next try is "starting" (not ready) until it reads: a source
+    that refuses or black-holes every try never shows "running" while one is under way.
+    A try that lasts UNCONFIRMED_S without failing is "running" though it said nothing
+    (an idle source whose fetcher reports nothing)."""
+    from databus.relay import _fetcher_host
+
+    monkeypatch.setattr(_fetcher_host, "UNCONFIRMED_S", 3600.0)
+    with Relay(tmp_path, {"s": "stalling://source"}) as relay:
+        wait_until(lambda: StallingFetcher.runs >= 2, "the second try", 20)
+        time.sleep(0.2)
+        status = relay.host.status()["s"]
+        assert status.state == "starting", status
+        assert "connection reset by the source" in (status.last_error or "")
+        monkeypatch.setattr(_fetcher_host, "UNCONFIRMED_S", 0.0)
+        assert relay.host.status()["s"].state == "running"
+    # A retry that reads is "running" at once: FlakyFetcher's tries land windows
+    # (test_status_reports_state_restarts_error_and_lag).
 
 
 def test_passwords_never_reach_logs_or_status(
