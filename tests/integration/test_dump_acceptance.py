@@ -203,7 +203,14 @@ def test_a_dump_under_writes_gives_a_consumer_the_source_table(
         raise AssertionError(f"checksum {got} != source {expected}; {len(wrong)} rows "
                              f"differ, e.g. {[(k, source.get(k), mine.get(k)) for k in wrong[:5]]}")
     assert replica.dumped >= ROWS // 2  # the rows that existed came in through the dump
-    assert replica.dump_starts.count(source) >= 1 and replica.dump_ends == [source]
+    assert replica.dump_starts.count(source) >= 1
+    if kill:
+        # Killed as the dump ends (the 40 % seen, then the rest done before the kill
+        # lands, on a busy machine), the relay resumes the dump from its last recorded
+        # chunk and ends it again: a duplicate after a kill (docs/decisions.md).
+        assert replica.dump_ends in ([source], [source, source]), replica.dump_ends
+    else:
+        assert replica.dump_ends == [source]
     sql.close()
 
 
