@@ -41,12 +41,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` (all its threads), from /proc/<pid>/stat."""
+def cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    """utime + stime of process ``pid`` (all its threads), from /proc/<pid>/stat;
+    ``reaped``: plus cutime + cstime, the children it has waited for."""
     with open(f"/proc/{pid}/stat") as f:
         text = f.read()
     fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+    # Fields 14 and 15 of stat(5) (16 and 17 with the reaped children).
+    return sum(int(x) for x in fields[11:15 if reaped else 13]) / CLK_TCK
 
 
 def descendants(pid: int) -> list[int]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -41,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _relay_proc import CLK_TCK, RelayProcess, code_version, descendants, loadavg
+from _relay_proc import RelayProcess, code_version, cpu_seconds, descendants, loadavg
 
 from databus.client import Consumer, DatabusClient, MemoryCheckpointStore, Window
 
@@ -55,13 +56,8 @@ def tree_cpu(pid: int) -> float:
     has reaped (Spark's short-lived Python planners): utime + stime + cutime + cstime."""
     total = 0.0
     for one in (pid, *descendants(pid)):
-        try:
-            with open(f"/proc/{one}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        total += sum(int(x) for x in fields[11:15]) / CLK_TCK
+        with contextlib.suppress(OSError):  # exited meanwhile
+            total += cpu_seconds(one, reaped=True)
     return total
 
 
