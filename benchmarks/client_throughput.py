@@ -98,10 +98,11 @@ APIS = {"callbacks": Counter, "on_window": WindowCounter, "on_events": EventsCou
 
 
 def client_rate(url: str, windows: int, events: int, api: str = "on_window",
-                decode: bool = False) -> float:
+                decode: bool = False, sources: tuple[str, ...] | None = None) -> float:
     counter = APIS[api](windows)
     counter.decode = decode  # type: ignore[attr-defined]
-    client = DatabusClient([url], checkpoint_store=MemoryCheckpointStore(),
+    client = DatabusClient([url], sources=list(sources) if sources else (),
+                           checkpoint_store=MemoryCheckpointStore(),
                            max_request_bytes=4 << 20, max_buffered_bytes=16 << 20)
     counter.client = client
     client.register(counter)

@@ -32,7 +32,6 @@ partitions on 2 cores.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import statistics
@@ -42,9 +41,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import client_throughput
 from _relay_proc import RelayProcess, code_version, cpu_seconds, descendants, loadavg
-
-from databus.client import Consumer, DatabusClient, MemoryCheckpointStore, Window
 
 # Two sources: the rows have the ``value`` JSON column; one: its typed columns (the
 # synthetic schema's ``seq`` comes as ``value_seq``).
@@ -71,34 +69,11 @@ class Cpu:
         return tree_cpu(os.getpid()) + tree_cpu(self.relay_pid)
 
 
-class WindowCounter(Consumer):
-    """Counts events, reading each value; stops the client at window ``target``."""
-
-    def __init__(self, target: int) -> None:
-        self.events = 0
-        self.target = target
-        self.client: DatabusClient | None = None
-
-    def on_window(self, window: Window) -> None:
-        for event in window.events:
-            event.value  # noqa: B018  (decodes it)
-        self.events += len(window.events)
-        if window.scn >= self.target and self.client is not None:
-            self.client.stop()
-
-
 def client_rate(url: str, windows: int, events: int,
                 sources: tuple[str, ...] = SOURCES) -> float:
-    counter = WindowCounter(windows)
-    client = DatabusClient([url], sources=list(sources), checkpoint_store=MemoryCheckpointStore(),
-                           max_request_bytes=4 << 20, max_buffered_bytes=16 << 20)
-    counter.client = client
-    client.register(counter)
-    start = time.perf_counter()
-    asyncio.run(client.run_async())
-    elapsed = time.perf_counter() - start
-    assert counter.events == events, (counter.events, events)
-    return events / elapsed
+    """The reference: one DatabusClient, ``on_window``, every value decoded."""
+    return client_throughput.client_rate(url, windows, events, "on_window", decode=True,
+                                         sources=sources)
 
 
 def spark_rate(spark: object, url: str, partitions: int, events: int, work: Path,
