@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tests.relay_harness import RunningRelay
-from tests.unit.test_txlog_support import BUFFER, CapturedWindow, relay_windows
+from tests.unit.test_txlog_support import BUFFER, CapturedWindow, SqliteSource, relay_windows
 
 if TYPE_CHECKING:
     from pyspark.sql import Row, SparkSession
@@ -62,6 +62,19 @@ class ServerThread:
         if done is not None:
             self.loop.call_soon_threadsafe(done.set)
         self.thread.join(30)
+
+
+# The shop source of the streaming source's tests: ``items`` and ``tags`` captured by
+# triggers (tests/unit/test_txlog_support.py).
+SHOP_DDL = ("CREATE TABLE items (id INTEGER PRIMARY KEY, sku TEXT, qty INTEGER)",
+            "CREATE TABLE tags (name TEXT PRIMARY KEY, n INTEGER)")
+
+
+def shop_source(tmp_path: Path) -> SqliteSource:
+    """The shop source in ``tmp_path``, both tables captured."""
+    source = SqliteSource(tmp_path / "shop.db", *SHOP_DDL)
+    source.install("items,tags")
+    return source
 
 
 def captured(relay: ServerThread, checkpoint: str | None = None) -> list[CapturedWindow]:

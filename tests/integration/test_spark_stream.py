@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.integration.spark_stream_support import ServerThread, captured, run_query
+from tests.integration.spark_stream_support import ServerThread, captured, run_query, shop_source
 from tests.relay_harness import relay_config, running_relay
 from tests.unit.test_txlog_support import BUFFER, CapturedWindow, SqliteSource
 from tests.waiting import wait_until
@@ -30,15 +30,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ITEMS = "shop.items"
 TAGS = "shop.tags"
-DDL = ("CREATE TABLE items (id INTEGER PRIMARY KEY, sku TEXT, qty INTEGER)",
-       "CREATE TABLE tags (name TEXT PRIMARY KEY, n INTEGER)")
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> SqliteSource:
-    source = SqliteSource(tmp_path / "shop.db", *DDL)
-    source.install("items,tags")
-    return source
+    return shop_source(tmp_path)
 
 
 def write(db: SqliteSource, first: int, count: int) -> str:

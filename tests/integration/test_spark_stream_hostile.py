@@ -38,7 +38,7 @@ from databus.relay._server import create_app
 from databus.security import client_context
 from tests.fixtures._certs import PKI
 from tests.hostile_upstream import HostileUpstream
-from tests.integration.spark_stream_support import ServerThread, captured
+from tests.integration.spark_stream_support import ServerThread, captured, shop_source
 from tests.relay_harness import RunningRelay, relay_config, running_relay
 from tests.unit.test_txlog_support import BUFFER, CapturedWindow, SqliteSource
 from tests.waiting import wait_until
@@ -49,17 +49,13 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ITEMS = "shop.items"
-DDL = ("CREATE TABLE items (id INTEGER PRIMARY KEY, sku TEXT, qty INTEGER)",
-       "CREATE TABLE tags (name TEXT PRIMARY KEY, n INTEGER)")
 TOKEN = "tok-spark-3e8c1f"
 OTHER_TOKEN = "tok-other-77d0a2"
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> SqliteSource:
-    source = SqliteSource(tmp_path / "shop.db", *DDL)
-    source.install("items,tags")
-    return source
+    return shop_source(tmp_path)
 
 
 def write(db: SqliteSource, first: int, count: int) -> str:
